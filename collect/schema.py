@@ -1,0 +1,155 @@
+"""The parquet contract between collect and convert (shared/design.md): turns and rollouts.
+
+Every file carries `schema_version` and `table` in its metadata. Readers refuse files they do
+not know, naming the file; writers publish atomically (temp file + rename) so a reader never
+sees half a shard.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+KNOWN_VERSIONS = {1}
+
+_TS = pa.timestamp("us", tz="UTC")
+
+TURNS = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("turn", pa.int32()),
+        ("request_id", pa.string()),
+        ("api", pa.string()),  # chat | anthropic | responses
+        ("policy", pa.string()),
+        ("started_at", _TS),
+        ("ended_at", _TS),
+        ("request", pa.string()),  # JSON, as the agent sent it
+        ("response", pa.string()),  # JSON, as returned to the agent
+        ("sampling", pa.string()),  # JSON, the parameters sent upstream
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("completion_token_ids", pa.list_(pa.int32())),
+        ("completion_logprobs", pa.list_(pa.float32())),
+        ("finish_reason", pa.string()),
+        ("status", pa.string()),  # ok | error
+        ("error", pa.string()),
+    ]
+)
+
+ROLLOUT_STATUSES = ("ok", "agent_error", "agent_timeout", "context_exceeded", "infra_error", "verifier_error")
+
+ROLLOUTS = pa.schema(
+    [
+        ("rollout_id", pa.string()),
+        ("job_id", pa.string()),
+        ("round", pa.int32()),
+        ("task_id", pa.string()),
+        ("group_id", pa.string()),
+        ("attempt", pa.int32()),
+        ("policy", pa.string()),
+        ("reward", pa.float64()),
+        ("rewards", pa.string()),  # JSON: every key the verifier wrote
+        ("status", pa.string()),
+        ("n_turns", pa.int32()),
+        ("started_at", _TS),
+        ("ended_at", _TS),
+        ("trial_dir", pa.string()),
+        ("error", pa.string()),
+    ]
+)
+
+TABLES = {"turns": TURNS, "rollouts": ROLLOUTS}
+
+
+class SchemaError(ValueError):
+    """A parquet file that is not one of ours, is corrupt, or has a version we do not know."""
+
+
+def _timestamp(value):
+    """Accept epoch seconds (float) or datetimes for timestamp columns."""
+    if value is None or isinstance(value, dt.datetime):
+        return value
+    return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+
+
+def to_table(name: str, rows: Iterable[dict]) -> pa.Table:
+    """Rows (dicts keyed by column) -> an Arrow table of `name`'s schema; a missing column is an error."""
+    schema = TABLES[name]
+    rows = list(rows)
+    columns = {}
+    for f in schema:
+        try:
+            values = [r[f.name] for r in rows]
+        except KeyError:
+            missing = next(r for r in rows if f.name not in r)
+            raise SchemaError(f"{name} row is missing field '{f.name}': {sorted(missing)}") from None
+        if pa.types.is_timestamp(f.type):
+            values = [_timestamp(v) for v in values]
+        columns[f.name] = pa.array(values, type=f.type)
+    return pa.Table.from_pydict(columns, schema=schema)
+
+
+def _metadata(name: str) -> dict[bytes, bytes]:
+    return {b"schema_version": str(SCHEMA_VERSION).encode(), b"table": name.encode()}
+
+
+def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict]) -> Path:
+    """Write atomically: a temp file in the same directory, fsync, then rename over `path`."""
+    if not isinstance(table, pa.Table):
+        table = to_table(name, table)
+    table = table.replace_schema_metadata(_metadata(name))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_table(path: str | Path, name: str) -> pa.Table:
+    """Read one of our files, refusing foreign, corrupt or newer files with a message naming it."""
+    path = Path(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise SchemaError(f"{path}: no such file") from None
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaError(f"{path}: not a readable parquet file ({e}); delete or move it aside") from None
+    meta = pf.schema_arrow.metadata or {}
+    version = meta.get(b"schema_version")
+    table = meta.get(b"table")
+    if version is None or table is None:
+        raise SchemaError(f"{path}: no schema_version/table metadata: not a wharf {name} file")
+    if table.decode() != name:
+        raise SchemaError(f"{path}: holds a '{table.decode()}' table, expected '{name}'")
+    if int(version) not in KNOWN_VERSIONS:
+        raise SchemaError(
+            f"{path}: schema_version {version.decode()} is not one this wharf reads "
+            f"({sorted(KNOWN_VERSIONS)}); upgrade wharf to read it"
+        )
+    try:
+        out = pf.read()
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaError(f"{path}: corrupt parquet data ({e})") from None
+    missing = [f.name for f in TABLES[name] if f.name not in out.column_names]
+    if missing:
+        raise SchemaError(f"{path}: missing columns {missing}")
+    return out.select([f.name for f in TABLES[name]])
+
+
+def read_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet") -> pa.Table:
+    """Concatenate every shard of `name` in `directory` (an empty table when there is none)."""
+    files = sorted(Path(directory).glob(pattern))
+    if not files:
+        return TABLES[name].empty_table()
+    return pa.concat_tables([read_table(f, name) for f in files])

@@ -1,0 +1,63 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from collect.schema import SchemaError, read_dir, read_table, write_table
+
+
+def turn(i=0):
+    return {
+        "rollout_id": "r1", "turn": i, "request_id": f"q{i}", "api": "chat", "policy": "base",
+        "started_at": 1700000000.0, "ended_at": 1700000001.5,
+        "request": json.dumps({"messages": []}), "response": "{}", "sampling": "{}",
+        "prompt_token_ids": [1, 2, 3], "completion_token_ids": [4, 5],
+        "completion_logprobs": [-0.5, -0.25], "finish_reason": "stop", "status": "ok", "error": None,
+    }
+
+
+def test_roundtrip_with_pandas_and_duckdb(tmp_path):
+    path = write_table(tmp_path / "part-0.parquet", "turns", [turn(0), turn(1)])
+    table = read_table(path, "turns")
+    assert table.num_rows == 2
+    assert table.schema.field("prompt_token_ids").type == pa.list_(pa.int32())
+    df = pq.read_table(path).to_pandas()
+    assert list(df["completion_token_ids"][1]) == [4, 5]
+    duckdb = pytest.importorskip("duckdb")
+    assert duckdb.sql(f"select sum(len(prompt_token_ids)) from '{path}'").fetchall()[0][0] == 6
+
+
+def test_missing_field_is_named(tmp_path):
+    row = turn()
+    del row["policy"]
+    with pytest.raises(SchemaError, match="missing field 'policy'"):
+        write_table(tmp_path / "x.parquet", "turns", [row])
+
+
+def test_foreign_corrupt_and_future_files_refused(tmp_path):
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"a": [1]}), foreign)
+    with pytest.raises(SchemaError, match="foreign.parquet: no schema_version"):
+        read_table(foreign, "turns")
+
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 not really")
+    with pytest.raises(SchemaError, match="corrupt.parquet: not a readable parquet"):
+        read_table(corrupt, "turns")
+
+    path = write_table(tmp_path / "t.parquet", "turns", [turn()])
+    t = pq.read_table(path)
+    future = tmp_path / "future.parquet"
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"99", b"table": b"turns"}), future)
+    with pytest.raises(SchemaError, match="future.parquet: schema_version 99"):
+        read_table(future, "turns")
+    with pytest.raises(SchemaError, match="holds a 'turns' table, expected 'rollouts'"):
+        read_table(path, "rollouts")
+
+
+def test_read_dir_concatenates_and_handles_empty(tmp_path):
+    assert read_dir(tmp_path, "turns").num_rows == 0
+    write_table(tmp_path / "part-00000.parquet", "turns", [turn(0)])
+    write_table(tmp_path / "part-00001.parquet", "turns", [turn(1)])
+    assert read_dir(tmp_path, "turns").column("turn").to_pylist() == [0, 1]
