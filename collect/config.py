@@ -93,6 +93,10 @@ class CollectConfig:
     environment_kwargs: dict[str, Any] = field(default_factory=dict)
     agent_timeout_s: float | None = None  # None: the task's own timeout
     verifier_timeout_s: float | None = None
+    # The model name to sample from this round (an adapter name); None: endpoint.model.
+    policy: str | None = None
+    # How agents reach the proxy when it is not at proxy.host:port for them (docker, cloud sandboxes).
+    public_proxy_url: str | None = None
 
 
 @dataclass

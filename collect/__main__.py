@@ -1,0 +1,32 @@
+"""`python -m collect --config FILE [key=value ...]`: run one collect round (make collect)."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from collect.config import cli_config
+from collect.runner import run
+from collect.services import ServiceError
+from collect.tasksets import TaskSetError
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = cli_config(argv, "python -m collect")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("harbor").setLevel(logging.WARNING)
+    try:
+        summary = run(cfg)
+    except (TaskSetError, ServiceError) as e:
+        print(f"collect: {e}", file=sys.stderr)
+        return 1
+    out = cfg.round_dir() / "collect"
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
+          f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
+    print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
+    print(f"wrote {out}/rollouts.parquet, {out}/turns/, {out}/manifest.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

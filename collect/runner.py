@@ -1,0 +1,228 @@
+"""One collect round: every (task, attempt) as a harbor trial whose model calls go through the
+recording proxy; rewards and statuses into rollouts.parquet, a summary into manifest.json.
+
+Running the same round again resumes it: rollouts already in rollouts.parquet are kept; the
+rest are run again under fresh rollout ids.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from collect import schema
+from collect.config import RunConfig, dump_config
+from collect.services import ProxyAdmin, ServiceError, proxy_process
+from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan
+from collect.trials import Endpoint, Outcome, classify, rewrite_host, trial_config
+
+log = logging.getLogger("wharf.collect")
+
+
+@dataclass
+class RoundPaths:
+    root: Path  # runs/<run>/rounds/<k>/collect
+
+    @property
+    def turns(self) -> Path:
+        return self.root / "turns"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts.parquet"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def harbor(self) -> Path:
+        return self.root / "harbor"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+
+@dataclass
+class RoundSummary:
+    job_id: str
+    planned: int
+    rows: list[dict] = field(default_factory=list)
+    resumed: int = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(r["status"] for r in self.rows))
+
+    @property
+    def mean_reward(self) -> float | None:
+        rewards = [r["reward"] for r in self.rows if r["reward"] is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    def mixed_groups(self) -> list[str]:
+        """Groups with both a success and a failure: the only ones GRPO learns from."""
+        by_group: dict[str, set] = {}
+        for r in self.rows:
+            if r["reward"] is not None:
+                by_group.setdefault(r["group_id"], set()).add(r["reward"] > 0)
+        return sorted(g for g, seen in by_group.items() if seen == {True, False})
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _load_manifest(paths: RoundPaths) -> dict:
+    if not paths.manifest.exists():
+        return {}
+    try:
+        return json.loads(paths.manifest.read_text())
+    except json.JSONDecodeError as e:
+        raise ServiceError(f"{paths.manifest}: not valid JSON ({e}); move it aside to start the round afresh") from None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    tmp.replace(path)
+
+
+def _load_done(paths: RoundPaths) -> list[dict]:
+    if not paths.rollouts.exists():
+        return []
+    return schema.read_table(paths.rollouts, "rollouts").to_pylist()
+
+
+def _row(job_id: str, cfg: RunConfig, p: PlannedRollout, rollout_id: str, policy: str, outcome: Outcome,
+         n_turns: int, started: dt.datetime, trial_dir: str) -> dict:
+    return {
+        "rollout_id": rollout_id, "job_id": job_id, "round": cfg.round, "task_id": p.task.task_id,
+        "group_id": f"{job_id[:8]}.{p.group_id}", "attempt": p.attempt, "policy": policy,
+        "reward": outcome.reward, "rewards": json.dumps(outcome.rewards), "status": outcome.status,
+        "n_turns": n_turns, "started_at": started, "ended_at": _now(), "trial_dir": trial_dir,
+        "error": outcome.error,
+    }
+
+
+class Round:
+    def __init__(self, cfg: RunConfig, config_path: Path):
+        self.cfg = cfg
+        self.config_path = config_path
+        self.paths = RoundPaths(cfg.round_dir() / "collect")
+        self.policy = cfg.collect.policy or cfg.endpoint.model
+        self._lock = asyncio.Lock()
+
+    async def _one(self, p: PlannedRollout, admin: ProxyAdmin, queue, summary: RoundSummary,
+                   sem: asyncio.Semaphore, bar: tqdm) -> None:
+        async with sem:
+            rollout_id = new_rollout_id(summary.job_id, p)
+            started = _now()
+            opened = await admin.open(rollout_id, self.policy)
+            ep = Endpoint(rewrite_host(opened["base_url"], self.cfg.collect.public_proxy_url),
+                          opened["api_key"], self.policy)
+            tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
+            try:
+                result = await queue.submit(tc)
+                crash = None
+            except Exception as e:  # harbor itself failed: not the policy's fault
+                log.exception("trial %s crashed in harbor", rollout_id)
+                result, crash = None, f"{type(e).__name__}: {e}"
+            closed = await admin.close(rollout_id)
+            if result is None:
+                outcome = Outcome("infra_error", None, {}, crash)
+            else:
+                outcome = classify(result, upstream_errors=closed.get("n_upstream_errors", closed.get("n_errors", 0)))
+            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed["n_turns"],
+                       started, str(Path("harbor") / rollout_id))
+            async with self._lock:
+                summary.rows.append(row)
+                # The whole table, atomically, after each trial: a killed round loses no finished rollout.
+                schema.write_table(self.paths.rollouts, "rollouts", summary.rows)
+                bar.update(1)
+                failed = sum(1 for r in summary.rows if r["status"] != "ok")
+                mean = summary.mean_reward
+                bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
+
+    async def run(self, progress: bool = True) -> RoundSummary:
+        from harbor.models.job.config import RetryConfig
+        from harbor.trial.queue import TrialQueue
+
+        cc = self.cfg.collect
+        tasks = discover(cc.dataset, cc.tasks)
+        planned = plan(tasks, cc.attempts)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        manifest = _load_manifest(self.paths)
+        job_id = manifest.get("job_id") or uuid.uuid4().hex
+        done = _load_done(self.paths)
+        done_keys = {(r["task_id"], r["attempt"]) for r in done}
+        todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
+        summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
+        started = time.time()
+        manifest = {
+            "job_id": job_id, "round": self.cfg.round, "policy": self.policy, "dataset": str(cc.dataset),
+            "tasks": [t.task_id for t in tasks], "attempts": cc.attempts, "agent": cc.agent,
+            "environment": cc.environment,
+            "sampling": {"temperature": self.cfg.sampling.temperature, "top_p": self.cfg.sampling.top_p},
+            "started_at": manifest.get("started_at") or _now().isoformat(), "state": "running",
+        }
+        _write_json(self.paths.manifest, manifest)
+        if done:
+            log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
+
+        if todo:
+            # The proxy runs per round, writing into this round's turns dir.
+            with proxy_process(self.cfg, self.config_path, self.paths.turns, self.paths.logs / "proxy.log"):
+                proxy_url = f"http://{self.cfg.proxy.host}:{self.cfg.proxy.port}"
+                async with ProxyAdmin(proxy_url, self.cfg.proxy.admin_token) as admin:
+                    queue = TrialQueue(n_concurrent=cc.concurrency, retry_config=RetryConfig(max_retries=0))
+                    sem = asyncio.Semaphore(cc.concurrency)
+                    with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
+                              unit="rollout", disable=not progress) as bar:
+                        await asyncio.gather(*(self._one(p, admin, queue, summary, sem, bar) for p in todo))
+                    await admin.flush()
+
+        manifest.update({
+            "state": "done", "ended_at": _now().isoformat(), "wall_s": round(time.time() - started, 1),
+            "counts": {"planned": len(planned), "finished": len(summary.rows), "resumed": summary.resumed,
+                       "by_status": summary.counts},
+            "mean_reward": summary.mean_reward, "mixed_groups": summary.mixed_groups(),
+            "success_rate_by_task": _success_by_task(summary.rows),
+        })
+        _write_json(self.paths.manifest, manifest)
+        return summary
+
+
+def _success_by_task(rows: list[dict]) -> dict[str, float]:
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        by.setdefault(r["task_id"], []).append(1.0 if (r["reward"] or 0) > 0 else 0.0)
+    return {k: sum(v) / len(v) for k, v in sorted(by.items())}
+
+
+@contextlib.contextmanager
+def endpoint_for(cfg: RunConfig):
+    """The endpoint for the round: started here when the config says so (local engine or vLLM)."""
+    from collect import endpoint
+
+    with endpoint.launch(cfg) as url:
+        yield url
+
+
+def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    paths = RoundPaths(cfg.round_dir() / "collect")
+    paths.root.mkdir(parents=True, exist_ok=True)
+    config_path = paths.root / "config.yaml"
+    dump_config(cfg, config_path)
+    dump_config(cfg, cfg.run_dir / "config.yaml")
+    with endpoint_for(cfg):
+        return asyncio.run(Round(cfg, config_path).run(progress=progress))
