@@ -1,0 +1,1 @@
+"""Sandboxes that harbor trials run in when there is no Docker (bubblewrap)."""
