@@ -76,6 +76,14 @@ class ProxyConfig:
     shard_bytes: int = 64 * 1024 * 1024
     shard_seconds: float = 30.0
     health_interval_s: float = 5.0
+    # Where turns shards go; None: <run_dir>/rounds/<round>/collect/turns.
+    out_dir: str | None = None
+    # WAL segments and the rollout registry; None: <out_dir>/_wal.
+    wal_dir: str | None = None
+    # fsync every WAL record (survives power loss, not only a killed process); costly per call.
+    wal_fsync: bool = False
+    # Base of the URLs handed to agents (e.g. http://host-ip:8200 when host is 0.0.0.0).
+    public_url: str | None = None
 
 
 @dataclass
