@@ -1,0 +1,6 @@
+def reverse(s):
+    return s
+
+
+def shout(s):
+    return s.upper() + "!"

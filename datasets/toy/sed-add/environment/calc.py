@@ -1,0 +1,6 @@
+def add(a, b):
+    return a - b
+
+
+def neg(a):
+    return -a

@@ -1,0 +1,6 @@
+def greet(name):
+    return "Helo, " + name + "!"
+
+
+def shout(name):
+    return name.upper()
