@@ -1,0 +1,300 @@
+"""A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
+
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
+(shared/notes/vllm.md): `prompt_token_ids` at the top level (streaming: first chunk only),
+`choices[i].token_ids`, one `logprobs.content` entry per generated id (EOS included), and a
+final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
+toy word-level tokenizer, so ids are deterministic for a given prompt and `seed`.
+
+Error injection, for the proxy's tests and benchmark:
+- `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
+- a request body field `stub_fail: <kind>` forces one; `stub_delay: <seconds>` delays the answer.
+Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no_token_ids,
+drop (closes the connection; in streaming after a few chunks), short_usage (streaming ids that
+do not add up to usage).
+
+`python -m bench.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
+GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import re
+import threading
+import time
+import uuid
+import zlib
+
+from aiohttp import web
+
+EOS_ID = 2
+IM_START, IM_END = 1, 2
+ERROR_KINDS = ("500", "503", "400", "invalid_json", "no_token_ids", "drop", "short_usage")
+_WORD = re.compile(r"\S+\s*|\s+")
+_VOCAB = [w + " " for w in "the a model tool call file test pass fix bug run code line value read write list".split()]
+
+
+def word_id(word: str) -> int:
+    return 100 + zlib.crc32(word.encode()) % 49000
+
+
+def tokenize(text: str) -> list[int]:
+    return [word_id(w) for w in _WORD.findall(text)]
+
+
+def render_prompt(messages: list, tools: list | None) -> list[int]:
+    """ChatML-like rendering: <|im_start|>role\\ncontent<|im_end|> per message, then the assistant header."""
+    ids: list[int] = []
+    if tools:
+        ids += [IM_START] + tokenize("system tools: " + json.dumps(tools, sort_keys=True)) + [IM_END]
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):  # content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        text = f"{m.get('role')}\n{content or ''}"
+        for tc in m.get("tool_calls") or []:
+            fn = tc.get("function", {})
+            text += f"<tool_call>{fn.get('name')} {fn.get('arguments')}</tool_call>"
+        ids += [IM_START] + tokenize(text) + [IM_END]
+    return ids + [IM_START] + tokenize("assistant\n")
+
+
+def _error_body(status: int, message: str) -> dict:
+    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+class Stub:
+    def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
+                 completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200):
+        self.error_rate = error_rate
+        self.error_kinds = tuple(error_kinds)
+        self.rng = random.Random(seed)
+        self.completion_tokens = completion_tokens
+        self.model = model
+        self.stats = collections.Counter()
+        self.requests: collections.deque = collections.deque(maxlen=keep_requests)
+
+    # -- generation -------------------------------------------------------------------------
+    def generate(self, body: dict, prompt_ids: list[int]) -> dict:
+        """A completion: text or a tool call, its ids (EOS last unless cut by max_tokens), logprobs."""
+        seed = body.get("seed")
+        rng = random.Random(f"{seed}:{zlib.crc32(bytes(str(prompt_ids), 'ascii'))}") if seed is not None else self.rng
+        limit = body.get("max_tokens") or body.get("max_completion_tokens") or 1 << 30
+        tools = body.get("tools")
+        last = (body.get("messages") or [{}])[-1]
+        tool_call = None
+        if tools and last.get("role") == "user":
+            fn = tools[0].get("function", {})
+            args = json.dumps({"command": "ls " + rng.choice(_VOCAB).strip()})
+            tool_call = {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
+                         "function": {"name": fn.get("name", "tool"), "arguments": args}}
+            words = _WORD.findall(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args}}}\n</tool_call>')
+        else:
+            words = [rng.choice(_VOCAB) for _ in range(min(limit, self.completion_tokens))]
+        finish = "tool_calls" if tool_call else "stop"
+        if len(words) >= limit:
+            words, finish = words[:limit], "length"
+        ids = [word_id(w) for w in words]
+        if finish != "length":
+            ids.append(EOS_ID)
+            words = words + ["<|im_end|>"]
+        lps = [-round(rng.random() * 4, 4) for _ in ids]
+        return {"words": words, "ids": ids, "logprobs": lps, "finish": finish, "tool_call": tool_call,
+                "text": "" if tool_call else "".join(words[: len(words) - (finish != "length")])}
+
+    @staticmethod
+    def _lp_entry(word: str, lp: float) -> dict:
+        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": []}
+
+    # -- handlers ---------------------------------------------------------------------------
+    def _pick_failure(self, body: dict) -> str | None:
+        forced = body.get("stub_fail")
+        if forced:
+            return str(forced)
+        if self.error_rate and self.rng.random() < self.error_rate:
+            return self.rng.choice(self.error_kinds)
+        return None
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return web.json_response(_error_body(400, "invalid JSON body"), status=400)
+        self.requests.append(body)
+        self.stats["requests"] += 1
+        if body.get("stub_delay"):
+            await asyncio.sleep(float(body["stub_delay"]))
+        fail = self._pick_failure(body)
+        if fail:
+            self.stats[f"error:{fail}"] += 1
+        if fail in ("500", "503", "400"):
+            return web.json_response(_error_body(int(fail), f"injected {fail}"), status=int(fail))
+        if fail == "invalid_json":
+            return web.Response(body=b'{"id": "chatcmpl-x", "choices": [', content_type="application/json")
+        if fail == "drop" and not body.get("stream"):
+            request.transport.close()  # the client sees the connection drop without an answer
+            return web.Response(status=500)
+        prompt_ids = render_prompt(body.get("messages") or [], body.get("tools"))
+        gen = self.generate(body, prompt_ids)
+        want_ids = bool(body.get("return_token_ids"))
+        want_lp = bool(body.get("logprobs"))
+        model = body.get("model") or self.model
+        cid = f"chatcmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(gen["ids"]),
+                 "completion_tokens": len(gen["ids"]), "prompt_tokens_details": None}
+        if body.get("stream"):
+            return await self._stream(request, body, fail, gen, prompt_ids, want_ids, want_lp, model, cid, created, usage)
+        if not fail:
+            self.stats["ok"] += 1
+        message = {"role": "assistant", "content": gen["text"] if not gen["tool_call"] else None,
+                   "refusal": None, "annotations": None, "audio": None, "function_call": None,
+                   "tool_calls": [gen["tool_call"]] if gen["tool_call"] else [], "reasoning": None}
+        choice = {"index": 0, "message": message,
+                  "logprobs": {"content": [self._lp_entry(w, lp) for w, lp in zip(gen["words"], gen["logprobs"])]}
+                  if want_lp else None,
+                  "finish_reason": gen["finish"], "stop_reason": None,
+                  "token_ids": gen["ids"] if want_ids and fail != "no_token_ids" else None}
+        out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+               "service_tier": None, "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
+               "prompt_token_ids": prompt_ids if want_ids and fail != "no_token_ids" else None,
+               "kv_transfer_params": None}
+        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+
+    async def _stream(self, request, body, fail, gen, prompt_ids, want_ids, want_lp, model, cid, created, usage):
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+
+        def chunk(choices, **extra) -> bytes:
+            obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                   "choices": choices, **extra}
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+        parts = [chunk([first], **({"prompt_token_ids": prompt_ids} if want_ids else {}))]
+        n = len(gen["ids"])
+        tc = gen["tool_call"]
+        for i, (word, tid, lp) in enumerate(zip(gen["words"], gen["ids"], gen["logprobs"])):
+            last = i == n - 1
+            if tc:  # hermes-style: markup tokens stream with empty deltas, the call comes parsed
+                delta = {}
+                if i == 0:
+                    delta = {"tool_calls": [{"index": 0, "id": tc["id"], "type": "function",
+                                             "function": {"name": tc["function"]["name"], "arguments": ""}}]}
+                elif i == n // 2:
+                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": tc["function"]["arguments"]}}]}
+            else:
+                delta = {"content": "" if tid == EOS_ID else word}
+            c = {"index": 0, "delta": delta,
+                 "logprobs": {"content": [self._lp_entry(word, lp)]} if want_lp else None,
+                 "finish_reason": gen["finish"] if last else None}
+            if want_ids and fail != "no_token_ids":
+                c["token_ids"] = [] if (fail == "short_usage" and i == 1) else [tid]
+            parts.append(chunk([c]))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            parts.append(chunk([], usage=usage))
+        parts.append(b"data: [DONE]\n\n")
+        if fail == "drop":
+            for p in parts[:3]:
+                await resp.write(p)
+            request.transport.close()
+            return resp
+        if not fail:
+            self.stats["ok"] += 1
+        await resp.write(b"".join(parts))
+        await resp.write_eof()
+        return resp
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
+                                                               "created": 0, "owned_by": "vllm"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(dict(self.stats))
+
+    async def get_requests(self, request: web.Request) -> web.Response:
+        return web.json_response(list(self.requests))
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/stub/stats", self.get_stats)
+        app.router.add_get("/stub/requests", self.get_requests)
+        return app
+
+
+class StubServer:
+    """The stub on its own event loop in a daemon thread (tests): `url` once started."""
+
+    def __init__(self, port: int = 0, **kwargs):
+        self.stub = Stub(**kwargs)
+        self.port = port
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "StubServer":
+        ready = threading.Event()
+
+        async def boot():
+            self._runner = web.AppRunner(self.stub.app(), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            await site.start()
+            self.port = site._server.sockets[0].getsockname()[1]
+            self.url = f"http://127.0.0.1:{self.port}"
+            ready.set()
+
+        def run():
+            self._loop.run_until_complete(boot())
+            self._loop.run_forever()
+
+        self._thread = threading.Thread(target=run, daemon=True, name="vllm-stub")
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("vllm stub did not start within 10 s")
+        return self
+
+    def stop(self) -> None:
+        async def down():
+            await self._runner.cleanup()
+
+        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.vllm_stub", description=__doc__.splitlines()[0])
+    p.add_argument("--port", type=int, default=8199)
+    p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--error-kinds", default=",".join(ERROR_KINDS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--completion-tokens", type=int, default=16)
+    args = p.parse_args(argv)
+    stub = Stub(error_rate=args.error_rate, seed=args.seed, error_kinds=args.error_kinds.split(","),
+                completion_tokens=args.completion_tokens)
+    print(f"vllm stub listening on http://127.0.0.1:{args.port}", flush=True)
+    web.run_app(stub.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

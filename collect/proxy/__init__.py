@@ -1,0 +1,1 @@
+"""The recording proxy between CLI agents and the endpoint (see server.py)."""

@@ -1,0 +1,43 @@
+"""`python -m collect.proxy --config FILE [key=value ...]`: serve until SIGTERM/SIGINT, then publish every row."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from collect.config import cli_config
+from collect.proxy.server import RecordingProxy
+
+
+async def serve(cfg) -> None:
+    proxy = RecordingProxy(cfg)
+    url = await proxy.start()
+    rec = proxy.recovery
+    if rec.get("segments"):
+        print(f"wharf proxy: folded {rec['recovered_rows']} rows from {rec['segments']} left-over WAL "
+              f"segments into {rec['shard']}", flush=True)
+    # One line the runner and tests wait for; the port is the bound one (proxy.port=0 picks a free one).
+    print(f"wharf proxy listening on {url} (turns -> {proxy.out_dir})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proxy.stop()
+    print("wharf proxy stopped; every row is published", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = cli_config(argv, "python -m collect.proxy")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as e:  # e.g. the port is taken
+        print(f"python -m collect.proxy: cannot serve on {cfg.proxy.host}:{cfg.proxy.port}: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,175 @@
+"""Turn rows: WAL first, then published as parquet shards (collect.schema TURNS) in the background.
+
+Protocol, so that a row is never lost nor written twice:
+1. `add(row)` appends the row to the current WAL segment and to `pending` in one synchronous step.
+2. `flush()` rotates the WAL (new rows go to a new segment), writes every pending row to
+   `part-*.parquet` atomically, then deletes the rotated segments.
+3. At start-up, left-over segments are read; rows whose request_id is already in a shard (a
+   crash between 2's rename and delete) are skipped, the rest are published, then the segments go.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from collect import schema
+from collect.proxy.wal import SegmentLog, read_records
+
+log = logging.getLogger("wharf.proxy.shards")
+
+
+def shard_name() -> str:
+    # Sorts by creation time; the random suffix keeps two processes or restarts apart.
+    return f"part-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{time.time_ns() % 10**9:09d}-{uuid.uuid4().hex[:6]}.parquet"
+
+
+def published_keys(out_dir: Path) -> tuple[set[str], dict[str, int]]:
+    """request_ids already in shards, and the highest turn per rollout (only the needed columns are read)."""
+    ids: set[str] = set()
+    last_turn: dict[str, int] = {}
+    for f in sorted(out_dir.glob("part-*.parquet")):
+        try:
+            pf = pq.ParquetFile(f)
+        except Exception as e:  # noqa: BLE001 - any unreadable file: stop with its name
+            raise schema.SchemaError(f"{f}: not a readable parquet file ({e}); move it out of {out_dir}") from None
+        meta = pf.schema_arrow.metadata or {}
+        if meta.get(b"table") != b"turns":
+            raise schema.SchemaError(f"{f}: not a wharf turns shard; move it out of {out_dir}")
+        t = pf.read(columns=["request_id", "rollout_id", "turn"])
+        ids.update(t.column("request_id").to_pylist())
+        for rid, turn in zip(t.column("rollout_id").to_pylist(), t.column("turn").to_pylist()):
+            if turn > last_turn.get(rid, -1):
+                last_turn[rid] = turn
+    return ids, last_turn
+
+
+class TurnStore:
+    def __init__(self, out_dir: str | Path, wal_dir: str | Path, shard_rows: int, shard_bytes: int,
+                 shard_seconds: float, fsync: bool = False):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.wal = SegmentLog(wal_dir, fsync=fsync)
+        self.shard_rows = shard_rows
+        self.shard_bytes = shard_bytes
+        self.shard_seconds = shard_seconds
+        self.pending: list[dict] = []
+        self.pending_bytes = 0
+        self.pending_by_rollout: dict[str, int] = {}
+        self.last_turn: dict[str, int] = {}
+        self.n_published = 0
+        self.flush_errors = 0
+        self._lock = asyncio.Lock()
+        self._flush_task: asyncio.Task | None = None
+        self._timer: asyncio.Task | None = None
+
+    # -- start-up ---------------------------------------------------------------------------
+    def recover(self) -> dict:
+        """Fold left-over WAL segments into a shard (skipping rows already published), then open the WAL."""
+        ids, self.last_turn = published_keys(self.out_dir)
+        segments = self.wal.segments()
+        rows, kept, bad_files = [], set(), []
+        for _, path in segments:
+            records, bad = read_records(path)
+            if bad:
+                bad_files.append(path)
+            for rec in records:
+                if rec.get("request_id") in ids or rec.get("request_id") in kept:
+                    continue
+                kept.add(rec["request_id"])
+                rows.append(rec)
+        shard = None
+        if rows:
+            shard = schema.write_table(self.out_dir / shard_name(), "turns", rows)
+            for r in rows:
+                if r["turn"] > self.last_turn.get(r["rollout_id"], -1):
+                    self.last_turn[r["rollout_id"]] = r["turn"]
+        for _, path in segments:
+            if path in bad_files:
+                # Keep what could not be read for a person to look at, out of the replay path.
+                path.rename(path.with_name(path.name + ".bad"))
+            else:
+                path.unlink()
+        self.wal.open()
+        info = {"segments": len(segments), "recovered_rows": len(rows), "shard": str(shard) if shard else None,
+                "bad_segments": [str(p) for p in bad_files]}
+        if segments:
+            log.warning("recovered a left-over WAL: %s", info)
+        return info
+
+    def start(self) -> None:
+        if self.shard_seconds > 0:
+            self._timer = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.shard_seconds)
+            if self.pending:
+                await self.flush()
+
+    # -- hot path ---------------------------------------------------------------------------
+    def add(self, row: dict) -> None:
+        """Durable on return: the row's WAL line has been written (os.write)."""
+        line = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        self.wal.append(line)
+        self.pending.append(row)
+        self.pending_bytes += len(line)
+        rid = row["rollout_id"]
+        self.pending_by_rollout[rid] = self.pending_by_rollout.get(rid, 0) + 1
+        if (len(self.pending) >= self.shard_rows or self.pending_bytes >= self.shard_bytes) and not (
+            self._flush_task and not self._flush_task.done()
+        ):
+            self._flush_task = asyncio.get_running_loop().create_task(self.flush())
+
+    def has_pending(self, rollout_id: str) -> bool:
+        return self.pending_by_rollout.get(rollout_id, 0) > 0
+
+    # -- publishing -------------------------------------------------------------------------
+    async def flush(self, rollout_id: str | None = None) -> list[str]:
+        """Publish every row added before this call; returns the shard paths written (0 or 1).
+
+        With `rollout_id`, only if that rollout has rows pending (waiting first for a flush in
+        progress, which may hold its rows): closing a rollout does not cut a shard for nothing.
+        """
+        async with self._lock:
+            if not self.pending or (rollout_id is not None and not self.has_pending(rollout_id)):
+                return []
+            closed = self.wal.rotate()
+            rows, self.pending = self.pending, []
+            nbytes, self.pending_bytes = self.pending_bytes, 0
+            counts, self.pending_by_rollout = self.pending_by_rollout, {}
+            path = self.out_dir / shard_name()
+            try:
+                await asyncio.to_thread(schema.write_table, path, "turns", rows)
+            except Exception:
+                # Put the rows back (ahead of newer ones) and keep their segments: nothing is lost.
+                self.flush_errors += 1
+                log.exception("writing shard %s failed; %d rows stay pending in the WAL", path, len(rows))
+                self.pending[:0] = rows
+                self.pending_bytes += nbytes
+                for rid, n in counts.items():
+                    self.pending_by_rollout[rid] = self.pending_by_rollout.get(rid, 0) + n
+                raise
+            self.wal.retire(closed)
+            self.n_published += len(rows)
+            return [str(path)]
+
+    async def close(self) -> None:
+        if self._timer:
+            self._timer.cancel()
+        if self._flush_task:
+            try:
+                await self._flush_task
+            except Exception:  # noqa: BLE001 - logged where it happened; flush again below
+                pass
+        await self.flush()
+        self.wal.close()
+
+    def wal_files(self) -> list[str]:
+        return [os.fspath(p) for _, p in self.wal.segments()]
