@@ -1,0 +1,1 @@
+"""Agents of our own for harbor trials (loaded by import path)."""
