@@ -1,0 +1,36 @@
+"""`python -m collect.engine --config FILE [key=value ...]`: serve the engine section of a run config."""
+from __future__ import annotations
+
+import os
+
+# Before torch loads: the engine shares few cores with the proxy and trainer (shared/notes/perf.md).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from ..config import cli_config  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = cli_config(argv, "python -m collect.engine").engine
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from aiohttp import web
+
+    from .model_store import ModelError
+    from .server import Engine, make_app
+
+    try:
+        engine = Engine(cfg)
+    except ModelError as e:
+        print(f"collect.engine: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"collect.engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port}",
+          flush=True)
+    web.run_app(make_app(engine), host=cfg.host, port=cfg.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The generation loop: one worker thread batches every running sequence together.
+
+Each iteration admits whatever is waiting (prefilled as its own left-padded batch, then merged
+into the running batch's KV cache), runs one decode step for all running sequences, streams each
+sampled token back to its request, and drops the sequences that finished. Requests therefore
+join and leave independently; nothing waits for a whole batch to end.
+
+All model calls happen on this one thread; adapter loads run on it too, between steps.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from transformers import DynamicCache
+
+from .sampling import SamplingParams, processed_logprobs, sample
+
+log = logging.getLogger("wharf.engine")
+
+LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
+
+
+@dataclass
+class Token:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Done:
+    finish_reason: str  # stop | length | abort
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class Failed:
+    message: str
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    emit: Callable[[Token | Done | Failed], None]  # must be thread-safe
+    adapter: str | None = None  # None: the base model
+    output_ids: list[int] = field(default_factory=list)
+    cancelled: bool = False
+    generator: torch.Generator | None = None
+    finished: bool = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Batcher:
+    """Owns the model; `submit` sequences from any thread, `call` work on the model thread."""
+
+    def __init__(self, model, tokenizer, *, max_model_len: int, max_batch: int,
+                 eos_ids: set[int], prefill_tokens: int = 8192, seed: int = 0,
+                 forward_model: Callable[[], Any] | None = None,
+                 adapter_ok: Callable[[str], bool] = lambda name: False):
+        self.tok = tokenizer
+        self.device = next(model.parameters()).device
+        self._model = model
+        # The adapter registry swaps in a PeftModel; ask it for the current one each step.
+        self._forward_model = forward_model or (lambda: self._model)
+        self._adapter_ok = adapter_ok
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.eos_ids = set(eos_ids)
+        self.prefill_tokens = prefill_tokens
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_ids)
+        self._rng = torch.Generator().manual_seed(seed)
+        self._waiting: queue.SimpleQueue[Sequence] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[tuple[Callable, concurrent.futures.Future]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="engine-batcher", daemon=True)
+        # Batch state (model thread only): rows of `running` match rows of the cache and mask.
+        self.running: list[Sequence] = []
+        self._cache: DynamicCache | None = None
+        self._mask: torch.Tensor | None = None  # [B, L] bool, False where left padding
+        self.steps = 0
+        self.peak_batch = 0
+
+    # -- any thread --------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            self._waiting.put(s)
+        self._wake.set()
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run `fn` on the model thread between steps (adapter loads); returns its future."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((fn, fut))
+        self._wake.set()
+        return fut
+
+    # -- model thread --------------------------------------------------------------------------
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stop.is_set():
+            try:
+                self._run_calls()
+                self._drop_cancelled()
+                new = self._take_waiting()
+                if new:
+                    self._admit(new)
+                if self.running:
+                    self._decode_step()
+                elif not new:
+                    self._wake.wait(timeout=0.5)
+                    self._wake.clear()
+            except Exception as e:  # keep serving: fail what was in flight, not the server
+                log.exception("generation step failed")
+                for s in self.running:
+                    self._finish(s, Failed(f"engine error: {type(e).__name__}: {e}"))
+                self._reset_batch()
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                fn, fut = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def _take_waiting(self) -> list[Sequence]:
+        new = []
+        while len(self.running) + len(new) < self.max_batch:
+            try:
+                s = self._waiting.get_nowait()
+            except queue.Empty:
+                break
+            if s.cancelled:
+                continue
+            if s.adapter is not None and not self._adapter_ok(s.adapter):
+                # Unloaded while the request waited.
+                self._finish(s, Failed(f"the LoRA adapter '{s.adapter}' is not loaded"))
+                continue
+            new.append(s)
+        return new
+
+    def _reset_batch(self) -> None:
+        self.running, self._cache, self._mask = [], None, None
+
+    def _finish(self, s: Sequence, event: Done | Failed) -> None:
+        if not s.finished:
+            s.finished = True
+            s.emit(event)
+
+    def _forward(self, input_ids, mask4d, position_ids, cache, adapters):
+        model = self._forward_model()
+        kwargs = {}
+        # A PeftModel serves several adapters in one batch by name; the base rows use "__base__".
+        if hasattr(model, "peft_config"):
+            kwargs["adapter_names"] = [a or "__base__" for a in adapters]
+        out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
+        return out.logits[:, -1, :], out.past_key_values
+
+    def _admit(self, new: list[Sequence]) -> None:
+        # Prefill in chunks so a burst of long prompts does not allocate a huge attention matrix.
+        chunk: list[Sequence] = []
+        for s in sorted(new, key=lambda s: len(s.prompt_ids)):
+            longest = max([len(s.prompt_ids)] + [len(c.prompt_ids) for c in chunk])
+            if chunk and longest * (len(chunk) + 1) > self.prefill_tokens:
+                self._prefill(chunk)
+                chunk = []
+            chunk.append(s)
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        for s in seqs:
+            if s.params.seed is not None and s.generator is None:
+                s.generator = torch.Generator().manual_seed(s.params.seed)
+            elif s.generator is None:
+                s.generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._rng)))
+        T = max(len(s.prompt_ids) for s in seqs)
+        ids = torch.full((len(seqs), T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), T), dtype=torch.bool)
+        for i, s in enumerate(seqs):
+            n = len(s.prompt_ids)
+            ids[i, T - n:] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            mask[i, T - n:] = True
+        causal = torch.ones((T, T), dtype=torch.bool).tril()
+        # Pad rows attend to themselves so no attention row is empty (an empty row gives NaN).
+        mask4d = (causal[None] & mask[:, None, :]) | torch.eye(T, dtype=torch.bool)[None]
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        logits, cache = self._forward(ids.to(self.device), mask4d[:, None].to(self.device),
+                                      position_ids.to(self.device), DynamicCache(),
+                                      [s.adapter for s in seqs])
+        self._merge(seqs, cache, mask)
+        # Rows admitted here may finish at once (max_tokens=1, EOS first): _after_logits drops them.
+        self._after_logits(seqs, logits)
+
+    def _merge(self, seqs: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
+        if self._cache is None:
+            self.running, self._cache, self._mask = list(seqs), cache, mask
+            return
+        L = max(self._mask.shape[1], mask.shape[1])
+
+        def left_pad(t: torch.Tensor, n: int) -> torch.Tensor:  # pad dim -2 (seq) of [B, H, S, D]
+            return t if n == 0 else torch.cat([t.new_zeros(*t.shape[:-2], n, t.shape[-1]), t], dim=-2)
+
+        pa, pb = L - self._mask.shape[1], L - mask.shape[1]
+        layers = []
+        for la, lb in zip(self._cache.layers, cache.layers):
+            layers.append((torch.cat([left_pad(la.keys, pa), left_pad(lb.keys, pb)]),
+                           torch.cat([left_pad(la.values, pa), left_pad(lb.values, pb)])))
+        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._mask = torch.cat([
+            torch.cat([self._mask.new_zeros(self._mask.shape[0], pa), self._mask], 1),
+            torch.cat([mask.new_zeros(mask.shape[0], pb), mask], 1)])
+        self.running.extend(seqs)
+
+    def _decode_step(self) -> None:
+        B = len(self.running)
+        self.peak_batch = max(self.peak_batch, B)
+        last = torch.tensor([[s.output_ids[-1]] for s in self.running], dtype=torch.long)
+        self._mask = torch.cat([self._mask, torch.ones((B, 1), dtype=torch.bool)], 1)
+        position_ids = self._mask.long().sum(-1, keepdim=True) - 1
+        logits, self._cache = self._forward(last.to(self.device), self._mask[:, None, None, :].to(self.device),
+                                            position_ids.to(self.device), self._cache,
+                                            [s.adapter for s in self.running])
+        self.steps += 1
+        self._after_logits(list(self.running), logits)
+
+    def _after_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        logits = logits.float().cpu()
+        for i, s in enumerate(seqs):
+            if s.finished:
+                continue
+            row = logits[i]
+            p = s.params
+            if len(s.output_ids) < p.min_tokens:
+                banned = list(self.eos_ids | set(p.stop_token_ids))
+                row = row.clone()
+                row[banned] = float("-inf")
+            lp = processed_logprobs(row, p.temperature, p.top_p)
+            tid = sample(lp, p.temperature, s.generator)
+            top: list[tuple[int, float]] = []
+            if p.top_logprobs > 0:
+                vals, idx = torch.topk(lp, p.top_logprobs)
+                top = [(int(j), max(float(v), LOGPROB_FLOOR)) for v, j in zip(vals, idx)]
+            s.output_ids.append(tid)
+            s.emit(Token(tid, max(float(lp[tid]), LOGPROB_FLOOR), top))
+            done = self._stop_check(s, tid)
+            if done is not None:
+                self._finish(s, done)
+        self._drop_finished()
+
+    def _stop_check(self, s: Sequence, tid: int) -> Done | None:
+        p = s.params
+        if tid in p.stop_token_ids and len(s.output_ids) > p.min_tokens - 1:
+            return Done("stop", tid)
+        if tid in self.eos_ids and not p.ignore_eos:
+            return Done("stop", None)
+        if p.stop:
+            # Only the tail can contain a new match: decode a window, not the whole output.
+            window = max(len(x) for x in p.stop) + 16
+            text = self.tok.decode(s.output_ids[-window:], skip_special_tokens=True)
+            for stop in p.stop:
+                if stop and stop in text:
+                    return Done("stop", stop)
+        if len(s.output_ids) >= p.max_tokens:
+            return Done("length")
+        if len(s.prompt_ids) + len(s.output_ids) >= self.max_model_len:
+            return Done("length")
+        return None
+
+    def fail_adapter(self, name: str, message: str) -> None:
+        """Model thread only (via `call`): end the running sequences that use adapter `name`."""
+        for s in self.running:
+            if s.adapter == name:
+                self._finish(s, Failed(message))
+        self._drop_finished()
+
+    def _drop_cancelled(self) -> None:
+        for s in self.running:
+            if s.cancelled:
+                self._finish(s, Done("abort"))
+        self._drop_finished()
+
+    def _drop_finished(self) -> None:
+        if not any(s.finished for s in self.running):
+            return
+        keep = [i for i, s in enumerate(self.running) if not s.finished]
+        if not keep:
+            self._reset_batch()
+            return
+        idx = torch.tensor(keep, dtype=torch.long)
+        mask = self._mask[idx]
+        # Columns that are padding in every remaining row carry nothing: cut them off.
+        first = int(mask.any(0).long().argmax())
+        layers = [(l.keys[idx, :, first:], l.values[idx, :, first:]) for l in self._cache.layers]
+        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._mask = mask[:, first:]
+        self.running = [self.running[i] for i in keep]
