@@ -176,3 +176,45 @@ def test_endpoint_error_is_an_agent_error_not_a_success(tmp_path, monkeypatch):
     assert "model call 1" in result.exception_info.exception_message
     assert traj["stop_reason"] == "endpoint_error" and "error" in traj["calls"][1]
     assert traj["calls"][0]["assistant"] == "```bash\nls\n```"
+
+
+@needs_bwrap
+def test_mini_swe_agent_runs_offline_from_the_venv(tmp_path, monkeypatch):
+    """harbor's mini-swe-agent with our offline install: the real `mini-swe-agent` CLI and litellm
+    in the sandbox, text-based mode, against the scripted endpoint."""
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
+    script = [
+        "THOUGHT: fix it.\n```mswea_bash_command\nsed -i 's/a - b/a + b/' calc.py\n```",
+        "```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```",
+    ]
+
+    async def go():
+        server = ScriptedEndpoint(script)
+        async with server as url:
+            cfg = TrialConfig(
+                task=TaskConfig(path=TOY / "sed-add"),
+                trial_name="mini",
+                trials_dir=tmp_path / "trials",
+                agent=AgentConfig(
+                    import_path="collect.agents.mini_swe:LocalMiniSweAgent",
+                    model_name="openai/smollm2-135m",
+                    kwargs={"base_url": url, "api_key": "k", "step_limit": 4, "max_tokens": 64},
+                ),
+                environment=EnvironmentConfig(
+                    import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"state_dir": str(tmp_path / "state")}
+                ),
+            )
+            return server, await (await Trial.create(cfg)).run()
+
+    server, result = asyncio.run(go())
+    assert result.exception_info is None, result.exception_info
+    assert result.verifier_result.rewards["reward"] == 1.0
+    assert len(server.requests) == 2
+    first = server.requests[0]
+    assert first["model"] == "smollm2-135m" and first["max_tokens"] == 64 and "tools" not in first
+    assert "mswea_bash_command" in first["messages"][0]["content"]  # the text-based prompt
+    native = json.loads((tmp_path / "trials" / "mini" / "agent" / "mini-swe-agent.trajectory.json").read_text())
+    assert [m["content"] for m in native["messages"] if m["role"] == "assistant"] == script
