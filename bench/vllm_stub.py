@@ -135,7 +135,7 @@ class Stub:
             self.stats[f"error:{fail}"] += 1
         if fail in ("500", "503", "400"):
             return web.json_response(_error_body(int(fail), f"injected {fail}"), status=int(fail))
-        if fail == "invalid_json":
+        if fail == "invalid_json" and not body.get("stream"):
             return web.Response(body=b'{"id": "chatcmpl-x", "choices": [', content_type="application/json")
         if fail == "drop" and not body.get("stream"):
             request.transport.close()  # the client sees the connection drop without an answer
@@ -200,6 +200,8 @@ class Stub:
         if (body.get("stream_options") or {}).get("include_usage"):
             parts.append(chunk([], usage=usage))
         parts.append(b"data: [DONE]\n\n")
+        if fail == "invalid_json":
+            parts.insert(2, b'data: {"id": "chatcmpl-x", "choices": [\n\n')
         if fail == "drop":
             for p in parts[:3]:
                 await resp.write(p)
@@ -268,6 +270,9 @@ class StubServer:
         return self
 
     def stop(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            return
+
         async def down():
             await self._runner.cleanup()
 

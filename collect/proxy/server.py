@@ -574,4 +574,39 @@ def _row_counts(out_dir: Path) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
-__all__ = ["RecordingProxy", "published_keys"]
+
+
+class BackgroundProxy:
+    """A RecordingProxy on its own event loop in a daemon thread (tests, or a runner in one process).
+
+    `with BackgroundProxy(cfg) as p: p.url, p.admin(...)`; stopping publishes every pending row.
+    """
+
+    def __init__(self, cfg: RunConfig):
+        import threading
+        self.proxy = RecordingProxy(cfg)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="wharf-proxy")
+        self.url = ""
+
+    def call(self, coro, timeout: float | None = 60):
+        """Run a coroutine on the proxy's loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def start(self) -> "BackgroundProxy":
+        self._thread.start()
+        self.url = self.call(self.proxy.start())
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.call(self.proxy.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> "BackgroundProxy":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
