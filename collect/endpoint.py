@@ -1,0 +1,213 @@
+"""Client for the OpenAI-compatible endpoint (our local engine or vLLM), and `launch(cfg)`.
+
+Everything the project asks of an endpoint besides chat itself: wait until it is healthy, check
+that it returns token ids and *processed* log-probs (the behaviour policy), list models, and
+load/unload LoRA adapters between rounds. `launch` starts an endpoint when nothing answers.
+Plain urllib: these are a handful of control calls, not the data path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from .config import RunConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class EndpointError(RuntimeError):
+    """The endpoint is missing, unhealthy or misconfigured; the message says what to do."""
+
+
+class Endpoint:
+    def __init__(self, url: str, api_key: str = "EMPTY", model: str | None = None, timeout: float = 120.0):
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.model = model
+        self.timeout = timeout
+
+    # -- HTTP -------------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> tuple[int, str]:
+        """(status, text) for any status; raises EndpointError only when nothing answers."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
+            "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(errors="replace")
+        except (urllib.error.URLError, OSError) as e:
+            raise EndpointError(f"{self.url}{path}: no answer ({getattr(e, 'reason', e)})") from None
+
+    def _json(self, method: str, path: str, body: Any = None) -> Any:
+        status, text = self.request(method, path, body)
+        if status != 200:
+            raise EndpointError(f"{method} {self.url}{path} -> {status}: {_error_message(text)}")
+        return json.loads(text)
+
+    # -- health -----------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        try:
+            return self.request("GET", "/health", timeout=3)[0] == 200
+        except EndpointError:
+            return False
+
+    def wait_healthy(self, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise EndpointError(f"the endpoint process exited with code {proc.returncode} before "
+                                    f"{self.url}/health answered{_log_tail(log)}")
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise EndpointError(f"{self.url}/health did not answer within {timeout:.0f} s; is the endpoint up? "
+                            f"(raise endpoint.startup_timeout_s if it is still loading){_log_tail(log)}")
+
+    # -- models and adapters ------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        return [m["id"] for m in self._json("GET", "/v1/models")["data"]]
+
+    def load_adapter(self, name: str, path: str | Path, inplace: bool = False) -> str:
+        status, text = self.request("POST", "/v1/load_lora_adapter", {
+            "lora_name": name, "lora_path": str(Path(path).resolve()), "load_inplace": inplace})
+        if status != 200:
+            hint = (" (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora)"
+                    if status in (404, 405) and "No adapter found" not in text else "")
+            raise EndpointError(f"loading adapter {name!r} from {path} -> {status}: {_error_message(text)}{hint}")
+        return text
+
+    def unload_adapter(self, name: str) -> str:
+        status, text = self.request("POST", "/v1/unload_lora_adapter", {"lora_name": name})
+        if status != 200:
+            raise EndpointError(f"unloading adapter {name!r} -> {status}: {_error_message(text)}")
+        return text
+
+    # -- the start-up check -------------------------------------------------------------------------
+    def chat(self, body: dict) -> dict:
+        return self._json("POST", "/v1/chat/completions", {"model": self.model, **body})
+
+    def check_capture(self) -> None:
+        """Stop unless the endpoint returns token ids and processed (temperature-scaled) log-probs.
+
+        The top log-probs at one position do not depend on what was sampled: with processed
+        log-probs, their gaps at temperature 0.5 are twice those at temperature 1; raw log-probs
+        (vLLM's default) give the same gaps at both.
+        """
+        base = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 1,
+                "logprobs": True, "top_logprobs": 5, "return_token_ids": True, "top_p": 1.0, "seed": 0}
+        gaps = []
+        for t in (1.0, 0.5):
+            r = self.chat({**base, "temperature": t})
+            if "prompt_token_ids" not in r or not r.get("prompt_token_ids"):
+                raise EndpointError(f"{self.url} returned no prompt_token_ids for return_token_ids=true: "
+                                    "use vLLM >= 0.10.2 (or the local engine)")
+            ch = r["choices"][0]
+            entries = (ch.get("logprobs") or {}).get("content") or []
+            if not ch.get("token_ids") or len(entries) != len(ch["token_ids"]):
+                raise EndpointError(f"{self.url} returned no choices[0].token_ids or no log-prob per token: "
+                                    "use vLLM >= 0.10.2 (or the local engine) and do not send include_reasoning=false")
+            top = sorted((e["logprob"] for e in entries[0]["top_logprobs"]), reverse=True)
+            if len(top) < 2:
+                raise EndpointError(f"{self.url} returned fewer than 2 top_logprobs; cannot check the logprobs mode")
+            gaps.append(top[0] - top[-1])
+        if gaps[0] > 1e-3 and abs(gaps[1] / gaps[0] - 2.0) > 0.05:
+            raise EndpointError(
+                f"{self.url} returns raw log-probs (their spread does not change with the temperature), so the "
+                "stored log-probs would not be the sampling policy's: start vLLM with "
+                "--logprobs-mode processed_logprobs")
+
+
+def _error_message(text: str) -> str:
+    try:
+        return json.loads(text)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return text.strip()[:500]
+
+
+def _log_tail(log: Path | None) -> str:
+    if log is None or not log.is_file():
+        return ""
+    tail = log.read_text(errors="replace")[-2000:]
+    return f"; its log ({log}) ends with:\n{tail}"
+
+
+def _engine_command(cfg: RunConfig, host: str, port: int) -> list[str]:
+    if cfg.engine.served_name != cfg.endpoint.model:
+        raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
+                            f"engine.served_name={cfg.engine.served_name!r}: make them the same")
+    overrides = [f"engine.{k}={json.dumps(v)}" for k, v in vars(cfg.engine).items() if k not in ("host", "port")]
+    return [sys.executable, "-m", "collect.engine", *overrides, f"engine.host={host}", f"engine.port={port}"]
+
+
+def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
+    exe = shutil.which("vllm")
+    if exe is None:
+        raise EndpointError(f"endpoint.kind=vllm and nothing answers at {cfg.endpoint.url}, but vllm is not "
+                            "installed here: `pip install -e .[vllm]` on a GPU host, start vLLM yourself, or use "
+                            "endpoint.kind=local")
+    return [exe, "serve", cfg.endpoint.model, "--host", host, "--port", str(port), *cfg.endpoint.vllm_args]
+
+
+@contextmanager
+def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True) -> Iterator[Endpoint]:
+    """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers, stops it on exit."""
+    ep_cfg = cfg.endpoint
+    ep = Endpoint(ep_cfg.url, ep_cfg.api_key, ep_cfg.model)
+    proc = None
+    log = None
+    if not ep.healthy():
+        if not ep_cfg.launch:
+            raise EndpointError(f"nothing answers at {ep_cfg.url}/health and endpoint.launch is false: start the "
+                                "endpoint (`make serve`) or set endpoint.launch=true")
+        parts = urlsplit(ep_cfg.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        if ep_cfg.kind == "local":
+            cmd, env = _engine_command(cfg, host, port), dict(os.environ)
+        elif ep_cfg.kind == "vllm":
+            cmd, env = _vllm_command(cfg, host, port), {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+        else:
+            raise EndpointError(f"endpoint.kind={ep_cfg.kind!r}: expected local or vllm")
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:
+            # Its own session, so stopping it also stops what it spawned (vLLM's workers).
+            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        if proc is not None:
+            ep.wait_healthy(ep_cfg.startup_timeout_s, proc, log)
+        if check:
+            ep.check_capture()
+        yield ep
+    finally:
+        if proc is not None:
+            _stop(proc)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
