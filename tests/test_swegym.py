@@ -207,3 +207,19 @@ def test_test_commands_per_repo():
     assert bench.source == "swe-bench" and bench.log_parser in ("parse_log_astropy", "parse_log_pytest_v2")
     assert bench.image == "swebench/sweb.eval.x86_64.iterative_1776_dvc-90002"
     assert parse_row(dict(row, image="my/img:1"), "row").image == "my/img:1"
+
+
+def test_bake_grader_builds_from_dockerfile(tmp_path):
+    from harbor.models.task.task import Task
+
+    p = subprocess.run([sys.executable, "-m", "collect.tasks.swegym", str(GYM_ROWS), str(tmp_path),
+                        "--ids", "iterative__dvc-90002", "--bake-grader"],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    t = Task(tmp_path / "iterative__dvc-90002")
+    assert t.config.environment.docker_image is None  # harbor builds the Dockerfile
+    assert t.config.metadata["image"] == "xingyaoww/sweb.eval.x86_64.iterative_s_dvc-90002"
+    docker = (tmp_path / "iterative__dvc-90002" / "environment" / "Dockerfile").read_text()
+    assert docker.startswith("FROM xingyaoww/sweb.eval.x86_64.iterative_s_dvc-90002\n")
+    assert "swebench==5.0.2" in docker and "/opt/wharf-grading" in docker
+    assert "/opt/wharf-grading/bin/python" in (tmp_path / "iterative__dvc-90002" / "tests" / "test.sh").read_text()

@@ -2,6 +2,7 @@
 
     python -m collect.tasks.swegym ROWS_FILE OUT_DIR [--limit N] [--ids ID ...]
         [--source auto|swe-gym|swe-bench] [--agent-timeout S] [--verifier-timeout S] [--skip-bad]
+        [--bake-grader]
 
 ROWS_FILE: .jsonl, .json (a list) or .parquet, as the user downloaded it. SWE-Gym stores
 FAIL_TO_PASS/PASS_TO_PASS as lists, SWE-bench as JSON strings; both are accepted. SWE-bench 5.x
@@ -10,7 +11,9 @@ rows may carry eval_script, image, log_parser, eval_type, which are used as give
 One dir per row, OUT_DIR/<instance_id>/:
     task.toml            [environment].docker_image (repo at /testbed), timeouts, [metadata]
     instruction.md       the problem statement (hints are withheld, as in SWE-bench)
-    environment/Dockerfile   FROM the same image (harbor wants an environment/ dir)
+    environment/Dockerfile   FROM the same image (harbor wants an environment/ dir); with
+                         --bake-grader it also installs swebench into /opt/wharf-grading and
+                         task.toml names no docker_image, so harbor builds it (once per task)
     solution/solve.sh    applies solution/gold.patch to /testbed (harbor's oracle agent)
     tests/test.sh        resets the test files, applies tests/test.patch, runs the tests between
                          SWE-bench markers with the exit code recorded (testlog.sh), grades with
@@ -24,7 +27,8 @@ A row may carry `test_cmd` (our extension) to override the command for an unknow
 
 test.sh knobs (env vars), for images without Docker and for tests: WHARF_TESTBED (/testbed),
 WHARF_VERIFIER_DIR (/logs/verifier), WHARF_GRADING_PYTHON (a Python >= 3.10 with swebench
-5.x; else one is found or swebench==5.0.2 is pip-installed into /tmp/wharf-grading),
+5.x; else /opt/wharf-grading (baked) or another is found, or swebench==5.0.2 is pip-installed
+into /tmp/wharf-grading: that needs the network in the verifier and takes a while),
 WHARF_TEST_TIMEOUT (seconds; default verifier timeout - 120).
 
 A bad row is reported by file, row number, instance_id and field; nothing is written unless
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 GRADING_PY = Path(__file__).with_name("grading.py")
+SWEBENCH_PIN = "5.0.2"  # the major version grading.py is written against
 TESTLOG_SH = Path(__file__).with_name("testlog.sh")
 
 # SWE-Gym repos: test command prefix (test files are appended). From the SWE-Gym fork's specs;
@@ -306,7 +311,7 @@ grading_python() {
         "$WHARF_GRADING_PYTHON" -c 'import swebench' >/dev/null 2>&1 && echo "$WHARF_GRADING_PYTHON"
         return
     fi
-    for py in /tmp/wharf-grading/bin/python /opt/miniconda3/bin/python3 python3; do
+    for py in /opt/wharf-grading/bin/python /tmp/wharf-grading/bin/python /opt/miniconda3/bin/python3 python3; do
         [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 || continue
         "$py" -c 'import sys, swebench; assert sys.version_info >= (3, 10) and swebench.__version__.startswith("5.")' \
             >/dev/null 2>&1 && { echo "$py"; return 0; }
@@ -398,11 +403,11 @@ def _toml_str(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid TOML basic string
 
 
-def task_toml(t: SweTask, agent_timeout: float, verifier_timeout: float) -> str:
+def task_toml(t: SweTask, agent_timeout: float, verifier_timeout: float, bake_grader: bool = False) -> str:
     meta = {
         "instance_id": t.instance_id, "repo": t.repo, "version": t.version,
         "base_commit": t.base_commit, "source": t.source, "log_parser": t.log_parser,
-        "category": "swe", "n_fail_to_pass": len(t.fail_to_pass), "n_pass_to_pass": len(t.pass_to_pass),
+        "image": t.image, "category": "swe", "n_fail_to_pass": len(t.fail_to_pass), "n_pass_to_pass": len(t.pass_to_pass),
     }
     lines = ["[metadata]"]
     for k, v in meta.items():
@@ -410,7 +415,10 @@ def task_toml(t: SweTask, agent_timeout: float, verifier_timeout: float) -> str:
     lines += [
         "", "[agent]", f"timeout_sec = {float(agent_timeout)}",
         "", "[verifier]", f"timeout_sec = {float(verifier_timeout)}",
-        "", "[environment]", f"docker_image = {_toml_str(t.image)}", 'workdir = "/testbed"', "",
+        "", "[environment]",
+        # Baked: harbor builds environment/Dockerfile (once per task, then docker's cache).
+        "build_timeout_sec = 1800.0" if bake_grader else f"docker_image = {_toml_str(t.image)}",
+        'workdir = "/testbed"', "",
     ]
     return "\n".join(lines)
 
@@ -421,15 +429,26 @@ def _eval_script_with_exit_code(script: str) -> str:
     return "\n".join(["#!/bin/bash", "set -uxo pipefail", *record_test_exit_code(parse_eval_script(script))]) + "\n"
 
 
-def write_task(t: SweTask, out_dir: Path, agent_timeout: float = 1800, verifier_timeout: float = 1800) -> Path:
+def dockerfile(t: SweTask, bake_grader: bool) -> str:
+    lines = [f"FROM {t.image}"]
+    if bake_grader:
+        # Without this every verification pip-installs swebench (~84 packages) into a fresh
+        # container; the eval images' conda base is a Python >= 3.10 that can hold it.
+        lines.append("RUN /opt/miniconda3/bin/python3 -m venv /opt/wharf-grading && "
+                     f"/opt/wharf-grading/bin/python -m pip install -q swebench=={SWEBENCH_PIN}")
+    return "\n".join(lines + ["WORKDIR /testbed", ""])
+
+
+def write_task(t: SweTask, out_dir: Path, agent_timeout: float = 1800, verifier_timeout: float = 1800,
+               bake_grader: bool = False) -> Path:
     """Write one task dir atomically (built aside, then renamed over any old one)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / t.instance_id
     tmp = Path(tempfile.mkdtemp(prefix=f".{t.instance_id}.", dir=out_dir))
     try:
         (tmp / "environment").mkdir()
-        (tmp / "environment" / "Dockerfile").write_text(f"FROM {t.image}\nWORKDIR /testbed\n")
-        (tmp / "task.toml").write_text(task_toml(t, agent_timeout, verifier_timeout))
+        (tmp / "environment" / "Dockerfile").write_text(dockerfile(t, bake_grader))
+        (tmp / "task.toml").write_text(task_toml(t, agent_timeout, verifier_timeout, bake_grader))
         (tmp / "instruction.md").write_text(INSTRUCTION.format(
             problem=t.problem_statement.strip(), repo=t.repo, commit=t.base_commit))
         sol = tmp / "solution"
@@ -452,7 +471,7 @@ def write_task(t: SweTask, out_dir: Path, agent_timeout: float = 1800, verifier_
             run = RUN_DERIVED.replace("@@TEST_CMD@@", shlex.quote(t.test_cmd))
         test_sh = (TEST_SH.replace("@@RUN@@", run)
                    .replace("@@IID@@", t.instance_id).replace("@@SOURCE@@", t.source)
-                   .replace("@@PIN@@", "5.0.2").replace("@@BASE_COMMIT@@", t.base_commit)
+                   .replace("@@PIN@@", SWEBENCH_PIN).replace("@@BASE_COMMIT@@", t.base_commit)
                    .replace("@@TEST_FILES@@", " ".join(map(shlex.quote, t.test_files)))
                    .replace("@@TEST_TIMEOUT@@", str(max(60, int(verifier_timeout) - 120))))
         (tests / "test.sh").write_text(test_sh)
@@ -475,7 +494,8 @@ def write_task(t: SweTask, out_dir: Path, agent_timeout: float = 1800, verifier_
 
 def convert(rows_file: Path, out_dir: Path, limit: int | None = None, ids: list[str] | None = None,
             source: str = "auto", skip_bad: bool = False, agent_timeout: float = 1800,
-            verifier_timeout: float = 1800, progress: bool = False) -> tuple[list[Path], list[str]]:
+            verifier_timeout: float = 1800, progress: bool = False,
+            bake_grader: bool = False) -> tuple[list[Path], list[str]]:
     """Rows file -> task dirs. Returns (dirs written, errors of skipped rows).
 
     Raises RowError (every bad row listed) before writing anything, unless skip_bad."""
@@ -506,7 +526,7 @@ def convert(rows_file: Path, out_dir: Path, limit: int | None = None, ids: list[
         bar = tqdm(total=len(tasks), unit="task", desc="swegym", file=sys.stderr)
     written = []
     for t in tasks:
-        written.append(write_task(t, out_dir, agent_timeout, verifier_timeout))
+        written.append(write_task(t, out_dir, agent_timeout, verifier_timeout, bake_grader))
         if bar:
             bar.update(1)
     if bar:
@@ -527,13 +547,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--agent-timeout", type=float, default=1800)
     ap.add_argument("--verifier-timeout", type=float, default=1800)
     ap.add_argument("--skip-bad", action="store_true", help="write the good rows, report the bad")
+    ap.add_argument("--bake-grader", action="store_true",
+                    help="build environment/Dockerfile with swebench preinstalled instead of using the "
+                    "image as is (saves a pip install of swebench in every verification)")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
     try:
         written, errors = convert(args.rows_file, args.out_dir, args.limit, args.ids, args.source,
                                   args.skip_bad, args.agent_timeout, args.verifier_timeout,
-                                  progress=sys.stderr.isatty() or bool(os.environ.get("WHARF_PROGRESS")))
+                                  progress=sys.stderr.isatty() or bool(os.environ.get("WHARF_PROGRESS")),
+                                  bake_grader=args.bake_grader)
     except RowError as e:
         print(f"swegym: error: {e}", file=sys.stderr)
         return 2
