@@ -90,6 +90,7 @@ class Batcher:
         self._mask: torch.Tensor | None = None  # [B, L] bool, False where left padding
         self.steps = 0
         self.peak_batch = 0
+        self.generated = 0
 
     # -- any thread --------------------------------------------------------------------------
     def start(self) -> None:
@@ -266,6 +267,7 @@ class Batcher:
                 vals, idx = torch.topk(lp, p.top_logprobs)
                 top = [(int(j), max(float(v), LOGPROB_FLOOR)) for v, j in zip(vals, idx)]
             s.output_ids.append(tid)
+            self.generated += 1
             s.emit(Token(tid, max(float(lp[tid]), LOGPROB_FLOOR), top))
             done = self._stop_check(s, tid)
             if done is not None:

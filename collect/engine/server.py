@@ -371,6 +371,12 @@ class Engine:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def stats(self, request: web.Request) -> web.Response:
+        """Not in vLLM: batching counters for tests and the benchmark."""
+        b = self.batcher
+        return web.json_response({"decode_steps": b.steps, "peak_batch": b.peak_batch, "running": len(b.running),
+                                  "generated_tokens": b.generated, "adapters": sorted(self.adapters.paths)})
+
     # -- LoRA -------------------------------------------------------------------------------------
     async def load_lora(self, request: web.Request) -> web.Response:
         body = await read_json(request)
@@ -433,6 +439,7 @@ def make_app(engine: Engine) -> web.Application:
     app.router.add_post("/detokenize", engine.detokenize)
     app.router.add_get("/v1/models", engine.models)
     app.router.add_get("/health", engine.health)
+    app.router.add_get("/stats", engine.stats)
     app.router.add_post("/v1/load_lora_adapter", engine.load_lora)
     app.router.add_post("/v1/unload_lora_adapter", engine.unload_lora)
 
