@@ -4,6 +4,7 @@
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -223,3 +224,45 @@ def test_bake_grader_builds_from_dockerfile(tmp_path):
     assert docker.startswith("FROM xingyaoww/sweb.eval.x86_64.iterative_s_dvc-90002\n")
     assert "swebench==5.0.2" in docker and "/opt/wharf-grading" in docker
     assert "/opt/wharf-grading/bin/python" in (tmp_path / "iterative__dvc-90002" / "tests" / "test.sh").read_text()
+
+
+def _trial(task: Path, agent: str, tmp: Path) -> dict:
+    import asyncio
+
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+
+    cfg = TrialConfig(
+        task=TaskConfig(path=task), trial_name=f"{task.name}__{agent}", trials_dir=tmp / "trials",
+        agent=AgentConfig(name=agent),
+        environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
+                                      kwargs={"state_dir": str(tmp / "state")}))
+    result = asyncio.run(_run(cfg))
+    assert result.exception_info is None, result.exception_info
+    return result.verifier_result.rewards
+
+
+async def _run(cfg):
+    from harbor.trial.trial import Trial
+
+    return await (await Trial.create(cfg)).run()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("iid", ["iterative__dvc-90002", "psf__requests-90003"])
+def test_real_harbor_trials_in_bwrap_oracle_1_nop_0(tmp_path, monkeypatch, iid):
+    # The generated task as harbor runs it, with the toy repo shipped in environment/ (the bwrap
+    # sandbox copies it into the workdir, /testbed) instead of the eval image.
+    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
+    rows = GYM_ROWS if iid != "psf__requests-90003" else BENCH_ROWS
+    (task,), _ = convert(rows, tmp_path / "tasks", ids=[iid])
+    _toy_repo(task / "environment")
+    toml = (task / "task.toml").read_text()
+    venv_path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"  # pytest, as in the image
+    (task / "task.toml").write_text(toml.replace("[verifier]\n", f'[verifier]\nenv = {{ PATH = "{venv_path}" }}\n'))
+    oracle = _trial(task, "oracle", tmp_path / "oracle")
+    assert (oracle["reward"], oracle["log_ok"]) == (1.0, 1), oracle
+    nop = _trial(task, "nop", tmp_path / "nop")
+    assert (nop["reward"], nop["log_ok"], nop["p2p_passed"]) == (0.0, 1, 2), nop
+    verifier = tmp_path / "oracle" / "trials" / f"{iid}__oracle" / "verifier"
+    assert json.loads((verifier / "grading.json").read_text())["resolved"] is True

@@ -311,7 +311,8 @@ grading_python() {
         "$WHARF_GRADING_PYTHON" -c 'import swebench' >/dev/null 2>&1 && echo "$WHARF_GRADING_PYTHON"
         return
     fi
-    for py in /opt/wharf-grading/bin/python /tmp/wharf-grading/bin/python /opt/miniconda3/bin/python3 python3; do
+    # WHARF_PYTHON: the project venv the bwrap sandbox exports.
+    for py in /opt/wharf-grading/bin/python "${WHARF_PYTHON:-}" /tmp/wharf-grading/bin/python /opt/miniconda3/bin/python3 python3; do
         [[ -n "$py" ]] && command -v "$py" >/dev/null 2>&1 || continue
         "$py" -c 'import sys, swebench; assert sys.version_info >= (3, 10) and swebench.__version__.startswith("5.")' \
             >/dev/null 2>&1 && { echo "$py"; return 0; }
