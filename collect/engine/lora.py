@@ -58,6 +58,7 @@ def check_adapter(name: str, path: str, base_model) -> None:
         # base_model.model.<module path>.lora_A.weight -> <module path>
         mod_path = key.split(".lora_")[0].removeprefix("base_model.model.")
         mod = modules.get(mod_path)
+        mod = getattr(mod, "base_layer", mod)  # already wrapped by peft for an earlier adapter
         if not isinstance(mod, torch.nn.Linear):
             raise AdapterInvalid(f"Loading lora {name} failed: {key!r} targets {mod_path!r}, "
                                  "which is not a linear layer of the base model")
