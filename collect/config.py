@@ -103,8 +103,6 @@ class CollectConfig:
     verifier_timeout_s: float | None = None
     # The model name to sample from this round (an adapter name); None: endpoint.model.
     policy: str | None = None
-    # How agents reach the proxy when it is not at proxy.host:port for them (docker, cloud sandboxes).
-    public_proxy_url: str | None = None
 
 
 @dataclass

@@ -7,7 +7,6 @@ rest are run again under fresh rollout ids.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -19,11 +18,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from collect import schema
+from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
 from collect.services import ProxyAdmin, ServiceError, proxy_process
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan
-from collect.trials import Endpoint, Outcome, classify, rewrite_host, trial_config
+from collect.trials import Endpoint, Outcome, classify, trial_config
 
 log = logging.getLogger("wharf.collect")
 
@@ -128,8 +127,7 @@ class Round:
             rollout_id = new_rollout_id(summary.job_id, p)
             started = _now()
             opened = await admin.open(rollout_id, self.policy)
-            ep = Endpoint(rewrite_host(opened["base_url"], self.cfg.collect.public_proxy_url),
-                          opened["api_key"], self.policy)
+            ep = Endpoint(opened["base_url"], opened["api_key"], self.policy)
             tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
             try:
                 result = await queue.submit(tc)
@@ -209,20 +207,12 @@ def _success_by_task(rows: list[dict]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
-@contextlib.contextmanager
-def endpoint_for(cfg: RunConfig):
-    """The endpoint for the round: started here when the config says so (local engine or vLLM)."""
-    from collect import endpoint
-
-    with endpoint.launch(cfg) as url:
-        yield url
-
-
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     paths = RoundPaths(cfg.round_dir() / "collect")
     paths.root.mkdir(parents=True, exist_ok=True)
     config_path = paths.root / "config.yaml"
     dump_config(cfg, config_path)
     dump_config(cfg, cfg.run_dir / "config.yaml")
-    with endpoint_for(cfg):
+    # The endpoint outlives the round's proxy: started here only when nothing answers at its url.
+    with endpoint.launch(cfg, log_dir=paths.logs):
         return asyncio.run(Round(cfg, config_path).run(progress=progress))

@@ -5,15 +5,16 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
 from harbor.models.trial.result import TrialResult
 
 from collect.config import CollectConfig
 
-# Agents that take the endpoint as a constructor option rather than (only) from the environment.
-_URL_KWARG = {"terminus-2": "api_base", "collect.agents.minimal:MinimalAgent": "base_url"}
+# harbor agents that take the endpoint as a constructor option rather than from the environment;
+# our own agents (collect.agents.*) take base_url and api_key.
+_URL_KWARG = {"terminus-2": "api_base"}
+_OWN_AGENTS = "collect.agents."
 
 
 @dataclass(frozen=True)
@@ -49,8 +50,8 @@ def agent_config(cc: CollectConfig, ep: Endpoint) -> AgentConfig:
     kwargs = {}
     if cc.agent in _URL_KWARG:
         kwargs[_URL_KWARG[cc.agent]] = ep.base_url
-    if cc.agent == "collect.agents.minimal:MinimalAgent":
-        kwargs["api_key"] = ep.api_key
+    if cc.agent.startswith(_OWN_AGENTS):
+        kwargs.update(base_url=ep.base_url, api_key=ep.api_key)
     kwargs.update(cc.agent_kwargs)
     env.update(cc.agent_env)
     ref = {"import_path": cc.agent} if _is_import_path(cc.agent) else {"name": cc.agent}
@@ -79,14 +80,6 @@ def trial_config(cc: CollectConfig, task_path: Path, trial_name: str, trials_dir
         environment=environment_config(cc),
         verifier=VerifierConfig(override_timeout_sec=cc.verifier_timeout_s),
     )
-
-
-def rewrite_host(base_url: str, public_url: str | None) -> str:
-    """Agents in containers or remote sandboxes reach the proxy at another address."""
-    if not public_url:
-        return base_url
-    parts, public = urlsplit(base_url), urlsplit(public_url)
-    return parts._replace(scheme=public.scheme or parts.scheme, netloc=public.netloc).geturl()
 
 
 # harbor exception type names -> our rollout status

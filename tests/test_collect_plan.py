@@ -7,7 +7,7 @@ from harbor.models.verifier.result import VerifierResult
 
 from collect.config import CollectConfig
 from collect.tasksets import TaskSetError, discover, new_rollout_id, plan
-from collect.trials import Endpoint, classify, primary_reward, rewrite_host, trial_config
+from collect.trials import Endpoint, classify, primary_reward, trial_config
 
 
 def make_tasks(root, names):
@@ -59,12 +59,6 @@ def test_trial_config_points_agent_at_rollout_route(tmp_path):
     assert named.agent.name == "mini-swe-agent" and named.agent.model_name == "openai/policy-v1"
     assert named.agent.kwargs == {}
     assert named.environment.type.value == "docker"
-
-
-def test_rewrite_host():
-    url = "http://127.0.0.1:8200/rollout/r1/v1"
-    assert rewrite_host(url, None) == url
-    assert rewrite_host(url, "http://10.0.0.5:9000") == "http://10.0.0.5:9000/rollout/r1/v1"
 
 
 def result(rewards=None, exc=None):

@@ -1,0 +1,96 @@
+"""Collect rounds with real harbor trials in the bubblewrap sandbox and the real recording proxy.
+
+The agents here are scripted (tests/fixtures/agents.py) so that each failure mode happens on
+purpose; the endpoint is the vLLM-format stub or a dead port.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.vllm_stub import StubServer
+from collect import schema
+from collect.config import load_config
+from collect.runner import Round
+from conftest import free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+]
+
+TASKS = Path(__file__).parent / "fixtures" / "tasks"
+AGENTS = "tests.fixtures.agents"
+
+
+def round_cfg(tmp_path, agent, endpoint_url, *extra):
+    return load_config(None, [
+        f"runs_dir={tmp_path}", "name=t", f"endpoint.url={endpoint_url}", "endpoint.model=stub-model",
+        f"proxy.port={free_port()}", f"collect.dataset={TASKS}", f"collect.agent={AGENTS}:{agent}",
+        "collect.concurrency=2", *extra,
+    ])
+
+
+def run_round(cfg, tmp_path):
+    config_path = tmp_path / "config.yaml"
+    from collect.config import dump_config
+
+    dump_config(cfg, config_path)
+    summary = asyncio.run(Round(cfg, config_path).run(progress=False))
+    rollouts = schema.read_table(cfg.round_dir() / "collect" / "rollouts.parquet", "rollouts").to_pylist()
+    turns = schema.read_dir(cfg.round_dir() / "collect" / "turns", "turns").to_pylist()
+    manifest = json.loads((cfg.round_dir() / "collect" / "manifest.json").read_text())
+    return summary, rollouts, turns, manifest
+
+
+@pytest.fixture(scope="module")
+def stub():
+    server = StubServer().start()
+    yield server.url
+    server.stop()
+
+
+def test_ok_round_records_every_call(tmp_path, stub):
+    cfg = round_cfg(tmp_path, "ScriptedAgent", stub, "collect.tasks=[answer]", "collect.attempts=3",
+                    "collect.agent_kwargs={calls: 2}")
+    summary, rollouts, turns, manifest = run_round(cfg, tmp_path)
+    assert [r["status"] for r in rollouts] == ["ok"] * 3
+    assert all(r["reward"] == 1.0 and r["n_turns"] == 2 for r in rollouts)
+    assert len({r["rollout_id"] for r in rollouts}) == 3
+    assert {r["group_id"] for r in rollouts} == {f"{summary.job_id[:8]}.answer"}
+    # every model call of every rollout is a turns row, in order, with the policy that served it
+    for r in rollouts:
+        mine = sorted((t for t in turns if t["rollout_id"] == r["rollout_id"]), key=lambda t: t["turn"])
+        assert [t["turn"] for t in mine] == [0, 1]
+        assert all(t["status"] == "ok" and t["policy"] == "stub-model" for t in mine)
+        trajectory = json.loads((cfg.round_dir() / "collect" / r["trial_dir"] / "agent" / "trajectory.json").read_text())
+        assert len(trajectory) == len(mine)
+        for t, call in zip(mine, trajectory):
+            assert json.loads(t["response"])["choices"][0]["message"]["content"] == call["assistant"]
+            assert len(t["completion_token_ids"]) == len(t["completion_logprobs"]) > 0
+    assert manifest["state"] == "done" and manifest["counts"]["by_status"] == {"ok": 3}
+    assert manifest["success_rate_by_task"] == {"answer": 1.0}
+
+
+def test_failures_are_classified_and_the_round_completes(tmp_path, stub):
+    dead = f"http://127.0.0.1:{free_port()}"
+    cases = [
+        ("CrashingAgent", stub, ["collect.tasks=[answer]"], "agent_error", None),
+        ("SleepingAgent", stub, ["collect.tasks=[answer]", "collect.agent_timeout_s=2"], "agent_timeout", 0.0),
+        ("ScriptedAgent", stub, ["collect.tasks=[broken-verifier]"], "verifier_error", None),
+        ("ScriptedAgent", dead, ["collect.tasks=[answer]", "proxy.upstream_timeout_s=5"], "infra_error", None),
+    ]
+    for i, (agent, url, extra, status, reward) in enumerate(cases):
+        cfg = round_cfg(tmp_path / str(i), agent, url, "collect.attempts=1", *extra)
+        _, rollouts, turns, manifest = run_round(cfg, tmp_path / str(i))
+        (row,) = rollouts
+        assert (row["status"], row["reward"]) == (status, reward), row
+        assert row["error"], row
+        assert manifest["state"] == "done"
+        if status == "infra_error":
+            # the failed call is on record, as an error row
+            assert [t["status"] for t in turns] == ["error"] and turns[0]["error"]
