@@ -37,6 +37,7 @@ class Endpoint:
         self.api_key = api_key
         self.model = model
         self.timeout = timeout
+        self.process: subprocess.Popen | None = None  # set by launch() when it started the endpoint
 
     # -- HTTP -------------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> tuple[int, str]:
@@ -188,6 +189,7 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
             # Its own session, so stopping it also stops what it spawned (vLLM's workers).
             proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
+    ep.process = proc
     try:
         if proc is not None:
             ep.wait_healthy(ep_cfg.startup_timeout_s, proc, log)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
-from .sampling import SamplingParams, processed_logprobs, sample
+from .sampling import GREEDY_EPS, SamplingParams, processed_logprobs, sample
 
 log = logging.getLogger("wharf.engine")
 
@@ -251,16 +251,22 @@ class Batcher:
 
     def _after_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         logits = logits.float().cpu()
-        for i, s in enumerate(seqs):
-            if s.finished:
-                continue
-            row = logits[i]
-            p = s.params
-            if len(s.output_ids) < p.min_tokens:
-                banned = list(self.eos_ids | set(p.stop_token_ids))
-                row = row.clone()
-                row[banned] = float("-inf")
-            lp = processed_logprobs(row, p.temperature, p.top_p)
+        live = [i for i, s in enumerate(seqs) if not s.finished]
+        if not live:
+            return
+        # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.
+        temps = torch.tensor([max(seqs[i].params.temperature, 0.0) for i in live])
+        temps = torch.where(temps < GREEDY_EPS, torch.ones_like(temps), temps)
+        batched = torch.log_softmax(logits[live] / temps[:, None], dim=-1)
+        for k, i in enumerate(live):
+            s, p = seqs[i], seqs[i].params
+            if len(s.output_ids) < p.min_tokens or p.top_p < 1.0:
+                row = logits[i].clone()
+                if len(s.output_ids) < p.min_tokens:
+                    row[list(self.eos_ids | set(p.stop_token_ids))] = float("-inf")
+                lp = processed_logprobs(row, p.temperature, p.top_p)
+            else:
+                lp = batched[k]
             tid = sample(lp, p.temperature, s.generator)
             top: list[tuple[int, float]] = []
             if p.top_logprobs > 0:

@@ -1,0 +1,118 @@
+"""`python -m bench.engine`: generated tokens/s of the local engine at 1, 4 and 16 concurrent
+requests, beside plain one-at-a-time `model.generate` measured in the same run.
+
+Every request generates exactly TOKENS tokens (ignore_eos), so the figures compare like with like.
+The 2 cores here are shared: read the figures as noisy.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import concurrent.futures  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+PROMPTS = [
+    "Write a shell command that counts the lines of every Python file in a directory.",
+    "Explain what a race condition is.",
+    "Give three tips for writing readable code.",
+    "What does `git rebase` do?",
+    "Write a haiku about compilers.",
+    "How do I reverse a list in Python?",
+    "Name the planets of the solar system.",
+    "What is the difference between a process and a thread?",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def run_engine(url: str, concurrency: int, n_requests: int, tokens: int) -> tuple[int, float]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=600)
+
+    def one(i: int) -> int:
+        r = client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            max_tokens=tokens, temperature=1.0, seed=i, extra_body={"ignore_eos": True})
+        return r.usage.completion_tokens
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        n = sum(pool.map(one, range(n_requests)))
+    return n, time.perf_counter() - t0
+
+
+def run_generate(n_requests: int, tokens: int, threads: int) -> tuple[int, float]:
+    import torch
+
+    from collect.engine import model_store
+
+    torch.set_num_threads(threads)
+    model, tok = model_store.load_model(model_store.embedded_model_dir(), "cpu", "float32")
+    n, t0 = 0, None
+    with torch.inference_mode():
+        for i in range(n_requests + 1):  # the first call warms up and is not timed
+            ids = tok.apply_chat_template([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+                                          add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            if i == 1:
+                t0 = time.perf_counter()
+            out = model.generate(**ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                                 temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
+            if i >= 1:
+                n += out.shape[1] - ids["input_ids"].shape[1]
+    return n, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (engine and generate)")
+    args = ap.parse_args(argv)
+
+    from collect.config import load_config
+    from collect.endpoint import launch
+
+    url = f"http://127.0.0.1:{_free_port()}"
+    cfg = load_config(None, [f"endpoint.url={url}", f"engine.threads={args.threads}"])
+    rows = []
+    with launch(cfg) as ep:
+        run_engine(url, 1, 1, 4)  # warm-up
+        for conc, n_req in ((1, 2), (4, 4), (16, 16)):
+            n, dt = run_engine(url, conc, n_req, args.tokens)
+            rows.append((f"engine, {conc} concurrent", n_req, n, dt))
+        rss = _peak_rss_mib(ep.process.pid) if ep.process else None
+    n, dt = run_generate(4, args.tokens, args.threads)
+    base = n / dt
+    print(f"SmolLM2-135M-Instruct, CPU fp32, {args.threads} torch threads, {args.tokens} tokens per request "
+          f"(shared cores: expect noise)")
+    print(f"{'path':<26} {'requests':>8} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs generate':>12}")
+    print(f"{'model.generate, 1 at a time':<26} {4:>8} {n:>7} {dt:>8.2f} {base:>7.1f} {1.0:>11.2f}x")
+    for name, n_req, n, dt in rows:
+        print(f"{name:<26} {n_req:>8} {n:>7} {dt:>8.2f} {n / dt:>7.1f} {n / dt / base:>11.2f}x")
+    if rss is not None:
+        print(f"engine peak RSS: {rss:.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
