@@ -10,10 +10,20 @@ from collect.services import ServiceError
 from collect.tasksets import TaskSetError
 
 
+def setup_logging() -> None:
+    """Our INFO on the console; harbor and HTTP clients only from WARNING (harbor keeps its
+    DEBUG for each trial's own trial.log)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.addFilter(lambda r: r.levelno >= logging.WARNING or not r.name.startswith(("harbor", "httpx", "LiteLLM")))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = cli_config(argv, "python -m collect")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("harbor").setLevel(logging.WARNING)
+    setup_logging()
     try:
         summary = run(cfg)
     except (TaskSetError, ServiceError) as e:

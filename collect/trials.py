@@ -55,8 +55,9 @@ def agent_config(cc: CollectConfig, ep: Endpoint) -> AgentConfig:
     kwargs.update(cc.agent_kwargs)
     env.update(cc.agent_env)
     ref = {"import_path": cc.agent} if _is_import_path(cc.agent) else {"name": cc.agent}
-    # litellm-based agents need a provider prefix; the proxy strips nothing, it maps any name.
-    model_name = ep.model if _is_import_path(cc.agent) else f"openai/{ep.model}"
+    # litellm-based agents (and harbor's model-name check) need a provider prefix; the proxy maps
+    # whatever model name the agent sends to the policy, so the prefix costs nothing.
+    model_name = f"openai/{ep.model}"
     return AgentConfig(
         **ref,
         model_name=model_name,
