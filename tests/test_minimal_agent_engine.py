@@ -82,6 +82,8 @@ def test_mini_swe_agent_textbased_against_the_engine(engine_url, tmp_path, monke
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards["log_ok"] == 1
     native = json.loads((tmp_path / "trials" / "mini" / "agent" / "mini-swe-agent.trajectory.json").read_text())
-    assistant = [m for m in native["messages"] if m.get("role") == "assistant"]
-    assert 1 <= len(assistant) <= 3
-    assert native["info"]["exit_status"], native["info"]
+    # mini keeps no assistant message for a reply it rejects (format error, length), only its
+    # complaint: so count what followed the system prompt and the task, 1-2 messages per call
+    after_task = [m for m in native["messages"][2:] if m.get("role") in ("assistant", "user")]
+    assert 1 <= len(after_task) <= 4, native["messages"]
+    assert native["info"]["exit_status"] in ("LimitsExceeded", "Submitted", "FormatError", "RepeatedFormatError")
