@@ -6,7 +6,8 @@ import sys
 
 from collect.config import cli_config
 from collect.runner import run
-from collect.services import ServiceError
+from collect.endpoint import EndpointError
+from collect.proxy_client import ServiceError
 from collect.tasksets import TaskSetError
 
 
@@ -26,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         summary = run(cfg)
-    except (TaskSetError, ServiceError) as e:
+    except (TaskSetError, ServiceError, EndpointError) as e:
         print(f"collect: {e}", file=sys.stderr)
         return 1
     out = cfg.round_dir() / "collect"

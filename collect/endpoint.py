@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
+from . import procs
 from .config import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -185,10 +185,8 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as out:
-            # Its own session, so stopping it also stops what it spawned (vLLM's workers).
-            proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+        # Its own session, so stopping it also stops what it spawned (vLLM's workers).
+        proc = procs.spawn(cmd, log, env=env, cwd=REPO_ROOT)
     ep.process = proc
     try:
         if proc is not None:
@@ -198,18 +196,4 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
         yield ep
     finally:
         if proc is not None:
-            _stop(proc)
-
-
-def _stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            procs.stop(proc)

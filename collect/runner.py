@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
-from collect.services import ProxyAdmin, ServiceError, proxy_process
+from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan
 from collect.trials import Endpoint, Outcome, classify, trial_config
 

@@ -1,0 +1,59 @@
+"""The recording proxy as a child process of the round, and a client of its admin API."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from collect import procs
+from collect.config import RunConfig
+from collect.endpoint import Endpoint
+
+
+class ServiceError(RuntimeError):
+    """A service that would not start or answer."""
+
+
+@contextlib.contextmanager
+def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path):
+    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block."""
+    argv = [sys.executable, "-m", "collect.proxy", "--config", str(config_path), f"proxy.out_dir={turns_dir}"]
+    proc = procs.spawn(argv, log_path)
+    try:
+        Endpoint(f"http://{cfg.proxy.host}:{cfg.proxy.port}").wait_healthy(60, proc, log_path)
+        yield proc
+    finally:
+        procs.stop(proc)
+
+
+class ProxyAdmin:
+    """Client of the proxy's admin API: open and close rollouts."""
+
+    def __init__(self, url: str, token: str):
+        self.url = url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> "ProxyAdmin":
+        self._session = aiohttp.ClientSession(headers=self._headers, timeout=aiohttp.ClientTimeout(total=120))
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self._session.close()
+
+    async def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        async with self._session.request(method, self.url + path, json=body) as r:
+            if r.status >= 400:
+                raise ServiceError(f"proxy {method} {path}: HTTP {r.status}: {await r.text()}")
+            return await r.json()
+
+    async def open(self, rollout_id: str, policy: str) -> dict:
+        return await self._call("POST", "/admin/rollouts", {"rollout_id": rollout_id, "policy": policy})
+
+    async def close(self, rollout_id: str) -> dict:
+        return await self._call("POST", f"/admin/rollouts/{rollout_id}/close")
+
+    async def flush(self) -> dict:
+        return await self._call("POST", "/admin/flush")
