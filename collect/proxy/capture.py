@@ -5,6 +5,8 @@ a call whose ids do not add up is reported as an upstream error rather than reco
 """
 from __future__ import annotations
 
+import array
+
 # vLLM-only fields an OpenAI client was never meant to see.
 _TOP_EXTRAS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
 _CHOICE_EXTRAS = ("token_ids", "stop_reason")
@@ -14,21 +16,25 @@ class CaptureError(ValueError):
     """The upstream answer lacks what the recording needs (token ids, log-probs, consistency)."""
 
 
-def _ids(value, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise CaptureError(f"upstream answer has no usable {where} (got {type(value).__name__}); "
-                           "is the endpoint vLLM >= 0.10 or the wharf engine, called with return_token_ids?")
-    return value
+def _ids(value, where: str) -> array.array:
+    """Token ids as a compact int32 array; converting in C also checks every id is an int32."""
+    if isinstance(value, list):
+        try:
+            return array.array("i", value)
+        except (TypeError, OverflowError):
+            pass
+    raise CaptureError(f"upstream answer has no usable {where} (got {str(value)[:80]}); "
+                       "is the endpoint vLLM >= 0.10 or the wharf engine, called with return_token_ids?")
 
 
-def _logprobs(lp_obj, where: str) -> list[float]:
+def _logprobs(lp_obj, where: str) -> array.array:
     content = (lp_obj or {}).get("content") if isinstance(lp_obj, dict) else None
     if not isinstance(content, list):
         raise CaptureError(f"upstream answer has no {where}.logprobs.content")
     try:
-        return [float(e["logprob"]) for e in content]
+        return array.array("f", [e["logprob"] for e in content])
     except (KeyError, TypeError, ValueError) as e:
-        raise CaptureError(f"malformed {where}.logprobs.content entry ({e})") from None
+        raise CaptureError(f"malformed {where}.logprobs.content entry ({e!r})") from None
 
 
 def _check_usage(usage, n_prompt: int, n_completion: int) -> None:
@@ -75,9 +81,9 @@ class StreamCapture:
     """Collects ids, log-probs and the message from chat.completion.chunk objects as they pass."""
 
     def __init__(self):
-        self.prompt: list[int] | None = None
-        self.completion: list[int] = []
-        self.logprobs: list[float] = []
+        self.prompt: array.array | None = None
+        self.completion = array.array("i")
+        self.logprobs = array.array("f")
         self.finish_reason = None
         self.usage = None
         self.content: list[str] = []

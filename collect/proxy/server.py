@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import re
 import secrets
@@ -23,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from collect.config import RunConfig
+from collect.proxy import jsonx
 from collect.proxy.capture import CaptureError, StreamCapture, capture_full, plain_chunk, plain_full
 from collect.proxy.metrics import Metrics
 from collect.proxy.shards import TurnStore, published_keys
@@ -35,8 +35,7 @@ _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 _JSON = "application/json"
 
 
-def _dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+_dumps = jsonx.dumps
 
 
 def error_body(message: str, type_: str, code=None) -> dict:
@@ -221,7 +220,7 @@ class RecordingProxy:
                                                     actual_size=request.content_length)
             raw = await request.read()
             try:
-                req = json.loads(raw)
+                req = jsonx.loads(raw)
             except ValueError as e:
                 raise Reject(400, f"request body is not valid JSON ({e})", "bad_json") from None
             if not isinstance(req, dict) or not isinstance(req.get("messages"), list) or not req["messages"]:
@@ -302,7 +301,7 @@ class RecordingProxy:
     async def _http_failure(resp: aiohttp.ClientResponse) -> UpstreamFailure:
         body = await resp.read()
         try:
-            err = json.loads(body)
+            err = jsonx.loads(body)
             msg = err.get("error", {}).get("message") if isinstance(err.get("error"), dict) else err.get("message")
             msg = msg or body[:500].decode("utf-8", "replace")
             ok_body = isinstance(err.get("error"), dict)
@@ -349,7 +348,7 @@ class RecordingProxy:
             finally:
                 resp.release()
             try:
-                data = json.loads(body)
+                data = jsonx.loads(body)
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
             except ValueError as e:
@@ -403,7 +402,7 @@ class RecordingProxy:
                         done = True
                         break
                     try:
-                        chunk = json.loads(payload)
+                        chunk = jsonx.loads(payload)
                     except ValueError as e:
                         raise UpstreamFailure(502, f"upstream stream chunk is not valid JSON ({e})", "bad_json")
                     if not isinstance(chunk, dict) or "error" in chunk or chunk.get("object") == "error":

@@ -1,0 +1,275 @@
+"""What the recording proxy costs: latency added over direct calls, and recorded calls/s at 64 clients.
+
+`python -m bench.proxy [--calls N] [--latency-calls N] [--clients 64] [--procs 2]`
+
+The stub upstream (bench/vllm_stub.py) and the proxy run as their own processes; the load comes
+from several Python processes with aiohttp clients. With `taskset` available and 2+ CPUs, the
+proxy is pinned to CPU 0 and the stub and load generator to the others, so the figures show the
+proxy's own core. Each figure is one run on a machine shared with other work: expect noise.
+
+The load generator (`run_load`) is also what tests/test_proxy_load.py uses.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+
+REPO = Path(__file__).resolve().parents[1]
+ADMIN_TOKEN = "wharf-admin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chat_body(size: int = 8192, stream: bool = False, seed: int | None = None) -> bytes:
+    """A chat-completions body of about `size` bytes (a long user turn), as an agent would send it."""
+    words = ("import os\nfrom pathlib import Path\ndef main(argv):\n    return run(argv)\n" * (size // 64 + 1))[:size]
+    body = {"model": "agent-model", "messages": [{"role": "system", "content": "You are a coding agent."},
+                                                 {"role": "user", "content": words}], "max_tokens": 50}
+    if stream:
+        body["stream"] = True
+    if seed is not None:
+        body["seed"] = seed
+    return json.dumps(body).encode()
+
+
+# -- processes --------------------------------------------------------------------------------
+def _cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return list(range(os.cpu_count() or 1))
+
+
+def pinned(cmd: list[str], cpus: list[int] | None) -> list[str]:
+    if cpus and shutil.which("taskset"):
+        return ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+    return cmd
+
+
+def wait_url(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s")
+
+
+def start_stub(port: int, cpus=None, error_rate: float = 0.0, completion_tokens: int = 50, log=None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "bench.vllm_stub", "--port", str(port), "--error-rate", str(error_rate),
+           "--completion-tokens", str(completion_tokens)]
+    proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    wait_url(f"http://127.0.0.1:{port}/health", proc)
+    return proc
+
+
+def start_proxy(port: int, upstream: str, out_dir: str | Path, cpus=None, extra=(), log=None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "collect.proxy", f"endpoint.url={upstream}", f"proxy.port={port}",
+           f"proxy.out_dir={out_dir}", "proxy.health_interval_s=0", *extra]
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, env=env)
+    wait_url(f"http://127.0.0.1:{port}/health", proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def admin(base: str, method: str, path: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body or {}).encode(),
+                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+# -- load generator ---------------------------------------------------------------------------
+async def _drive(targets: list[tuple[int, str, dict, bytes]], n_calls: int, seconds: float | None) -> list[tuple]:
+    """One task per target (a client with its own connection), pulling calls from a shared count."""
+    results: list[tuple] = []
+    budget = iter(range(n_calls))
+    deadline = time.monotonic() + seconds if seconds else None
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
+        async def client(idx: int, url: str, headers: dict, body: bytes) -> None:
+            stream = b'"stream": true' in body
+            for _ in budget:
+                if deadline and time.monotonic() > deadline:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    async with session.post(url, data=body, headers=headers) as r:
+                        data = await r.read()
+                        ok = r.status == 200 and (not stream or data.endswith(b"data: [DONE]\n\n"))
+                        results.append((idx, r.status, ok, r.headers.get("x-wharf-request-id"),
+                                        time.perf_counter() - t0))
+                except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+                    results.append((idx, -1, False, None, time.perf_counter() - t0, repr(e)))
+                    await asyncio.sleep(0.01)  # the server is down: do not spin
+
+        await asyncio.gather(*(client(i, u, h, b) for i, u, h, b in targets))
+    return results
+
+
+def _worker(targets, n_calls, seconds, cpus, queue) -> None:
+    if cpus:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError:
+            pass
+    queue.put(asyncio.run(_drive(targets, n_calls, seconds)))
+
+
+def run_load(targets: list[tuple[str, dict, bytes]], n_calls: int, procs: int = 2, cpus=None,
+             seconds: float | None = None) -> tuple[list[tuple], float]:
+    """Spread the targets (one connection each) over `procs` processes; returns (results, wall seconds).
+
+    A result is (target index, HTTP status or -1, complete, x-wharf-request-id, latency[, error]).
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    groups = [[(i, *t) for i, t in enumerate(targets) if i % procs == p] for p in range(procs)]
+    shares = [n_calls * len(g) // len(targets) for g in groups]
+    shares[0] += n_calls - sum(shares)
+    workers = [ctx.Process(target=_worker, args=(g, s, seconds, cpus, queue)) for g, s in zip(groups, shares) if g]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    results = []
+    for _ in workers:
+        while True:
+            try:
+                results += queue.get(timeout=1)
+                break
+            except Exception:  # queue.Empty: make sure a dead worker does not hang us
+                if not any(w.is_alive() for w in workers) and queue.empty():
+                    raise RuntimeError("a load generator process died; see its traceback above") from None
+    wall = time.perf_counter() - t0
+    for w in workers:
+        w.join()
+    return results, wall
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux), to report CPU per call regardless of what else runs."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=10000, help="calls per throughput run")
+    p.add_argument("--latency-calls", type=int, default=2000, help="sequential calls per latency run")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--procs", type=int, default=2, help="load generator processes")
+    p.add_argument("--body-bytes", type=int, default=8192)
+    p.add_argument("--stream", action="store_true", help="streaming calls instead of plain JSON")
+    args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop the stub and proxy in `finally`
+
+    cpus = _cpus()
+    proxy_cpus, other_cpus = ([cpus[0]], cpus[1:]) if len(cpus) > 1 else (None, None)
+    tmp = Path(tempfile.mkdtemp(prefix="wharf-bench-proxy-"))
+    stub_port, proxy_port = free_port(), free_port()
+    stub = start_stub(stub_port, other_cpus)
+    proxy = start_proxy(proxy_port, f"http://127.0.0.1:{stub_port}", tmp / "turns", proxy_cpus,
+                        log=open(tmp / "proxy.log", "wb"))
+    base = f"http://127.0.0.1:{proxy_port}"
+    body = chat_body(args.body_bytes, args.stream)
+    direct_url = f"http://127.0.0.1:{stub_port}/v1/chat/completions"
+    # The direct run sends what the proxy would: the recording parameters included.
+    direct_body = json.loads(body)
+    direct_body.update(return_token_ids=True, logprobs=True, top_logprobs=0, temperature=1.0, top_p=1.0)
+    if args.stream:
+        direct_body["stream_options"] = {"include_usage": True}
+    direct_body = json.dumps(direct_body).encode()
+    hdr = {"Content-Type": "application/json"}
+    try:
+        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"}) for i in range(args.clients)]
+        via = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
+        direct = [(direct_url, hdr, direct_body)] * args.clients
+
+        def latency(targets):
+            run_load(targets[:1], 200, procs=1, cpus=other_cpus)  # warm-up
+            res, _ = run_load(targets[:1], args.latency_calls, procs=1, cpus=other_cpus)
+            lat = [r[4] * 1000 for r in res if r[2]]
+            return pct(lat, 0.5), pct(lat, 0.99), len(lat)
+
+        def throughput(targets):
+            run_load(targets, min(2000, args.calls), procs=args.procs, cpus=other_cpus)  # warm-up
+            c0 = cpu_seconds(proxy.pid)
+            res, wall = run_load(targets, args.calls, procs=args.procs, cpus=other_cpus)
+            cpu = cpu_seconds(proxy.pid) - c0
+            ok = sum(r[2] for r in res)
+            lat = [r[4] * 1000 for r in res if r[2]]
+            return ok / wall, pct(lat, 0.5), pct(lat, 0.99), ok, len(res), cpu / len(res) * 1000
+
+        d_lat = latency(direct)
+        p_lat = latency(via)
+        d_tp = throughput(direct)
+        p_tp = throughput(via)
+        shards = admin(base, "POST", "/admin/flush")["shards"]
+        for r in rollouts:
+            admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
+        from collect.schema import read_dir
+        n_rows = read_dir(tmp / "turns", "turns").num_rows
+        expected = 200 + args.latency_calls + min(2000, args.calls) + args.calls
+    finally:
+        stop(proxy)
+        stop(stub)
+    mode = "streaming" if args.stream else "non-streaming"
+    print(f"recording proxy vs direct to the vLLM stub ({mode}, {len(body)} B bodies, 50 completion tokens;"
+          f" proxy on CPU {proxy_cpus or 'any'}, stub + load on CPU {other_cpus or 'any'}; "
+          f"{os.cpu_count()} CPUs shared with other work: one run, expect noise)")
+    print(f"{'':28}{'direct':>12}{'via proxy':>12}{'added / ratio':>16}")
+    print(f"{'p50 latency, 1 client (ms)':28}{d_lat[0]:12.3f}{p_lat[0]:12.3f}{p_lat[0] - d_lat[0]:+16.3f}")
+    print(f"{'p99 latency, 1 client (ms)':28}{d_lat[1]:12.3f}{p_lat[1]:12.3f}{p_lat[1] - d_lat[1]:+16.3f}")
+    print(f"{f'calls/s, {args.clients} clients':28}{d_tp[0]:12.0f}{p_tp[0]:12.0f}{p_tp[0] / d_tp[0]:16.2f}")
+    print(f"{f'p50 ms, {args.clients} clients':28}{d_tp[1]:12.2f}{p_tp[1]:12.2f}")
+    print(f"{f'p99 ms, {args.clients} clients':28}{d_tp[2]:12.2f}{p_tp[2]:12.2f}")
+    print(f"proxy CPU per recorded call at {args.clients} clients: {p_tp[5]:.3f} ms "
+          f"(user+sys of the proxy process, shard writing included: ~{1000 / p_tp[5]:.0f} calls/s per core)")
+    print(f"recorded rows: {n_rows} of {expected} calls through the proxy "
+          f"({p_tp[3]} of {p_tp[4]} ok in the measured run; shards: {len(list((tmp / 'turns').glob('part-*')))})")
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
