@@ -10,8 +10,8 @@ Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
 - a request body field `stub_fail: <kind>` forces one; `stub_delay: <seconds>` delays the answer.
 Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no_token_ids,
-drop (closes the connection; in streaming after a few chunks), short_usage (streaming ids that
-do not add up to usage).
+drop (closes the connection; in streaming after a few chunks), short_usage (ids that do not add
+up to usage: one id missing from a stream, or usage one higher in a full answer).
 
 `python -m bench.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
@@ -153,6 +153,8 @@ class Stub:
             return await self._stream(request, body, fail, gen, prompt_ids, want_ids, want_lp, model, cid, created, usage)
         if not fail:
             self.stats["ok"] += 1
+        if fail == "short_usage":
+            usage = {**usage, "completion_tokens": usage["completion_tokens"] + 1}
         message = {"role": "assistant", "content": gen["text"] if not gen["tool_call"] else None,
                    "refusal": None, "annotations": None, "audio": None, "function_call": None,
                    "tool_calls": [gen["tool_call"]] if gen["tool_call"] else [], "reasoning": None}

@@ -201,7 +201,7 @@ FAILURES = [("500", 500), ("503", 503), ("400", 400), ("invalid_json", 502), ("n
 def test_upstream_failures_are_errors_for_agent_and_rows(proxy, stream):
     info = open_rollout(proxy, f"fail-{stream}")
     url = f"{info['base_url']}/chat/completions"
-    kinds = FAILURES + ([("short_usage", 502)] if stream else [])
+    kinds = FAILURES + [("short_usage", 502)]
     for kind, status in kinds:
         body = {"model": "m", "messages": [{"role": "user", "content": kind}], "stream": stream, "stub_fail": kind}
         r = requests.post(url, json=body)
