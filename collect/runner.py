@@ -188,6 +188,9 @@ class Round:
                               unit="rollout", disable=not progress) as bar:
                         await asyncio.gather(*(self._one(p, admin, queue, summary, sem, bar) for p in todo))
                     await admin.flush()
+            # The proxy publishes a shard per closed rollout (durability first); fold them now
+            # that it has stopped, so a round is a few files, not thousands.
+            schema.compact_dir(self.paths.turns, "turns")
 
         manifest.update({
             "state": "done", "ended_at": _now().isoformat(), "wall_s": round(time.time() - started, 1),

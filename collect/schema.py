@@ -7,6 +7,7 @@ sees half a shard.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import uuid
 from pathlib import Path
@@ -94,15 +95,18 @@ def to_table(name: str, rows: Iterable[dict]) -> pa.Table:
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def _metadata(name: str) -> dict[bytes, bytes]:
-    return {b"schema_version": str(SCHEMA_VERSION).encode(), b"table": name.encode()}
+def _metadata(name: str, extra: dict[str, str] | None = None) -> dict[bytes, bytes]:
+    meta = {b"schema_version": str(SCHEMA_VERSION).encode(), b"table": name.encode()}
+    meta.update({k.encode(): v.encode() for k, v in (extra or {}).items()})
+    return meta
 
 
-def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict]) -> Path:
+def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
+                extra_metadata: dict[str, str] | None = None) -> Path:
     """Write atomically: a temp file in the same directory, fsync, then rename over `path`."""
     if not isinstance(table, pa.Table):
         table = to_table(name, table)
-    table = table.replace_schema_metadata(_metadata(name))
+    table = table.replace_schema_metadata(_metadata(name, extra_metadata))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
@@ -147,9 +151,45 @@ def read_table(path: str | Path, name: str) -> pa.Table:
     return out.select([f.name for f in TABLES[name]])
 
 
+def _replaced(files: list[Path]) -> set[str]:
+    """Names of shards that a compacted shard in the same directory already holds."""
+    names: set[str] = set()
+    for f in files:
+        try:
+            meta = pq.read_schema(f).metadata or {}
+        except (pa.ArrowException, OSError):
+            continue  # read_table will name it
+        if b"replaces" in meta:
+            names.update(json.loads(meta[b"replaces"]))
+    return names
+
+
+def shard_files(directory: str | Path, pattern: str = "part-*.parquet") -> list[Path]:
+    files = sorted(Path(directory).glob(pattern))
+    gone = _replaced(files)
+    return [f for f in files if f.name not in gone]
+
+
 def read_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet") -> pa.Table:
     """Concatenate every shard of `name` in `directory` (an empty table when there is none)."""
-    files = sorted(Path(directory).glob(pattern))
+    files = shard_files(directory, pattern)
     if not files:
         return TABLES[name].empty_table()
     return pa.concat_tables([read_table(f, name) for f in files])
+
+
+def compact_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet") -> Path | None:
+    """Fold many small shards into one. Crash-safe without locks: the new shard names the ones it
+    replaces in its metadata (readers skip those), and only then are they deleted. Call it only
+    when no writer is running in `directory`."""
+    files = shard_files(directory, pattern)
+    if len(files) < 2:
+        return None
+    table = pa.concat_tables([read_table(f, name) for f in files])
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    out = write_table(Path(directory) / f"part-{stamp}-compact-{uuid.uuid4().hex[:6]}.parquet", name, table,
+                      {"replaces": json.dumps([f.name for f in files])})
+    for f in Path(directory).glob(pattern):
+        if f.name in _replaced([out]):
+            f.unlink(missing_ok=True)
+    return out

@@ -61,3 +61,23 @@ def test_read_dir_concatenates_and_handles_empty(tmp_path):
     write_table(tmp_path / "part-00000.parquet", "turns", [turn(0)])
     write_table(tmp_path / "part-00001.parquet", "turns", [turn(1)])
     assert read_dir(tmp_path, "turns").column("turn").to_pylist() == [0, 1]
+
+
+def test_compact_dir_is_crash_safe(tmp_path):
+    for i in range(3):
+        write_table(tmp_path / f"part-0000{i}.parquet", "turns", [turn(i)])
+    from collect.schema import compact_dir, shard_files
+
+    before = read_dir(tmp_path, "turns").column("turn").to_pylist()
+    out = compact_dir(tmp_path, "turns")
+    assert [f.name for f in shard_files(tmp_path)] == [out.name]
+    assert read_dir(tmp_path, "turns").column("turn").to_pylist() == before
+    # a crash after the compacted shard was written but before the old ones were deleted:
+    # readers must not see the rows twice
+    write_table(tmp_path / "part-00001.parquet", "turns", [turn(1)])
+    import json
+
+    meta = pq.read_schema(out).metadata
+    assert "part-00001.parquet" in json.loads(meta[b"replaces"])
+    assert read_dir(tmp_path, "turns").column("turn").to_pylist() == before
+    assert compact_dir(tmp_path / "nothing-here", "turns") is None
