@@ -73,6 +73,8 @@ def test_ok_round_records_every_call(tmp_path, stub):
             assert json.loads(t["response"])["choices"][0]["message"]["content"] == call["assistant"]
             assert len(t["completion_token_ids"]) == len(t["completion_logprobs"]) > 0
     assert manifest["state"] == "done" and manifest["counts"]["by_status"] == {"ok": 3}
+    # one shard per closed rollout while the round ran, folded into one at its end
+    assert len(schema.shard_files(cfg.round_dir() / "collect" / "turns")) == 1
     assert manifest["success_rate_by_task"] == {"answer": 1.0}
 
 
