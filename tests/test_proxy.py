@@ -421,3 +421,40 @@ def test_foreign_file_in_out_dir_is_named(tmp_path, stub):
     with pytest.raises(SchemaError, match="part-0.parquet"):
         BackgroundProxy(make_cfg(tmp_path, stub.url)).start()
     assert os.path.exists(out / "part-0.parquet")
+
+
+def test_wal_write_failure_never_answers_unrecorded(proxy):
+    info = open_rollout(proxy, "diskfull")
+    url = f"{info['base_url']}/chat/completions"
+    store = proxy.proxy.store
+    good_fd = store.wal.fd
+    store.wal.fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails like a full/broken disk
+    try:
+        r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 503 and "could not record" in r.json()["error"]["message"]
+        r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True})
+        assert "could not record" in r.text and "data: [DONE]" not in r.text
+        assert store.pending == []
+    finally:
+        os.close(store.wal.fd)
+        store.wal.fd = good_fd
+    assert "wharf_proxy_record_failures_total 2" in requests.get(f"{proxy.url}/metrics").text
+    r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 200
+    assert close_rollout(proxy, "diskfull")["n_turns"] == 1
+
+
+def test_fast_shard_table_equals_schema_conversion():
+    import array
+
+    from collect import schema
+    from collect.proxy.shards import turns_table
+    base = {"rollout_id": "r", "api": "chat", "policy": "p", "request": "{}", "response": None, "sampling": "{}",
+            "finish_reason": "stop", "status": "ok", "error": None}
+    rows = [dict(base, turn=0, request_id="a", started_at=1700000000.123456, ended_at=1700000001.5,
+                 prompt_token_ids=[1, 2, 3], completion_token_ids=[4], completion_logprobs=[-0.5]),
+            dict(base, turn=1, request_id="b", started_at=1700000002.0, ended_at=None,
+                 prompt_token_ids=array.array("i", [1, 2, 3, 4, 2**31 - 1]), completion_token_ids=array.array("i"),
+                 completion_logprobs=array.array("f"), status="error", error="boom")]
+    assert turns_table(rows).equals(schema.to_table("turns", [
+        {k: list(v) if isinstance(v, array.array) else v for k, v in r.items()} for r in rows]))

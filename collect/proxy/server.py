@@ -54,6 +54,10 @@ class Reject(Exception):
         self.status, self.message, self.reason, self.type = status, message, reason, type_
 
 
+class RecordFailure(Exception):
+    """The WAL write failed: the answer must not reach the agent unrecorded."""
+
+
 class UpstreamFailure(Exception):
     """An upstream call that did not give a recordable answer; `status` goes back to the agent."""
 
@@ -314,13 +318,22 @@ class RecordingProxy:
         body = fail.body or _dumps(error_body(fail.message, "upstream_error", fail.status))
         row.update(status="error", error=fail.message, response=body.decode("utf-8", "replace"),
                    ended_at=time.time(), prompt_token_ids=[], completion_token_ids=[], completion_logprobs=[])
-        self._commit(rollout, row)
         self.metrics.inc("errors_total", help="Recorded calls that failed upstream", policy=rollout.policy,
                          kind=fail.kind)
+        try:
+            self._commit(rollout, row)
+        except RecordFailure as e:
+            return _dumps(error_body(f"{fail.message}; and {e}", "upstream_error", fail.status))
         return body
 
     def _commit(self, rollout: Rollout, row: dict) -> None:
-        self.store.add(row)  # WAL write: durable before anything more goes back to the agent
+        try:
+            self.store.add(row)  # WAL write: durable before anything more goes back to the agent
+        except OSError as e:
+            log.error("WAL write failed for %s turn %s: %s", row["rollout_id"], row["turn"], e)
+            self.metrics.inc("record_failures_total", help="Calls that could not be written to the WAL")
+            raise RecordFailure(f"the proxy could not record this call (WAL write failed: {e}); "
+                                f"check the disk at {self.wal_dir}") from None
         rollout.n_turns += 1
         ok = row["status"] == "ok"
         if not ok:
@@ -362,7 +375,10 @@ class RecordingProxy:
                                 content_type=_JSON, headers=headers)
         out = _dumps(plain_full(data, req.get("model"), bool(req.get("logprobs"))))
         row.update(got, response=out.decode(), ended_at=time.time())
-        self._commit(rollout, row)
+        try:
+            self._commit(rollout, row)
+        except RecordFailure as e:
+            return error_response(503, str(e), "proxy_error", "record_failed")
         return web.Response(body=out, content_type=_JSON, headers=headers)
 
     async def _stream(self, request: web.Request, req: dict, rollout: Rollout, upstream: bytes, row: dict,
@@ -446,7 +462,15 @@ class RecordingProxy:
                     pass
             return out
         row.update(got, response=_dumps(cap.message(agent_model)).decode(), ended_at=time.time())
-        self._commit(rollout, row)
+        try:
+            self._commit(rollout, row)
+        except RecordFailure as e:
+            try:  # the held-back tail never goes out: the agent sees an error, not an unrecorded answer
+                await out.write(b"data: " + _dumps(error_body(str(e), "proxy_error", 503)) + b"\n\n")
+                await out.write_eof()
+            except ConnectionResetError:
+                pass
+            return out
         try:
             await out.write(b"".join(held) + b"data: [DONE]\n\n")
             await out.write_eof()

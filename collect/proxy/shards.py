@@ -146,7 +146,13 @@ class TurnStore:
         while True:
             await asyncio.sleep(self.shard_seconds)
             if self.pending:
-                await self.flush()
+                await self._flush_logged()
+
+    async def _flush_logged(self) -> None:
+        try:
+            await self.flush()
+        except Exception:  # noqa: BLE001 - logged in flush; the rows stay pending and are retried
+            pass
 
     # -- hot path ---------------------------------------------------------------------------
     def add(self, row: dict) -> None:
@@ -160,7 +166,7 @@ class TurnStore:
         if (len(self.pending) >= self.shard_rows or self.pending_bytes >= self.shard_bytes) and not (
             self._flush_task and not self._flush_task.done()
         ):
-            self._flush_task = asyncio.get_running_loop().create_task(self.flush())
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush_logged())
 
     def has_pending(self, rollout_id: str) -> bool:
         return self.pending_by_rollout.get(rollout_id, 0) > 0
@@ -199,10 +205,7 @@ class TurnStore:
         if self._timer:
             self._timer.cancel()
         if self._flush_task:
-            try:
-                await self._flush_task
-            except Exception:  # noqa: BLE001 - logged where it happened; flush again below
-                pass
+            await self._flush_task
         await self.flush()
         self.wal.close()
 
