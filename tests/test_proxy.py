@@ -458,3 +458,9 @@ def test_fast_shard_table_equals_schema_conversion():
                  completion_logprobs=array.array("f"), status="error", error="boom")]
     assert turns_table(rows).equals(schema.to_table("turns", [
         {k: list(v) if isinstance(v, array.array) else v for k, v in r.items()} for r in rows]))
+
+
+def test_second_proxy_on_the_same_dir_is_refused(proxy, stub):
+    cfg = make_cfg(proxy.proxy.out_dir.parent, stub.url)
+    with pytest.raises(RuntimeError, match="in use by another proxy"):
+        BackgroundProxy(cfg).start()

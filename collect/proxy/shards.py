@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import fcntl
 import logging
 import os
 import time
@@ -105,8 +106,31 @@ class TurnStore:
         self._timer: asyncio.Task | None = None
 
     # -- start-up ---------------------------------------------------------------------------
+    def lock(self) -> None:
+        """One proxy per WAL dir: a second one would retire segments the first still needs.
+
+        flock is released by the kernel when the holder dies, even by SIGKILL, so a restart is never
+        blocked by a stale lock.
+        """
+        self._lock_fd = os.open(self.wal.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise RuntimeError(f"{self.wal.dir} is in use by another proxy process; give each proxy its own "
+                               "proxy.out_dir (or proxy.wal_dir)") from None
+
     def recover(self) -> dict:
         """Fold left-over WAL segments into a shard (skipping rows already published), then open the WAL."""
+        self.lock()
+        try:
+            return self._recover()
+        except BaseException:
+            os.close(self._lock_fd)  # a failed start must not keep the dir locked
+            self._lock_fd = None
+            raise
+
+    def _recover(self) -> dict:
         ids, self.last_turn = published_keys(self.out_dir)
         segments = self.wal.segments()
         rows, kept, bad_files = [], set(), []
@@ -208,6 +232,9 @@ class TurnStore:
             await self._flush_task
         await self.flush()
         self.wal.close()
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
 
     def wal_files(self) -> list[str]:
         return [os.fspath(p) for _, p in self.wal.segments()]
