@@ -11,21 +11,24 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import re
 import secrets
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import pyarrow.parquet as pq
 from aiohttp import web
 
 from collect.config import RunConfig
 from collect.proxy import jsonx
 from collect.proxy.capture import CaptureError, StreamCapture, capture_full, plain_chunk, plain_full
 from collect.proxy.metrics import Metrics
-from collect.proxy.shards import TurnStore, published_keys
+from collect.proxy.shards import TurnStore
 from collect.proxy.upstreams import UpstreamPool
 from collect.proxy.wal import read_records, write_all
 
@@ -135,7 +138,6 @@ class RecordingProxy:
             await self.session.close()
         await self.store.close()
         if self._registry_fd is not None:
-            import os
             os.close(self._registry_fd)
             self._registry_fd = None
 
@@ -144,7 +146,6 @@ class RecordingProxy:
 
     # -- rollout registry (survives restarts, so agents keep their URLs and keys) ---------------
     def _load_registry(self) -> None:
-        import os
         path = self.wal_dir / "rollouts.jsonl"
         if path.exists():
             records, bad = read_records(path)
@@ -233,6 +234,8 @@ class RecordingProxy:
             if req.get("n") not in (None, 1):
                 raise Reject(400, "n > 1 is not supported by the recording proxy (one completion per call)",
                              "bad_request")
+            if rollout.state != "open":  # closed while the body was read: close has already published
+                raise Reject(403, f"rollout '{rollout.rollout_id}' is closed", "closed_rollout", "permission_error")
         except web.HTTPRequestEntityTooLarge:
             return self._reject(Reject(413, f"request body over proxy.max_body_bytes="
                                             f"{self.cfg.proxy.max_body_bytes} bytes", "too_large"))
@@ -586,7 +589,6 @@ class RecordingProxy:
 
 def _row_counts(out_dir: Path) -> dict[str, tuple[int, int]]:
     """(rows, error rows) per rollout over the published shards, to resume counters after a restart."""
-    import pyarrow.parquet as pq
     counts: dict[str, list[int]] = {}
     for f in sorted(out_dir.glob("part-*.parquet")):
         t = pq.read_table(f, columns=["rollout_id", "status"])
@@ -606,7 +608,6 @@ class BackgroundProxy:
     """
 
     def __init__(self, cfg: RunConfig):
-        import threading
         self.proxy = RecordingProxy(cfg)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="wharf-proxy")
