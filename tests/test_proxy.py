@@ -330,7 +330,10 @@ def test_close_waits_for_calls_in_flight(proxy):
     t = threading.Thread(target=call)
     t.start()
     import time
-    time.sleep(0.15)
+    deadline = time.monotonic() + 10
+    while requests.get(f"{proxy.url}/admin/rollouts/inflight", headers=ADMIN).json()["inflight"] != 1:
+        assert time.monotonic() < deadline, "the call never reached the proxy"
+        time.sleep(0.01)
     assert close_rollout(proxy, "inflight")["n_turns"] == 1
     assert len(rows(proxy, "inflight")) == 1  # on disk when close returned
     t.join()
