@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> None:
         from collect.schema import read_dir
         table = read_dir(tmp / "turns", "turns")
         n_rows, n_ok = table.num_rows, sum(s == "ok" for s in table.column("status").to_pylist())
+        import collections
+        why = collections.Counter((e or "")[:40] for e in table.column("error").to_pylist() if e)
     finally:
         stop(proxy)
         stop(stub)
@@ -312,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load generator: {'wrk' if use_wrk else f'{args.procs} Python aiohttp processes'}; recorded rows: "
           f"{n_rows} ({n_ok} ok) in {len(list((tmp / 'turns').glob('part-*')))} shards, for "
           f"{p_tp[4]} calls counted in the measured run ({p_tp[3]} ok) plus warm-up and latency runs")
+    if why:  # wrk drops the calls in flight when its time is up: those are recorded as errors
+        print("error rows:", dict(why))
     shutil.rmtree(tmp, ignore_errors=True)
 
 
