@@ -21,9 +21,11 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }
-	@command -v bwrap >/dev/null || { echo "setup: installing bubblewrap (the sandbox)"; \
-		(apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null || \
-		echo "setup: could not install bubblewrap; sandboxed trials will be skipped"; }
+	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator.
+	@missing=""; command -v bwrap >/dev/null || missing=" bubblewrap"; command -v wrk >/dev/null || missing="$$missing wrk"; \
+	if [ -n "$$missing" ]; then echo "setup: installing$$missing (Debian packages)"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || \
+		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped; without wrk bench/proxy uses Python load"; fi
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
