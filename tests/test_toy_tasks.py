@@ -32,13 +32,13 @@ def test_task_set_shape():
     assert difficulties == {"easy", "medium", "hard"}
 
 
-@pytest.mark.parametrize("name", ["grading.py", "testlog.sh"])
-def test_grader_copies_are_current(name):
-    """Each task ships a copy of collect/tasks' grader (it runs inside the sandbox, standalone).
-    If this fails: for d in datasets/toy/*/tests; do cp collect/tasks/{grading.py,testlog.sh} $d; done"""
-    source = (REPO / "collect" / "tasks" / name).read_bytes()
-    stale = [t.name for t in TASKS if (t / "tests" / name).read_bytes() != source]
-    assert not stale, f"stale {name} in {stale}"
+def test_tasks_grade_with_the_shared_tools():
+    """One grader for every task: test.sh takes grading.py and testlog.sh from collect/tasks
+    (exported by the sandbox as WHARF_TASK_TOOLS), never from a copy that could go stale."""
+    for task in TASKS:
+        script = (task / "tests" / "test.sh").read_text()
+        assert '"$TOOLS/grading.py"' in script and '"$TOOLS/testlog.sh"' in script, task.name
+        assert not (task / "tests" / "grading.py").exists(), task.name
 
 
 async def _run_trials(agent: str, tmp_path: Path, concurrency: int = 2) -> dict[str, dict]:

@@ -58,6 +58,9 @@ class SandboxTimeoutError(RuntimeError):
     """An exec ran past its timeout (a RuntimeError, as harbor's docker environment raises)."""
 
 
+TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
+
+
 def bwrap_path() -> str | None:
     return shutil.which("bwrap")
 
@@ -272,8 +275,10 @@ class BwrapEnvironment(BaseEnvironment):
             "LANG": "C.UTF-8",
             "TERM": "xterm",
             "TMPDIR": "/tmp",
-            # The project venv (swebench, pytest) for verifiers that grade with it.
+            # The project venv (swebench, pytest) for verifiers that grade with it, and our
+            # grading tools (grading.py, testlog.sh), so task dirs need not carry copies.
             "WHARF_PYTHON": self._python,
+            "WHARF_TASK_TOOLS": str(TASK_TOOLS),
         }
         for key in ("OMP_WAIT_POLICY", "HF_HUB_OFFLINE", "LITELLM_LOCAL_MODEL_COST_MAP", "HARBOR_TELEMETRY"):
             if key in os.environ:
