@@ -33,11 +33,11 @@ def test_task_set_shape():
 
 
 def test_tasks_grade_with_the_shared_tools():
-    """One grader for every task: test.sh takes grading.py and testlog.sh from collect/tasks
-    (exported by the sandbox as WHARF_TASK_TOOLS), never from a copy that could go stale."""
+    """One grader for every task: test.sh runs collect/tasks/grade_pytest.sh (exported by the
+    sandbox as WHARF_TASK_TOOLS), never a copy that could go stale."""
     for task in TASKS:
         script = (task / "tests" / "test.sh").read_text()
-        assert '"$TOOLS/grading.py"' in script and '"$TOOLS/testlog.sh"' in script, task.name
+        assert '"${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh"' in script, task.name
         assert not (task / "tests" / "grading.py").exists(), task.name
 
 
