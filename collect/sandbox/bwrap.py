@@ -249,6 +249,11 @@ class BwrapEnvironment(BaseEnvironment):
         hidden |= {PurePosixPath(m["target"]).parts[1] for m in self._mounts if m.get("target")}
         return sorted(n for n in os.listdir("/") if n not in hidden)
 
+    def _project_paths(self) -> list[str]:
+        bound = set(self._host_entries())
+        paths = {str(TASK_TOOLS.parents[1]), sys.prefix, str(Path(self._python).parent.parent)}
+        return sorted(p for p in paths if PurePosixPath(p).parts[1] not in bound)
+
     def _bwrap_args(self, cwd: str) -> list[str]:
         args = [bwrap_path() or "bwrap", "--bind", str(self.state_dir / "root"), "/"]
         for name in self._host_entries():
@@ -258,6 +263,10 @@ class BwrapEnvironment(BaseEnvironment):
             if os.path.isdir(host) or os.path.isfile(host):
                 args += ["--ro-bind", host, host]
         args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
+        # The project and its venv must be visible (WHARF_PYTHON, WHARF_TASK_TOOLS, the mini CLI)
+        # even when they live under a top-level dir the sandbox owns, e.g. a clone in /tmp.
+        for path in self._project_paths():
+            args += ["--ro-bind", path, path]
         for mount in self._mounts:
             if mount.get("type", "bind") != "bind" or not mount.get("source") or not mount.get("target"):
                 continue
