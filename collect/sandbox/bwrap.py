@@ -251,8 +251,10 @@ class BwrapEnvironment(BaseEnvironment):
 
     def _project_paths(self) -> list[str]:
         bound = set(self._host_entries())
-        paths = {str(TASK_TOOLS.parents[1]), sys.prefix, str(Path(self._python).parent.parent)}
-        return sorted(p for p in paths if PurePosixPath(p).parts[1] not in bound)
+        paths = {os.path.realpath(p) for p in (TASK_TOOLS.parents[1], sys.prefix, Path(self._python).parent.parent)}
+        paths = {p for p in paths if PurePosixPath(p).parts[1] not in bound}
+        # a path inside another one comes with it
+        return sorted(p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths))
 
     def _bwrap_args(self, cwd: str) -> list[str]:
         args = [bwrap_path() or "bwrap", "--bind", str(self.state_dir / "root"), "/"]
