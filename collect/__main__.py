@@ -9,6 +9,7 @@ from collect.runner import run
 from collect.endpoint import EndpointError
 from collect.proxy_client import ServiceError
 from collect.tasksets import TaskSetError
+from collect.trials import TrialSetupError
 
 
 def setup_logging() -> None:
@@ -27,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         summary = run(cfg)
-    except (TaskSetError, ServiceError, EndpointError) as e:
+    except (TaskSetError, TrialSetupError, ServiceError, EndpointError) as e:
         print(f"collect: {e}", file=sys.stderr)
         return 1
     out = cfg.round_dir() / "collect"

@@ -22,7 +22,7 @@ from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan
-from collect.trials import Endpoint, Outcome, classify, trial_config
+from collect.trials import Endpoint, Outcome, classify, preflight, trial_config
 
 log = logging.getLogger("wharf.collect")
 
@@ -157,6 +157,7 @@ class Round:
 
         cc = self.cfg.collect
         tasks = discover(cc.dataset, cc.tasks)
+        preflight(cc)
         planned = plan(tasks, cc.attempts)
         self.paths.root.mkdir(parents=True, exist_ok=True)
         manifest = _load_manifest(self.paths)

@@ -72,6 +72,28 @@ def environment_config(cc: CollectConfig) -> EnvironmentConfig:
     return EnvironmentConfig(**ref, kwargs=dict(cc.environment_kwargs))
 
 
+class TrialSetupError(ValueError):
+    """An agent or environment that harbor cannot load or that refuses its options."""
+
+
+def preflight(cc: CollectConfig) -> None:
+    """Load the agent and environment classes and check their options once, before any trial:
+    a typo would otherwise fail every trial of the round, one by one."""
+    from harbor.agents.factory import AgentFactory
+    from harbor.environments.factory import EnvironmentFactory
+
+    probe = Endpoint("http://127.0.0.1:1/rollout/preflight/v1", "preflight", "preflight")
+    try:
+        AgentFactory.run_preflight(agent_config(cc, probe))
+    except Exception as e:  # noqa: BLE001 - harbor raises ValueError, ImportError, pydantic errors
+        raise TrialSetupError(f"collect.agent={cc.agent!r}: {e}") from None
+    try:
+        env = environment_config(cc)
+        EnvironmentFactory.run_preflight(env.type, env.import_path)
+    except Exception as e:  # noqa: BLE001
+        raise TrialSetupError(f"collect.environment={cc.environment!r}: {e}") from None
+
+
 def trial_config(cc: CollectConfig, task_path: Path, trial_name: str, trials_dir: Path, ep: Endpoint) -> TrialConfig:
     return TrialConfig(
         task=TaskConfig(path=task_path),

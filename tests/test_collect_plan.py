@@ -7,7 +7,7 @@ from harbor.models.verifier.result import VerifierResult
 
 from collect.config import CollectConfig
 from collect.tasksets import TaskSetError, discover, new_rollout_id, plan
-from collect.trials import Endpoint, classify, primary_reward, trial_config
+from collect.trials import Endpoint, TrialSetupError, classify, preflight, primary_reward, trial_config
 
 
 def make_tasks(root, names):
@@ -94,3 +94,15 @@ def test_primary_reward_rejects_non_finite():
     assert primary_reward({"reward": float("nan")}) is None
     assert primary_reward({"reward": "x"}) is None
     assert primary_reward({"reward": 1}) == 1.0
+
+
+def test_preflight_refuses_unknown_agents_environments_and_options():
+    preflight(CollectConfig())  # the embedded default loads
+    with pytest.raises(TrialSetupError, match="collect.agent='mini-swe-agnet'"):
+        preflight(CollectConfig(agent="mini-swe-agnet"))
+    with pytest.raises(TrialSetupError, match="collect.agent='collect.agents.minimal:NoSuchAgent'"):
+        preflight(CollectConfig(agent="collect.agents.minimal:NoSuchAgent"))
+    with pytest.raises(TrialSetupError, match="max_turnz"):
+        preflight(CollectConfig(agent_kwargs={"max_turnz": 3}))
+    with pytest.raises(TrialSetupError, match="collect.environment='dockr'"):
+        preflight(CollectConfig(environment="dockr"))
