@@ -27,6 +27,9 @@ from aiohttp import web
 from collect.config import RunConfig
 from collect.proxy import jsonx
 from collect.proxy.capture import CaptureError, StreamCapture, capture_full, plain_chunk, plain_full
+from collect.proxy.dialects import DialectError
+from collect.proxy.dialects import anthropic as anthropic_dialect
+from collect.proxy.dialects import responses as responses_dialect
 from collect.proxy.metrics import Metrics
 from collect.proxy.shards import TurnStore
 from collect.proxy.upstreams import UpstreamPool
@@ -172,10 +175,12 @@ class RecordingProxy:
     # -- routes -------------------------------------------------------------------------------
     def _routes(self, app: web.Application) -> None:
         r = app.router
-        r.add_post("/rollout/{rollout_id}/v1/chat/completions", self.chat)
-        r.add_get("/rollout/{rollout_id}/v1/models", self.models)
-        r.add_post("/v1/chat/completions", self.chat)
-        r.add_get("/v1/models", self.models)
+        for root in ("/rollout/{rollout_id}/v1", "/v1"):
+            r.add_post(root + "/chat/completions", self.chat)
+            r.add_get(root + "/models", self.models)
+            r.add_post(root + "/messages", self.messages)
+            r.add_post(root + "/messages/count_tokens", self.count_tokens)
+            r.add_post(root + "/responses", self.responses)
         r.add_post("/admin/rollouts", self.admin_open)
         r.add_post("/admin/rollouts/{rollout_id}/close", self.admin_close)
         r.add_get("/admin/rollouts/{rollout_id}", self.admin_get)
@@ -183,9 +188,12 @@ class RecordingProxy:
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.get_metrics)
 
-    def _reject(self, e: Reject) -> web.Response:
+    def _reject(self, e: Reject, dialect=None) -> web.Response:
         self.metrics.inc("rejected_total", help="Requests refused before reaching the endpoint (not recorded)",
                          reason=e.reason)
+        if dialect is not None:
+            return web.Response(status=e.status, body=_dumps(dialect.error_body(e.status, e.message)),
+                                content_type=_JSON)
         return error_response(e.status, e.message, e.type, e.reason)
 
     def _rollout_for(self, request: web.Request) -> Rollout:
@@ -197,7 +205,8 @@ class RecordingProxy:
                              "unknown_rollout", "not_found_error")
         else:
             auth = request.headers.get("Authorization", "")
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+            # Anthropic clients send the key as x-api-key.
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
             r = self.by_key.get(key)
             if r is None:
                 raise Reject(401, "unknown API key: use the api_key POST /admin/rollouts returned, "
@@ -215,7 +224,45 @@ class RecordingProxy:
             {"id": r.policy, "object": "model", "created": 0, "owned_by": "wharf"}]})
 
     # -- the recorded call --------------------------------------------------------------------
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self.chat(request, anthropic_dialect)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.chat(request, responses_dialect)
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        """claude-code's /v1/messages/count_tokens: the prompt length from the upstream's /tokenize
+        (vLLM and the local engine have it), else a 4-characters-a-token estimate. Not a turn."""
+        try:
+            rollout = self._rollout_for(request)
+            try:
+                req = jsonx.loads(await request.read())
+            except ValueError as e:
+                raise Reject(400, f"request body is not valid JSON ({e})", "bad_json") from None
+            try:  # count_tokens takes no max_tokens; the translation needs one
+                chat = anthropic_dialect.to_chat({**req, "max_tokens": 1} if isinstance(req, dict) else req)
+            except DialectError as e:
+                raise Reject(400, str(e), "bad_request") from None
+        except Reject as e:
+            return self._reject(e, anthropic_dialect)
+        body = {"model": rollout.policy, "messages": chat["messages"], "add_generation_prompt": True}
+        if chat.get("tools"):
+            body["tools"] = chat["tools"]
+        n = None
+        up = self.pool.order(rollout.rollout_id)[0]
+        try:
+            async with self.session.post(up.base + "/tokenize", data=_dumps(body), headers=self._up_headers,
+                                         timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                if resp.status == 200:
+                    n = (await resp.json()).get("count")
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            pass
+        if not isinstance(n, int):
+            n = len(_dumps([chat["messages"], chat.get("tools")])) // 4
+        return web.json_response({"input_tokens": n})
+
+    async def chat(self, request: web.Request, dialect=None) -> web.StreamResponse:
+        """One recorded call; `dialect` (collect/proxy/dialects) translates a non-chat agent both ways."""
         started = time.time()
         t0 = time.perf_counter()
         try:
@@ -228,43 +275,52 @@ class RecordingProxy:
                 req = jsonx.loads(raw)
             except ValueError as e:
                 raise Reject(400, f"request body is not valid JSON ({e})", "bad_json") from None
-            if not isinstance(req, dict) or not isinstance(req.get("messages"), list) or not req["messages"]:
-                raise Reject(400, "request body must be a JSON object with a non-empty 'messages' list",
-                             "bad_request")
-            if req.get("n") not in (None, 1):
-                raise Reject(400, "n > 1 is not supported by the recording proxy (one completion per call)",
-                             "bad_request")
+            if dialect is not None:
+                try:
+                    chat_req = dialect.to_chat(req)
+                except DialectError as e:
+                    raise Reject(400, str(e), "bad_request") from None
+            else:
+                chat_req = req
+                if not isinstance(req, dict) or not isinstance(req.get("messages"), list) or not req["messages"]:
+                    raise Reject(400, "request body must be a JSON object with a non-empty 'messages' list",
+                                 "bad_request")
+                if req.get("n") not in (None, 1):
+                    raise Reject(400, "n > 1 is not supported by the recording proxy (one completion per call)",
+                                 "bad_request")
             if rollout.state != "open":  # closed while the body was read: close has already published
                 raise Reject(403, f"rollout '{rollout.rollout_id}' is closed", "closed_rollout", "permission_error")
         except web.HTTPRequestEntityTooLarge:
             return self._reject(Reject(413, f"request body over proxy.max_body_bytes="
-                                            f"{self.cfg.proxy.max_body_bytes} bytes", "too_large"))
+                                            f"{self.cfg.proxy.max_body_bytes} bytes", "too_large"), dialect)
         except Reject as e:
-            return self._reject(e)
+            return self._reject(e, dialect)
 
         turn = rollout.next_turn
         rollout.next_turn += 1
         rollout.inflight += 1
         rollout.idle.clear()
         request_id = uuid.uuid4().hex
-        upstream, sampling = self._upstream_body(req, rollout)
-        row = {"rollout_id": rollout.rollout_id, "turn": turn, "request_id": request_id, "api": "chat",
+        # A translated call keeps its whole chat body in `sampling`: its messages exist nowhere else.
+        upstream, sampling = self._upstream_body(chat_req, rollout, full=dialect is not None)
+        row = {"rollout_id": rollout.rollout_id, "turn": turn, "request_id": request_id,
+               "api": dialect.NAME if dialect is not None else "chat",
                "policy": rollout.policy, "started_at": started, "ended_at": None,
                "request": raw.decode("utf-8", "replace"), "response": None, "sampling": _dumps(sampling).decode(),
                "prompt_token_ids": [], "completion_token_ids": [], "completion_logprobs": [],
                "finish_reason": None, "status": "ok", "error": None}
         headers = {"x-wharf-request-id": request_id, "x-wharf-turn": str(turn)}
         try:
-            if req.get("stream"):
-                return await self._stream(request, req, rollout, upstream, row, headers)
-            return await self._full(req, rollout, upstream, row, headers)
+            if chat_req.get("stream"):
+                return await self._stream(request, req, rollout, upstream, row, headers, dialect)
+            return await self._full(req, rollout, upstream, row, headers, dialect)
         finally:
             rollout.inflight -= 1
             if rollout.inflight == 0:
                 rollout.idle.set()
             self.metrics.observe(time.perf_counter() - t0, policy=rollout.policy)
 
-    def _upstream_body(self, req: dict, rollout: Rollout) -> tuple[bytes, dict]:
+    def _upstream_body(self, req: dict, rollout: Rollout, full: bool = False) -> tuple[bytes, dict]:
         up = dict(req)
         up["model"] = rollout.policy
         up["temperature"] = rollout.temperature
@@ -283,7 +339,7 @@ class RecordingProxy:
             up["max_tokens"] = min(limits)
         if req.get("stream"):
             up["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
-        sampling = {k: v for k, v in up.items() if k not in ("messages", "tools")}
+        sampling = up if full else {k: v for k, v in up.items() if k not in ("messages", "tools")}
         return _dumps(up), sampling
 
     async def _send(self, rollout: Rollout, body: bytes) -> aiohttp.ClientResponse:
@@ -317,8 +373,11 @@ class RecordingProxy:
         return UpstreamFailure(resp.status, f"upstream answered {resp.status}: {msg}", f"http_{resp.status}",
                                body if ok_body else None)
 
-    def _record_error(self, rollout: Rollout, row: dict, fail: UpstreamFailure) -> bytes:
-        body = fail.body or _dumps(error_body(fail.message, "upstream_error", fail.status))
+    def _record_error(self, rollout: Rollout, row: dict, fail: UpstreamFailure, dialect=None) -> bytes:
+        if dialect is not None:  # the agent gets (and the row keeps) the error in its own dialect
+            body = _dumps(dialect.error_body(fail.status, fail.message))
+        else:
+            body = fail.body or _dumps(error_body(fail.message, "upstream_error", fail.status))
         row.update(status="error", error=fail.message, response=body.decode("utf-8", "replace"),
                    ended_at=time.time(), prompt_token_ids=[], completion_token_ids=[], completion_logprobs=[])
         self.metrics.inc("errors_total", help="Recorded calls that failed upstream", policy=rollout.policy,
@@ -326,7 +385,9 @@ class RecordingProxy:
         try:
             self._commit(rollout, row)
         except RecordFailure as e:
-            return _dumps(error_body(f"{fail.message}; and {e}", "upstream_error", fail.status))
+            msg = f"{fail.message}; and {e}"
+            return _dumps(dialect.error_body(fail.status, msg) if dialect is not None
+                          else error_body(msg, "upstream_error", fail.status))
         return body
 
     def _commit(self, rollout: Rollout, row: dict) -> None:
@@ -348,7 +409,8 @@ class RecordingProxy:
             self.metrics.inc("completion_tokens_total", len(row["completion_token_ids"]),
                              help="Completion tokens recorded", policy=rollout.policy)
 
-    async def _full(self, req: dict, rollout: Rollout, upstream: bytes, row: dict, headers: dict) -> web.Response:
+    async def _full(self, req: dict, rollout: Rollout, upstream: bytes, row: dict, headers: dict,
+                    dialect=None) -> web.Response:
         try:
             resp = await self._send(rollout, upstream)
             try:
@@ -374,18 +436,23 @@ class RecordingProxy:
             except CaptureError as e:
                 raise UpstreamFailure(502, f"upstream answer unusable for recording: {e}", "no_token_ids") from None
         except UpstreamFailure as fail:
-            return web.Response(status=fail.status, body=self._record_error(rollout, row, fail),
+            return web.Response(status=fail.status, body=self._record_error(rollout, row, fail, dialect),
                                 content_type=_JSON, headers=headers)
-        out = _dumps(plain_full(data, req.get("model"), bool(req.get("logprobs"))))
+        if dialect is not None:
+            out = _dumps(dialect.from_chat(data, req))
+        else:
+            out = _dumps(plain_full(data, req.get("model"), bool(req.get("logprobs"))))
         row.update(got, response=out.decode(), ended_at=time.time())
         try:
             self._commit(rollout, row)
         except RecordFailure as e:
+            if dialect is not None:
+                return web.Response(status=503, body=_dumps(dialect.error_body(503, str(e))), content_type=_JSON)
             return error_response(503, str(e), "proxy_error", "record_failed")
         return web.Response(body=out, content_type=_JSON, headers=headers)
 
     async def _stream(self, request: web.Request, req: dict, rollout: Rollout, upstream: bytes, row: dict,
-                      headers: dict) -> web.StreamResponse:
+                      headers: dict, dialect=None) -> web.StreamResponse:
         try:
             resp = await self._send(rollout, upstream)
             if resp.status != 200:
@@ -394,8 +461,9 @@ class RecordingProxy:
                 finally:
                     resp.release()
         except UpstreamFailure as fail:
-            return web.Response(status=fail.status, body=self._record_error(rollout, row, fail),
+            return web.Response(status=fail.status, body=self._record_error(rollout, row, fail, dialect),
                                 content_type=_JSON, headers=headers)
+        tr = dialect.Stream(req) if dialect is not None else None  # holds back its own tail
         out = web.StreamResponse(headers={**headers, "Content-Type": "text/event-stream; charset=utf-8",
                                           "Cache-Control": "no-cache"})
         agent_model = req.get("model")
@@ -430,6 +498,11 @@ class RecordingProxy:
                                                                                 if isinstance(chunk, dict) else chunk)
                         raise UpstreamFailure(502, f"upstream stream error: {msg}", "stream_error")
                     cap.add(chunk)
+                    if tr is not None:
+                        events = tr.feed(chunk)
+                        if events:
+                            send.append(events)
+                        continue
                     plain = plain_chunk(chunk, agent_model, keep_lp, keep_usage)
                     if plain is not None:
                         data = b"data: " + _dumps(plain) + b"\n\n"
@@ -456,26 +529,32 @@ class RecordingProxy:
         finally:
             resp.close()  # also aborts generation upstream when we stop early
         if fail is not None:
-            body = self._record_error(rollout, row, fail)
+            body = self._record_error(rollout, row, fail, dialect)
             if not agent_gone:
                 try:
-                    await out.write(b"data: " + body + b"\n\n")
+                    await out.write(tr.error(fail.status, fail.message) if tr is not None else b"data: " + body + b"\n\n")
                     await out.write_eof()
                 except ConnectionResetError:
                     pass
             return out
-        row.update(got, response=_dumps(cap.message(agent_model)).decode(), ended_at=time.time())
+        if tr is not None:
+            tail = tr.tail()  # built (not sent) first: it closes the last block that final() reports
+            row.update(got, response=_dumps(tr.final()).decode(), ended_at=time.time())
+        else:
+            tail = b"".join(held) + b"data: [DONE]\n\n"
+            row.update(got, response=_dumps(cap.message(agent_model)).decode(), ended_at=time.time())
         try:
             self._commit(rollout, row)
         except RecordFailure as e:
             try:  # the held-back tail never goes out: the agent sees an error, not an unrecorded answer
-                await out.write(b"data: " + _dumps(error_body(str(e), "proxy_error", 503)) + b"\n\n")
+                await out.write(tr.error(503, str(e)) if tr is not None else
+                                b"data: " + _dumps(error_body(str(e), "proxy_error", 503)) + b"\n\n")
                 await out.write_eof()
             except ConnectionResetError:
                 pass
             return out
         try:
-            await out.write(b"".join(held) + b"data: [DONE]\n\n")
+            await out.write(tail)
             await out.write_eof()
         except ConnectionResetError:
             pass  # recorded: the answer was complete, the agent left before reading its tail

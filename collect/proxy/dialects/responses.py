@@ -1,0 +1,358 @@
+"""OpenAI Responses <-> chat completions (what codex speaks).
+
+Stateless: the full conversation comes in `input` (codex sends it with store=false), so
+`previous_response_id` and item references are refused. Input items: messages (input_text /
+output_text parts), function_call, function_call_output; reasoning items are dropped. Tools of
+type function only. Answer: a `response` object with message and function_call output items,
+or the SSE event sequence (response.created ... response.completed).
+"""
+from __future__ import annotations
+
+import time
+
+from collect.proxy.dialects import DialectError, is_int, join_text, sse, suffix
+from collect.proxy.jsonx import dumps
+
+NAME = "responses"
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def error_body(status: int, message: str) -> dict:
+    return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
+                      "code": status}}
+
+
+# -- request --------------------------------------------------------------------------------------
+def _content(content, where: str):
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise DialectError(f"{where}: expected a string or a list of content parts")
+    parts = []
+    for j, p in enumerate(content):
+        t = p.get("type") if isinstance(p, dict) else None
+        if t in _TEXT_PARTS:
+            parts.append({"type": "text", "text": str(p.get("text") or p.get("refusal") or "")})
+        elif t == "input_image" and isinstance(p.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": p["image_url"]}})
+        else:
+            raise DialectError(f"{where}[{j}]: content part type {t!r} is not supported "
+                               "(input_text, output_text, input_image with image_url)")
+    if all(p["type"] == "text" for p in parts):
+        return "\n\n".join(p["text"] for p in parts)
+    return parts
+
+
+def _items(items: list, out: list) -> None:
+    for i, it in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(it, dict):
+            raise DialectError(f"{where}: expected an object")
+        t = it.get("type") or ("message" if "role" in it else None)
+        if t == "message":
+            role = it.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise DialectError(f"{where}.role: expected user, assistant, system or developer, got {role!r}")
+            out.append({"role": "system" if role == "developer" else role,
+                        "content": _content(it.get("content"), f"{where}.content")})
+        elif t == "function_call":
+            if not isinstance(it.get("call_id"), str) or not isinstance(it.get("name"), str):
+                raise DialectError(f"{where}: function_call needs 'call_id' and 'name' strings")
+            call = {"id": it["call_id"], "type": "function",
+                    "function": {"name": it["name"], "arguments": it.get("arguments") or "{}"}}
+            last = out[-1] if out else None
+            # Consecutive calls (and the text before them) are one assistant turn in chat.
+            if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), (str, type(None))):
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif t == "function_call_output":
+            if not isinstance(it.get("call_id"), str):
+                raise DialectError(f"{where}: function_call_output needs a 'call_id' string")
+            output = it.get("output")
+            text = output if isinstance(output, str) else join_text(output or [], f"{where}.output", _TEXT_PARTS)
+            out.append({"role": "tool", "tool_call_id": it["call_id"], "content": text})
+        elif t == "reasoning":
+            continue
+        elif t == "item_reference":
+            raise DialectError(f"{where}: item_reference needs stored responses; the proxy is stateless, "
+                               "send the items themselves")
+        else:
+            raise DialectError(f"{where}: input item type {t!r} is not supported "
+                               "(message, function_call, function_call_output, reasoning)")
+
+
+def _tools(tools) -> list[dict]:
+    if not isinstance(tools, list):
+        raise DialectError("'tools' must be a list")
+    out = []
+    for j, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
+            raise DialectError(f"tools[{j}]: tool type {kind!r} is not supported (only type 'function')")
+        if not isinstance(t.get("name"), str):
+            raise DialectError(f"tools[{j}]: a function tool needs a 'name' string")
+        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
+        if t.get("description"):
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(tc):
+    if tc in ("auto", "none", "required"):
+        return tc
+    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("name"), str):
+        return {"type": "function", "function": {"name": tc["name"]}}
+    raise DialectError(f"tool_choice {tc!r}: expected auto, none, required or {{\"type\": \"function\", \"name\": ...}}")
+
+
+def to_chat(req) -> dict:
+    """A Responses request as a chat completions body (before the proxy forces its fields)."""
+    if not isinstance(req, dict):
+        raise DialectError("request body must be a JSON object")
+    if req.get("previous_response_id"):
+        raise DialectError("previous_response_id is not supported: the recording proxy stores no responses; "
+                           "send the whole conversation in 'input' (store=false)")
+    if req.get("conversation"):
+        raise DialectError("'conversation' is not supported: the recording proxy is stateless")
+    inp = req.get("input")
+    out: list[dict] = []
+    if req.get("instructions"):
+        if not isinstance(req["instructions"], str):
+            raise DialectError("'instructions' must be a string")
+        out.append({"role": "system", "content": req["instructions"]})
+    if isinstance(inp, str):
+        out.append({"role": "user", "content": inp})
+    elif isinstance(inp, list):
+        _items(inp, out)
+    else:
+        raise DialectError("'input' is required: a string or a list of input items")
+    # Instructions plus leading developer messages: one system message (templates expect one).
+    while len(out) > 1 and out[0]["role"] == out[1]["role"] == "system" \
+            and isinstance(out[0]["content"], str) and isinstance(out[1]["content"], str):
+        out[:2] = [{"role": "system", "content": out[0]["content"] + "\n\n" + out[1]["content"]}]
+    if not any(m["role"] != "system" for m in out):
+        raise DialectError("'input' holds no message for the model to answer")
+    chat: dict = {"messages": out}
+    if req.get("tools"):
+        chat["tools"] = _tools(req["tools"])
+        if req.get("tool_choice") is not None:
+            chat["tool_choice"] = _tool_choice(req["tool_choice"])
+    if isinstance(req.get("parallel_tool_calls"), bool) and "tools" in chat:
+        chat["parallel_tool_calls"] = req["parallel_tool_calls"]
+    mot = req.get("max_output_tokens")
+    if mot is not None:
+        if not is_int(mot) or mot < 1:
+            raise DialectError("'max_output_tokens' must be a positive integer")
+        chat["max_tokens"] = mot
+    fmt = (req.get("text") or {}).get("format") if isinstance(req.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name") or "output", "schema": fmt.get("schema") or {}, "strict": bool(fmt.get("strict"))}}
+    elif isinstance(fmt, dict) and fmt.get("type") == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    if req.get("stream"):
+        chat["stream"] = True
+    return chat
+
+
+# -- answer ---------------------------------------------------------------------------------------
+def _usage(n_in: int, n_out: int) -> dict:
+    return {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n_out,
+            "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+
+
+def _response(sfx: str, created: int, req: dict, model, status: str, output: list, usage, error=None,
+              incomplete=None) -> dict:
+    return {"id": "resp_" + sfx, "object": "response", "created_at": created, "status": status, "error": error,
+            "incomplete_details": incomplete, "instructions": req.get("instructions"),
+            "max_output_tokens": req.get("max_output_tokens"), "model": model, "output": output,
+            "parallel_tool_calls": req.get("parallel_tool_calls", True), "previous_response_id": None,
+            "reasoning": req.get("reasoning"), "store": False, "text": req.get("text") or {"format": {"type": "text"}},
+            "tool_choice": req.get("tool_choice", "auto"), "tools": req.get("tools") or [], "truncation": "disabled",
+            "usage": usage, "metadata": req.get("metadata") or {}}
+
+
+def _end(finish) -> tuple[str, dict | None]:
+    if finish == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    return "completed", None
+
+
+def _text_part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _msg_item(sfx: str, i: int, text: str, status: str) -> dict:
+    return {"id": f"msg_{sfx}_{i}", "type": "message", "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status != "in_progress" else []}
+
+
+def _fc_item(sfx: str, i: int, call_id: str, name: str, arguments: str, status: str) -> dict:
+    return {"id": f"fc_{sfx}_{i}", "type": "function_call", "status": status, "call_id": call_id, "name": name,
+            "arguments": arguments}
+
+
+def from_chat(data: dict, req: dict) -> dict:
+    """A chat completion (vLLM's raw answer) as the Responses object the agent gets."""
+    c0 = data["choices"][0]
+    msg = c0.get("message") or {}
+    sfx = suffix(data.get("id"))
+    output = []
+    if msg.get("content"):
+        output.append(_msg_item(sfx, len(output), msg["content"], "completed"))
+    for tc in msg.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        output.append(_fc_item(sfx, len(output), tc.get("id") or f"call_{sfx}_{len(output)}", fn.get("name", ""),
+                               fn.get("arguments") or "{}", "completed"))
+    u = data.get("usage") or {}
+    status, incomplete = _end(c0.get("finish_reason"))
+    return _response(sfx, int(data.get("created") or time.time()), req, req.get("model") or data.get("model"),
+                     status, output, _usage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0)),
+                     incomplete=incomplete)
+
+
+class Stream:
+    """Chat chunks in, Responses SSE events out (response.created ... response.completed).
+
+    From the first finished function_call item on, everything is held until tail(): codex runs
+    a call when its output_item.done arrives, and must act on nothing unrecorded.
+    """
+
+    def __init__(self, req: dict):
+        self.req = req
+        self.items: list[dict] = []
+        self.open: dict | None = None
+        self.by_tool: dict[int, dict] = {}
+        self.held: list[bytes] | None = None
+        self.seq = 0
+        self.sfx = ""
+        self.created = int(time.time())
+        self.model = req.get("model")
+        self.n_in = self.n_out = 0
+        self.usage = None
+        self.finish = None
+        self.started = False
+
+    def _ev(self, out: list, obj: dict) -> None:
+        obj["sequence_number"] = self.seq
+        self.seq += 1
+        (self.held if self.held is not None else out).append(sse(obj["type"], obj, dumps))
+
+    def _envelope(self, status: str, output: list, usage=None, error=None, incomplete=None) -> dict:
+        return _response(self.sfx, self.created, self.req, self.model, status, output, usage, error, incomplete)
+
+    def _start(self, out: list) -> None:
+        self.started = True
+        for t in ("response.created", "response.in_progress"):
+            self._ev(out, {"type": t, "response": self._envelope("in_progress", [])})
+
+    def _item(self, it: dict, status: str) -> dict:
+        if it["type"] == "message":
+            return _msg_item(self.sfx, it["index"], "".join(it["text"]), status)
+        return _fc_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status)
+
+    def _close(self, out: list, status: str = "completed") -> None:
+        it = self.open
+        if it is None:
+            return
+        self.open = None
+        it["status"] = status
+        done = self._item(it, status)
+        base = {"item_id": done["id"], "output_index": it["index"]}
+        if it["type"] == "message":
+            text = done["content"][0]["text"]
+            self._ev(out, {"type": "response.output_text.done", **base, "content_index": 0, "text": text,
+                           "logprobs": []})
+            self._ev(out, {"type": "response.content_part.done", **base, "content_index": 0, "part": _text_part(text)})
+        else:
+            self.held = self.held if self.held is not None else []
+            self._ev(out, {"type": "response.function_call_arguments.done", **base, "name": done["name"],
+                           "arguments": done["arguments"]})
+        self._ev(out, {"type": "response.output_item.done", "output_index": it["index"], "item": done})
+
+    def _open(self, out: list, it: dict) -> dict:
+        self._close(out)
+        it["index"] = len(self.items)
+        self.items.append(it)
+        self.open = it
+        self._ev(out, {"type": "response.output_item.added", "output_index": it["index"],
+                       "item": self._item(it, "in_progress")})
+        if it["type"] == "message":
+            self._ev(out, {"type": "response.content_part.added", "item_id": f"msg_{self.sfx}_{it['index']}",
+                           "output_index": it["index"], "content_index": 0, "part": _text_part("")})
+        return it
+
+    def feed(self, chunk: dict) -> bytes:
+        out: list[bytes] = []
+        if not self.started:
+            self.sfx = suffix(chunk.get("id"))
+            self.created = int(chunk.get("created") or self.created)
+            self.model = self.model or chunk.get("model")
+            self.n_in = len(chunk.get("prompt_token_ids") or ())
+            self._start(out)
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for c in chunk.get("choices") or ():
+            self.n_out += len(c.get("token_ids") or ())
+            d = c.get("delta") or {}
+            if d.get("content"):
+                it = self.open if self.open is not None and self.open["type"] == "message" else \
+                    self._open(out, {"type": "message", "text": []})
+                it["text"].append(d["content"])
+                self._ev(out, {"type": "response.output_text.delta", "item_id": f"msg_{self.sfx}_{it['index']}",
+                               "output_index": it["index"], "content_index": 0, "delta": d["content"],
+                               "logprobs": []})
+            for tc in d.get("tool_calls") or ():
+                k = tc.get("index", 0)
+                fn = tc.get("function") or {}
+                it = self.by_tool.get(k)
+                if it is None:
+                    call_id = tc.get("id") or f"call_{self.sfx}_{k}"
+                    it = self.by_tool[k] = self._open(out, {"type": "function_call", "call_id": call_id,
+                                                            "name": fn.get("name") or "", "args": []})
+                elif fn.get("name"):
+                    it["name"] += fn["name"]
+                if fn.get("arguments"):
+                    it["args"].append(fn["arguments"])
+                    if it is self.open:
+                        self._ev(out, {"type": "response.function_call_arguments.delta",
+                                       "item_id": f"fc_{self.sfx}_{it['index']}", "output_index": it["index"],
+                                       "delta": fn["arguments"]})
+            if c.get("finish_reason") is not None:
+                self.finish = c["finish_reason"]
+        return b"".join(out)
+
+    def _counts(self) -> tuple[int, int]:
+        u = self.usage or {}
+        return u.get("prompt_tokens", self.n_in), u.get("completion_tokens", self.n_out)
+
+    def tail(self) -> bytes:
+        out: list[bytes] = []
+        if not self.started:
+            self._start(out)
+        self.held = self.held if self.held is not None else []
+        status, incomplete = _end(self.finish)
+        self._close(out, "incomplete" if incomplete else "completed")
+        self._ev(out, {"type": f"response.{status}", "response": self.final()})
+        held, self.held = self.held, None
+        return b"".join(out + held)
+
+    def final(self) -> dict:
+        """The assembled response (after tail(), which closes the last item)."""
+        status, incomplete = _end(self.finish)
+        output = [self._item(it, it.get("status", "completed")) for it in self.items]
+        return self._envelope(status, output, _usage(*self._counts()), incomplete=incomplete)
+
+    def error(self, status: int, message: str) -> bytes:
+        body = error_body(status, message)["error"]
+        out: list[bytes] = []
+        self.held = None
+        self._ev(out, {"type": "error", "code": body["type"], "message": message, "param": None})
+        self._ev(out, {"type": "response.failed", "response": self._envelope(
+            "failed", [], error={"code": "server_error", "message": message})})
+        return b"".join(out)
