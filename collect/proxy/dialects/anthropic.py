@@ -197,7 +197,7 @@ def _usage(n_in: int, n_out: int) -> dict:
 
 def _message(chat_id, model, content: list, stop: tuple, usage: dict) -> dict:
     return {"id": "msg_" + suffix(chat_id), "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
+            "content": content, "stop_reason": stop[0], "stop_sequence": stop[1], "stop_details": None, "usage": usage}
 
 
 def _counts(data: dict) -> tuple[int, int]:
@@ -249,7 +249,8 @@ class Stream:
     def _start(self, out: list) -> None:
         self.started = True
         msg = {"id": "msg_" + suffix(self.chat_id), "type": "message", "role": "assistant", "model": self.model,
-               "content": [], "stop_reason": None, "stop_sequence": None, "usage": _usage(self.n_in, 0)}
+               "content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None,
+               "usage": _usage(self.n_in, 0)}
         self._ev(out, "message_start", {"type": "message_start", "message": msg})
         self._ev(out, "ping", {"type": "ping"})
 
@@ -325,7 +326,8 @@ class Stream:
         stop = self._stop()
         n_in, n_out = self._counts()
         self._ev(out, "message_delta", {"type": "message_delta",
-                                        "delta": {"stop_reason": stop[0], "stop_sequence": stop[1]},
+                                        "delta": {"stop_reason": stop[0], "stop_sequence": stop[1],
+                                                  "stop_details": None},
                                         "usage": {"input_tokens": n_in, "output_tokens": n_out}})
         self._ev(out, "message_stop", {"type": "message_stop"})
         held, self.held = self.held, None
