@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from collect.proxy.dialects import DialectError, is_int, join_text, parse_args, sse, suffix
+from collect.proxy.dialects import ChatStream, DialectError, is_int, join_text, parse_args, sse, suffix
 from collect.proxy.jsonx import dumps
 
 NAME = "anthropic"
@@ -222,7 +222,7 @@ def from_chat(data: dict, req: dict) -> dict:
     return _message(data.get("id"), req.get("model") or data.get("model"), content, stop, _usage(*_counts(data)))
 
 
-class Stream:
+class Stream(ChatStream):
     """Chat chunks in, Anthropic SSE events out (message_start ... message_stop).
 
     Tool arguments go out as one input_json_delta when their block closes, checked to be a JSON
@@ -230,99 +230,41 @@ class Stream:
     block on, everything is held until tail(): the agent acts on nothing unrecorded.
     """
 
-    def __init__(self, req: dict):
-        self.req = req
-        self.blocks: list[dict] = []
-        self.open: dict | None = None
-        self.by_tool: dict[int, dict] = {}
-        self.held: list[bytes] | None = None
-        self.chat_id = None
-        self.model = req.get("model")
-        self.n_in = self.n_out = 0
-        self.usage = None
-        self.finish = self.matched = None
-        self.started = False
-
     def _ev(self, out: list, name: str, obj: dict) -> None:
-        (self.held if self.held is not None else out).append(sse(name, obj, dumps))
+        self._put(out, sse(name, obj, dumps))
 
-    def _start(self, out: list) -> None:
-        self.started = True
+    def _on_start(self, out: list) -> None:
         msg = {"id": "msg_" + suffix(self.chat_id), "type": "message", "role": "assistant", "model": self.model,
                "content": [], "stop_reason": None, "stop_sequence": None, "stop_details": None,
                "usage": _usage(self.n_in, 0)}
         self._ev(out, "message_start", {"type": "message_start", "message": msg})
         self._ev(out, "ping", {"type": "ping"})
 
-    def _close(self, out: list) -> None:
-        b = self.open
-        if b is None:
-            return
-        self.open = None
-        if b["type"] == "tool_use":
-            b["input"] = parse_args("".join(b.pop("args")))
-            self.held = self.held if self.held is not None else []
-            self._ev(out, "content_block_delta", {"type": "content_block_delta", "index": b["index"], "delta": {
-                "type": "input_json_delta", "partial_json": dumps(b["input"]).decode()}})
-        self._ev(out, "content_block_stop", {"type": "content_block_stop", "index": b["index"]})
+    def _tool_block(self, tc: dict, k: int) -> dict:
+        return {"type": "tool_use", "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}"}
 
-    def _open(self, out: list, block: dict) -> dict:
-        self._close(out)
-        block["index"] = len(self.blocks)
-        self.blocks.append(block)
-        self.open = block
+    def _on_open(self, out: list, block: dict) -> None:
         shown = {"type": "text", "text": ""} if block["type"] == "text" else \
             {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
         self._ev(out, "content_block_start", {"type": "content_block_start", "index": block["index"],
                                               "content_block": shown})
-        return block
 
-    def feed(self, chunk: dict) -> bytes:
-        out: list[bytes] = []
-        if not self.started:
-            self.chat_id = chunk.get("id")
-            self.model = self.model or chunk.get("model")
-            self.n_in = len(chunk.get("prompt_token_ids") or ())
-            self._start(out)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for c in chunk.get("choices") or ():
-            self.n_out += len(c.get("token_ids") or ())
-            d = c.get("delta") or {}
-            if d.get("content"):
-                b = self.open if self.open is not None and self.open["type"] == "text" else \
-                    self._open(out, {"type": "text", "text": []})
-                b["text"].append(d["content"])
-                self._ev(out, "content_block_delta", {"type": "content_block_delta", "index": b["index"],
-                                                      "delta": {"type": "text_delta", "text": d["content"]}})
-            for tc in d.get("tool_calls") or ():
-                k = tc.get("index", 0)
-                fn = tc.get("function") or {}
-                b = self.by_tool.get(k)
-                if b is None:
-                    b = self.by_tool[k] = self._open(out, {"type": "tool_use", "args": [], "name": fn.get("name") or "",
-                                                           "id": tc.get("id") or f"toolu_{uuid.uuid4().hex[:24]}"})
-                elif fn.get("name"):
-                    b["name"] += fn["name"]
-                if fn.get("arguments"):
-                    b.setdefault("args", []).append(fn["arguments"])
-            if c.get("finish_reason") is not None:
-                self.finish, self.matched = c["finish_reason"], c.get("stop_reason")
-        return b"".join(out)
+    def _on_text(self, out: list, b: dict, piece: str) -> None:
+        self._ev(out, "content_block_delta", {"type": "content_block_delta", "index": b["index"],
+                                              "delta": {"type": "text_delta", "text": piece}})
+
+    def _on_close(self, out: list, b: dict, last: bool) -> None:
+        if b["type"] == "tool_use":
+            # Pieces arriving after the close are not sent: the input went out whole, here.
+            b["input"] = parse_args("".join(b.pop("args")))
+            self._ev(out, "content_block_delta", {"type": "content_block_delta", "index": b["index"], "delta": {
+                "type": "input_json_delta", "partial_json": dumps(b["input"]).decode()}})
+        self._ev(out, "content_block_stop", {"type": "content_block_stop", "index": b["index"]})
 
     def _stop(self) -> tuple:
         return _stop(self.finish, self.matched, any(b["type"] == "tool_use" for b in self.blocks), self.req)
 
-    def _counts(self) -> tuple[int, int]:
-        u = self.usage or {}
-        return u.get("prompt_tokens", self.n_in), u.get("completion_tokens", self.n_out)
-
-    def tail(self) -> bytes:
-        out: list[bytes] = []
-        if not self.started:
-            self._start(out)
-        self.held = self.held if self.held is not None else []
-        self._close(out)
+    def _on_end(self, out: list) -> None:
         stop = self._stop()
         n_in, n_out = self._counts()
         self._ev(out, "message_delta", {"type": "message_delta",
@@ -330,8 +272,6 @@ class Stream:
                                                   "stop_details": None},
                                         "usage": {"input_tokens": n_in, "output_tokens": n_out}})
         self._ev(out, "message_stop", {"type": "message_stop"})
-        held, self.held = self.held, None
-        return b"".join(out + held)
 
     def final(self) -> dict:
         """The assembled message (call after tail(), which closes the last block)."""

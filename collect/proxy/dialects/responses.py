@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from collect.proxy.dialects import DialectError, is_int, join_text, sse, suffix
+from collect.proxy.dialects import ChatStream, DialectError, is_int, join_text, sse, suffix
 from collect.proxy.jsonx import dumps
 
 NAME = "responses"
@@ -216,38 +216,34 @@ def from_chat(data: dict, req: dict) -> dict:
                      incomplete=incomplete)
 
 
-class Stream:
+class Stream(ChatStream):
     """Chat chunks in, Responses SSE events out (response.created ... response.completed).
 
     From the first finished function_call item on, everything is held until tail(): codex runs
     a call when its output_item.done arrives, and must act on nothing unrecorded.
     """
 
+    TEXT = "message"
+
     def __init__(self, req: dict):
-        self.req = req
-        self.items: list[dict] = []
-        self.open: dict | None = None
-        self.by_tool: dict[int, dict] = {}
-        self.held: list[bytes] | None = None
+        super().__init__(req)
         self.seq = 0
         self.sfx = ""
         self.created = int(time.time())
-        self.model = req.get("model")
-        self.n_in = self.n_out = 0
-        self.usage = None
-        self.finish = None
-        self.started = False
 
     def _ev(self, out: list, obj: dict) -> None:
         obj["sequence_number"] = self.seq
         self.seq += 1
-        (self.held if self.held is not None else out).append(sse(obj["type"], obj, dumps))
+        self._put(out, sse(obj["type"], obj, dumps))
 
     def _envelope(self, status: str, output: list, usage=None, error=None, incomplete=None) -> dict:
         return _response(self.sfx, self.created, self.req, self.model, status, output, usage, error, incomplete)
 
-    def _start(self, out: list) -> None:
-        self.started = True
+    def _first(self, chunk: dict) -> None:
+        self.sfx = suffix(self.chat_id)
+        self.created = int(chunk.get("created") or self.created)
+
+    def _on_start(self, out: list) -> None:
         for t in ("response.created", "response.in_progress"):
             self._ev(out, {"type": t, "response": self._envelope("in_progress", [])})
 
@@ -256,11 +252,28 @@ class Stream:
             return _msg_item(self.sfx, it["index"], "".join(it["text"]), status)
         return _fc_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status)
 
-    def _close(self, out: list, status: str = "completed") -> None:
-        it = self.open
-        if it is None:
-            return
-        self.open = None
+    def _tool_block(self, tc: dict, k: int) -> dict:
+        return {"type": "function_call", "call_id": tc.get("id") or f"call_{self.sfx}_{k}"}
+
+    def _on_open(self, out: list, it: dict) -> None:
+        self._ev(out, {"type": "response.output_item.added", "output_index": it["index"],
+                       "item": self._item(it, "in_progress")})
+        if it["type"] == "message":
+            self._ev(out, {"type": "response.content_part.added", "item_id": f"msg_{self.sfx}_{it['index']}",
+                           "output_index": it["index"], "content_index": 0, "part": _text_part("")})
+
+    def _on_text(self, out: list, it: dict, piece: str) -> None:
+        self._ev(out, {"type": "response.output_text.delta", "item_id": f"msg_{self.sfx}_{it['index']}",
+                       "output_index": it["index"], "content_index": 0, "delta": piece, "logprobs": []})
+
+    def _on_args(self, out: list, it: dict, piece: str) -> None:
+        if it is self.open:  # a closed item's arguments went out whole in its done events
+            self._ev(out, {"type": "response.function_call_arguments.delta",
+                           "item_id": f"fc_{self.sfx}_{it['index']}", "output_index": it["index"], "delta": piece})
+
+    def _on_close(self, out: list, it: dict, last: bool) -> None:
+        # The item open at the end is the one a length stop cut off.
+        status = "incomplete" if last and _end(self.finish)[1] else "completed"
         it["status"] = status
         done = self._item(it, status)
         base = {"item_id": done["id"], "output_index": it["index"]}
@@ -270,82 +283,17 @@ class Stream:
                            "logprobs": []})
             self._ev(out, {"type": "response.content_part.done", **base, "content_index": 0, "part": _text_part(text)})
         else:
-            self.held = self.held if self.held is not None else []
             self._ev(out, {"type": "response.function_call_arguments.done", **base, "name": done["name"],
                            "arguments": done["arguments"]})
         self._ev(out, {"type": "response.output_item.done", "output_index": it["index"], "item": done})
 
-    def _open(self, out: list, it: dict) -> dict:
-        self._close(out)
-        it["index"] = len(self.items)
-        self.items.append(it)
-        self.open = it
-        self._ev(out, {"type": "response.output_item.added", "output_index": it["index"],
-                       "item": self._item(it, "in_progress")})
-        if it["type"] == "message":
-            self._ev(out, {"type": "response.content_part.added", "item_id": f"msg_{self.sfx}_{it['index']}",
-                           "output_index": it["index"], "content_index": 0, "part": _text_part("")})
-        return it
-
-    def feed(self, chunk: dict) -> bytes:
-        out: list[bytes] = []
-        if not self.started:
-            self.sfx = suffix(chunk.get("id"))
-            self.created = int(chunk.get("created") or self.created)
-            self.model = self.model or chunk.get("model")
-            self.n_in = len(chunk.get("prompt_token_ids") or ())
-            self._start(out)
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for c in chunk.get("choices") or ():
-            self.n_out += len(c.get("token_ids") or ())
-            d = c.get("delta") or {}
-            if d.get("content"):
-                it = self.open if self.open is not None and self.open["type"] == "message" else \
-                    self._open(out, {"type": "message", "text": []})
-                it["text"].append(d["content"])
-                self._ev(out, {"type": "response.output_text.delta", "item_id": f"msg_{self.sfx}_{it['index']}",
-                               "output_index": it["index"], "content_index": 0, "delta": d["content"],
-                               "logprobs": []})
-            for tc in d.get("tool_calls") or ():
-                k = tc.get("index", 0)
-                fn = tc.get("function") or {}
-                it = self.by_tool.get(k)
-                if it is None:
-                    call_id = tc.get("id") or f"call_{self.sfx}_{k}"
-                    it = self.by_tool[k] = self._open(out, {"type": "function_call", "call_id": call_id,
-                                                            "name": fn.get("name") or "", "args": []})
-                elif fn.get("name"):
-                    it["name"] += fn["name"]
-                if fn.get("arguments"):
-                    it["args"].append(fn["arguments"])
-                    if it is self.open:
-                        self._ev(out, {"type": "response.function_call_arguments.delta",
-                                       "item_id": f"fc_{self.sfx}_{it['index']}", "output_index": it["index"],
-                                       "delta": fn["arguments"]})
-            if c.get("finish_reason") is not None:
-                self.finish = c["finish_reason"]
-        return b"".join(out)
-
-    def _counts(self) -> tuple[int, int]:
-        u = self.usage or {}
-        return u.get("prompt_tokens", self.n_in), u.get("completion_tokens", self.n_out)
-
-    def tail(self) -> bytes:
-        out: list[bytes] = []
-        if not self.started:
-            self._start(out)
-        self.held = self.held if self.held is not None else []
-        status, incomplete = _end(self.finish)
-        self._close(out, "incomplete" if incomplete else "completed")
-        self._ev(out, {"type": f"response.{status}", "response": self.final()})
-        held, self.held = self.held, None
-        return b"".join(out + held)
+    def _on_end(self, out: list) -> None:
+        self._ev(out, {"type": f"response.{_end(self.finish)[0]}", "response": self.final()})
 
     def final(self) -> dict:
         """The assembled response (after tail(), which closes the last item)."""
         status, incomplete = _end(self.finish)
-        output = [self._item(it, it.get("status", "completed")) for it in self.items]
+        output = [self._item(it, it.get("status", "completed")) for it in self.blocks]
         return self._envelope(status, output, _usage(*self._counts()), incomplete=incomplete)
 
     def error(self, status: int, message: str) -> bytes:
