@@ -348,8 +348,12 @@ def test_both_dialects_against_the_engine(engine_url, tmp_path):
         o = openai.OpenAI(base_url=p.url + "/rollout/eng/v1", api_key="any", max_retries=0)
         r1 = o.responses.create(model="codex-x", instructions="You are terse.", input="Say hello.",
                                 max_output_tokens=8)
-        with o.responses.stream(model="codex-x", input="Count to three.", max_output_tokens=8) as s:
-            r2 = s.get_final_response()
+        with o.responses.stream(model="codex-x", input="Count to three.", max_output_tokens=2) as s:
+            # 2 tokens: a length stop, which ends with response.incomplete as OpenAI's own API
+            # does; the SDK's get_final_response() knows only response.completed.
+            ends = [e.response for e in s if e.type in ("response.completed", "response.incomplete")]
+        (r2,) = ends
+        assert r2.status == "incomplete" and r2.incomplete_details.reason == "max_output_tokens"
         assert close_rollout(p, "eng")["n_turns"] == 4
     for m in (out, streamed):
         assert m.stop_reason in ("end_turn", "max_tokens") and m.usage.output_tokens > 0
