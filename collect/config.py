@@ -61,6 +61,10 @@ class SamplingConfig:
     top_p: float = 1.0
     # Upper bound on max_tokens per call; None leaves the agent's value alone.
     max_tokens: int | None = None
+    # Set: each call is sampled with a seed derived from (seed, round, task, attempt, turn), so a
+    # round can be re-collected call for call (vLLM and the local engine honour per-request seeds;
+    # batching can still flip a near-tie). None: the endpoint's own randomness.
+    seed: int | None = None
 
 
 @dataclass

@@ -49,8 +49,8 @@ class ProxyAdmin:
                 raise ServiceError(f"proxy {method} {path}: HTTP {r.status}: {await r.text()}")
             return await r.json()
 
-    async def open(self, rollout_id: str, policy: str) -> dict:
-        return await self._call("POST", "/admin/rollouts", {"rollout_id": rollout_id, "policy": policy})
+    async def open(self, rollout_id: str, policy: str, seed: int | None = None) -> dict:
+        return await self._call("POST", "/admin/rollouts", {"rollout_id": rollout_id, "policy": policy, "seed": seed})
 
     async def close(self, rollout_id: str) -> dict:
         return await self._call("POST", f"/admin/rollouts/{rollout_id}/close")

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
-from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan
+from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed
 from collect.trials import Endpoint, Outcome, classify, preflight, trial_config
 
 log = logging.getLogger("wharf.collect")
@@ -126,7 +126,8 @@ class Round:
         async with sem:
             rollout_id = new_rollout_id(summary.job_id, p)
             started = _now()
-            opened = await admin.open(rollout_id, self.policy)
+            seed = rollout_seed(self.cfg.sampling.seed, self.cfg.round, p)
+            opened = await admin.open(rollout_id, self.policy, seed)
             ep = Endpoint(opened["base_url"], opened["api_key"], self.policy)
             tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
             try:
@@ -171,7 +172,8 @@ class Round:
             "job_id": job_id, "round": self.cfg.round, "policy": self.policy, "dataset": str(cc.dataset),
             "tasks": [t.task_id for t in tasks], "attempts": cc.attempts, "agent": cc.agent,
             "environment": cc.environment,
-            "sampling": {"temperature": self.cfg.sampling.temperature, "top_p": self.cfg.sampling.top_p},
+            "sampling": {"temperature": self.cfg.sampling.temperature, "top_p": self.cfg.sampling.top_p,
+                         "seed": self.cfg.sampling.seed},
             "started_at": manifest.get("started_at") or _now().isoformat(), "state": "running",
         }
         _write_json(self.paths.manifest, manifest)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import uuid
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +59,11 @@ def new_rollout_id(job_id: str, planned: PlannedRollout) -> str:
     """Unique per try: a rollout redone after a crash gets a fresh id, so turns recorded for the
     abandoned try can never mix with the new one's."""
     return f"{job_id[:8]}.{planned.task.task_id}.{planned.attempt}.{uuid.uuid4().hex[:6]}"
+
+
+def rollout_seed(base: int | None, round_: int, planned: PlannedRollout) -> int | None:
+    """The same (task, attempt) of the same round gets the same seed on every run, whichever
+    try or order it runs in; the proxy adds the call's turn to it."""
+    if base is None:
+        return None
+    return zlib.crc32(f"{base}:{round_}:{planned.task.task_id}:{planned.attempt}".encode()) % 2**30

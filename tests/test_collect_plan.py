@@ -6,7 +6,7 @@ from harbor.models.trial.result import ExceptionInfo, TrialResult
 from harbor.models.verifier.result import VerifierResult
 
 from collect.config import CollectConfig
-from collect.tasksets import TaskSetError, discover, new_rollout_id, plan
+from collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
 from collect.trials import Endpoint, TrialSetupError, classify, preflight, primary_reward, trial_config
 
 
@@ -106,3 +106,11 @@ def test_preflight_refuses_unknown_agents_environments_and_options():
         preflight(CollectConfig(agent_kwargs={"max_turnz": 3}))
     with pytest.raises(TrialSetupError, match="collect.environment='dockr'"):
         preflight(CollectConfig(environment="dockr"))
+
+
+def test_rollout_seed_depends_on_round_task_and_attempt_only(tmp_path):
+    planned = plan(discover(make_tasks(tmp_path / "set", ["a", "b"])), 2)
+    seeds = [rollout_seed(0, 0, p) for p in planned]
+    assert len(set(seeds)) == 4 and seeds == [rollout_seed(0, 0, p) for p in planned]
+    assert seeds != [rollout_seed(0, 1, p) for p in planned] != [rollout_seed(1, 0, p) for p in planned]
+    assert rollout_seed(None, 0, planned[0]) is None

@@ -168,6 +168,22 @@ def test_upstream_request_is_forced_and_recorded(tmp_path, stub):
         assert row["finish_reason"] == "length"
 
 
+def test_rollout_seed_is_forced_per_turn(tmp_path, stub):
+    with BackgroundProxy(make_cfg(tmp_path, stub.url)) as p:
+        info = open_rollout(p, "seeded", seed=1000)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 5}
+        sent = []
+        for _ in range(2):
+            assert requests.post(f"{info['base_url']}/chat/completions", json=body).status_code == 200
+            sent.append(stub.stub.requests[-1]["seed"])
+        assert sent == [1000, 1001]  # the agent's own seed is replaced: call k gets seed + k
+        unseeded = open_rollout(p, "unseeded")
+        assert requests.post(f"{unseeded['base_url']}/chat/completions", json=body).status_code == 200
+        assert stub.stub.requests[-1]["seed"] == 5  # no rollout seed: the agent's passes through
+        bad = requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": "x", "seed": "7"}, headers=ADMIN)
+        assert bad.status_code == 400 and "seed" in bad.json()["error"]["message"]
+
+
 def test_agent_gets_a_plain_openai_answer(proxy):
     info = open_rollout(proxy, "plain")
     url = f"{info['base_url']}/chat/completions"

@@ -79,6 +79,7 @@ class Rollout:
     policy: str
     temperature: float
     top_p: float
+    seed: int | None = None  # set: call k of the rollout is sampled with seed + k (reproducible rounds)
     state: str = "open"
     next_turn: int = 0
     n_turns: int = 0
@@ -157,7 +158,7 @@ class RecordingProxy:
             for rec in records:
                 rid = rec.get("rollout_id")
                 if rec.get("event") == "open":
-                    r = Rollout(rid, rec["api_key"], rec["policy"], rec["temperature"], rec["top_p"])
+                    r = Rollout(rid, rec["api_key"], rec["policy"], rec["temperature"], rec["top_p"], rec.get("seed"))
                     self.rollouts[rid] = r
                     self.by_key[r.api_key] = r
                 elif rec.get("event") == "close" and rid in self.rollouts:
@@ -302,7 +303,7 @@ class RecordingProxy:
         rollout.idle.clear()
         request_id = uuid.uuid4().hex
         # A translated call keeps its whole chat body in `sampling`: its messages exist nowhere else.
-        upstream, sampling = self._upstream_body(chat_req, rollout, full=dialect is not None)
+        upstream, sampling = self._upstream_body(chat_req, rollout, turn, full=dialect is not None)
         row = {"rollout_id": rollout.rollout_id, "turn": turn, "request_id": request_id,
                "api": dialect.NAME if dialect is not None else "chat",
                "policy": rollout.policy, "started_at": started, "ended_at": None,
@@ -320,11 +321,13 @@ class RecordingProxy:
                 rollout.idle.set()
             self.metrics.observe(time.perf_counter() - t0, policy=rollout.policy)
 
-    def _upstream_body(self, req: dict, rollout: Rollout, full: bool = False) -> tuple[bytes, dict]:
+    def _upstream_body(self, req: dict, rollout: Rollout, turn: int, full: bool = False) -> tuple[bytes, dict]:
         up = dict(req)
         up["model"] = rollout.policy
         up["temperature"] = rollout.temperature
         up["top_p"] = rollout.top_p
+        if rollout.seed is not None:
+            up["seed"] = (rollout.seed + turn) % 2**31
         up["logprobs"] = True
         up["top_logprobs"] = 0
         up["return_token_ids"] = True
@@ -585,10 +588,10 @@ class RecordingProxy:
                 raise Reject(400, f"POST /admin/rollouts: body is not valid JSON ({e})", "bad_json") from None
             if not isinstance(body, dict):
                 raise Reject(400, "POST /admin/rollouts: body must be a JSON object", "bad_request")
-            unknown = set(body) - {"rollout_id", "policy", "temperature", "top_p"}
+            unknown = set(body) - {"rollout_id", "policy", "temperature", "top_p", "seed"}
             if unknown:
                 raise Reject(400, f"POST /admin/rollouts: unknown fields {sorted(unknown)} "
-                                  "(known: rollout_id, policy, temperature, top_p)", "bad_request")
+                                  "(known: rollout_id, policy, temperature, top_p, seed)", "bad_request")
             rid = body.get("rollout_id") or uuid.uuid4().hex
             if not isinstance(rid, str) or not _ROLLOUT_ID.match(rid):
                 raise Reject(400, f"rollout_id {rid!r}: use 1-128 characters of A-Z a-z 0-9 . _ : -", "bad_request")
@@ -601,6 +604,9 @@ class RecordingProxy:
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise Reject(400, f"{k} {v!r}: expected a number", "bad_request")
                 params[k] = float(v)
+            seed = body.get("seed")
+            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+                raise Reject(400, f"seed {seed!r}: expected an integer or null", "bad_request")
         except Reject as e:
             return self._reject(e)
         existing = self.rollouts.get(rid)
@@ -609,9 +615,9 @@ class RecordingProxy:
                 return self._reject(Reject(409, f"rollout '{rid}' is closed; open a new id", "reopen_closed",
                                            "conflict_error"))
             return web.json_response(self._open_answer(existing), status=200)
-        r = Rollout(rid, "wr-" + secrets.token_urlsafe(18), policy, params["temperature"], params["top_p"])
+        r = Rollout(rid, "wr-" + secrets.token_urlsafe(18), policy, params["temperature"], params["top_p"], seed)
         self._registry_append({"event": "open", "rollout_id": rid, "api_key": r.api_key, "policy": policy,
-                               **params, "t": time.time()})
+                               **params, "seed": seed, "t": time.time()})
         self.rollouts[rid] = r
         self.by_key[r.api_key] = r
         self.metrics.inc("rollouts_opened_total", help="Rollouts opened")
