@@ -5,59 +5,39 @@ runner opens and closes rollouts through /admin. Each call is forwarded with the
 parameters forced (return_token_ids, logprobs, the configured temperature/top_p), its row is
 in the write-ahead log before the agent gets its answer, and shards are published in the
 background (collect/proxy/shards.py).
+
+This module assembles the app and holds the recording path; the rollout registry is in
+rollouts.py and the /admin, /health and /metrics routes in admin.py.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-import os
-import re
-import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import pyarrow.parquet as pq
 from aiohttp import web
 
 from collect.config import RunConfig
 from collect.proxy import jsonx
+from collect.proxy.admin import AdminAPI
 from collect.proxy.capture import CaptureError, StreamCapture, capture_full, plain_chunk, plain_full
 from collect.proxy.dialects import DialectError
 from collect.proxy.dialects import anthropic as anthropic_dialect
 from collect.proxy.dialects import responses as responses_dialect
+from collect.proxy.errors import JSON as _JSON
+from collect.proxy.errors import Reject, error_body, error_response, reject_response
 from collect.proxy.metrics import Metrics
+from collect.proxy.rollouts import Rollout, RolloutRegistry
 from collect.proxy.shards import TurnStore
 from collect.proxy.upstreams import UpstreamPool
-from collect.proxy.wal import read_records, write_all
 
 log = logging.getLogger("wharf.proxy")
 
-_ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-_JSON = "application/json"
-
-
 _dumps = jsonx.dumps
-
-
-def error_body(message: str, type_: str, code=None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
-
-
-def error_response(status: int, message: str, type_: str = "invalid_request_error", code=None) -> web.Response:
-    return web.Response(status=status, body=_dumps(error_body(message, type_, code)), content_type=_JSON)
-
-
-class Reject(Exception):
-    """Bad agent/admin input: answered with an OpenAI-style error, counted, never recorded."""
-
-    def __init__(self, status: int, message: str, reason: str, type_: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.reason, self.type = status, message, reason, type_
 
 
 class RecordFailure(Exception):
@@ -72,25 +52,6 @@ class UpstreamFailure(Exception):
         self.status, self.message, self.kind, self.body = status, message, kind, body
 
 
-@dataclass
-class Rollout:
-    rollout_id: str
-    api_key: str
-    policy: str
-    temperature: float
-    top_p: float
-    seed: int | None = None  # set: call k of the rollout is sampled with seed + k (reproducible rounds)
-    state: str = "open"
-    next_turn: int = 0
-    n_turns: int = 0
-    n_errors: int = 0
-    inflight: int = 0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def __post_init__(self):
-        self.idle.set()
-
-
 class RecordingProxy:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
@@ -100,13 +61,12 @@ class RecordingProxy:
         self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync)
         self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
         self.metrics = Metrics()
-        self.rollouts: dict[str, Rollout] = {}
-        self.by_key: dict[str, Rollout] = {}
+        self.rollouts = RolloutRegistry(self.wal_dir / "rollouts.jsonl")
+        self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base)
         self.session: aiohttp.ClientSession | None = None
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.recovery: dict = {}
-        self._registry_fd: int | None = None
         self._timeout = aiohttp.ClientTimeout(total=p.upstream_timeout_s)
         self._up_headers = {"Content-Type": _JSON, "Authorization": f"Bearer {cfg.endpoint.api_key}"}
 
@@ -114,7 +74,8 @@ class RecordingProxy:
     async def start(self) -> str:
         """Recover left-overs, bind, and return the base URL (http://host:port)."""
         self.recovery = self.store.recover()
-        self._load_registry()
+        # After recovery: the WAL's last turns say where each rollout's turns resume.
+        self.rollouts.load(self.store.last_turn, self.out_dir)
         self.store.start()
         # Large read buffer: a stream's first line carries every prompt id (MBs for long prompts).
         self.session = aiohttp.ClientSession(
@@ -141,37 +102,10 @@ class RecordingProxy:
         if self.session:
             await self.session.close()
         await self.store.close()
-        if self._registry_fd is not None:
-            os.close(self._registry_fd)
-            self._registry_fd = None
+        self.rollouts.shutdown()
 
     def public_base(self) -> str:
         return (self.cfg.proxy.public_url or self.url).rstrip("/")
-
-    # -- rollout registry (survives restarts, so agents keep their URLs and keys) ---------------
-    def _load_registry(self) -> None:
-        path = self.wal_dir / "rollouts.jsonl"
-        if path.exists():
-            records, bad = read_records(path)
-            if bad:
-                log.error("%s: %d unreadable registry lines were skipped", path, bad)
-            for rec in records:
-                rid = rec.get("rollout_id")
-                if rec.get("event") == "open":
-                    r = Rollout(rid, rec["api_key"], rec["policy"], rec["temperature"], rec["top_p"], rec.get("seed"))
-                    self.rollouts[rid] = r
-                    self.by_key[r.api_key] = r
-                elif rec.get("event") == "close" and rid in self.rollouts:
-                    self.rollouts[rid].state = "closed"
-            if self.rollouts:
-                counts = _row_counts(self.out_dir)
-                for rid, r in self.rollouts.items():
-                    r.next_turn = self.store.last_turn.get(rid, -1) + 1
-                    r.n_turns, r.n_errors = counts.get(rid, (0, 0))
-        self._registry_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def _registry_append(self, rec: dict) -> None:
-        write_all(self._registry_fd, _dumps(rec) + b"\n")
 
     # -- routes -------------------------------------------------------------------------------
     def _routes(self, app: web.Application) -> None:
@@ -182,45 +116,13 @@ class RecordingProxy:
             r.add_post(root + "/messages", self.messages)
             r.add_post(root + "/messages/count_tokens", self.count_tokens)
             r.add_post(root + "/responses", self.responses)
-        r.add_post("/admin/rollouts", self.admin_open)
-        r.add_post("/admin/rollouts/{rollout_id}/close", self.admin_close)
-        r.add_get("/admin/rollouts/{rollout_id}", self.admin_get)
-        r.add_post("/admin/flush", self.admin_flush)
-        r.add_get("/health", self.health)
-        r.add_get("/metrics", self.get_metrics)
-
-    def _reject(self, e: Reject, dialect=None) -> web.Response:
-        self.metrics.inc("rejected_total", help="Requests refused before reaching the endpoint (not recorded)",
-                         reason=e.reason)
-        if dialect is not None:
-            return web.Response(status=e.status, body=_dumps(dialect.error_body(e.status, e.message)),
-                                content_type=_JSON)
-        return error_response(e.status, e.message, e.type, e.reason)
-
-    def _rollout_for(self, request: web.Request) -> Rollout:
-        rid = request.match_info.get("rollout_id")
-        if rid is not None:
-            r = self.rollouts.get(rid)
-            if r is None:
-                raise Reject(404, f"unknown rollout '{rid}': open it with POST /admin/rollouts first",
-                             "unknown_rollout", "not_found_error")
-        else:
-            auth = request.headers.get("Authorization", "")
-            # Anthropic clients send the key as x-api-key.
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-            r = self.by_key.get(key)
-            if r is None:
-                raise Reject(401, "unknown API key: use the api_key POST /admin/rollouts returned, "
-                                  "or the /rollout/<id>/v1 base URL", "unknown_key", "authentication_error")
-        if r.state != "open":
-            raise Reject(403, f"rollout '{r.rollout_id}' is closed", "closed_rollout", "permission_error")
-        return r
+        self.admin.add_routes(r)
 
     async def models(self, request: web.Request) -> web.Response:
         try:
-            r = self._rollout_for(request)
+            r = self.rollouts.for_request(request)
         except Reject as e:
-            return self._reject(e)
+            return reject_response(self.metrics, e)
         return web.json_response({"object": "list", "data": [
             {"id": r.policy, "object": "model", "created": 0, "owned_by": "wharf"}]})
 
@@ -235,7 +137,7 @@ class RecordingProxy:
         """claude-code's /v1/messages/count_tokens: the prompt length from the upstream's /tokenize
         (vLLM and the local engine have it), else a 4-characters-a-token estimate. Not a turn."""
         try:
-            rollout = self._rollout_for(request)
+            rollout = self.rollouts.for_request(request)
             try:
                 req = jsonx.loads(await request.read())
             except ValueError as e:
@@ -245,7 +147,7 @@ class RecordingProxy:
             except DialectError as e:
                 raise Reject(400, str(e), "bad_request") from None
         except Reject as e:
-            return self._reject(e, anthropic_dialect)
+            return reject_response(self.metrics, e, anthropic_dialect)
         body = {"model": rollout.policy, "messages": chat["messages"], "add_generation_prompt": True}
         if chat.get("tools"):
             body["tools"] = chat["tools"]
@@ -267,7 +169,7 @@ class RecordingProxy:
         started = time.time()
         t0 = time.perf_counter()
         try:
-            rollout = self._rollout_for(request)
+            rollout = self.rollouts.for_request(request)
             if request.content_length is not None and request.content_length > self.cfg.proxy.max_body_bytes:
                 raise web.HTTPRequestEntityTooLarge(max_size=self.cfg.proxy.max_body_bytes,
                                                     actual_size=request.content_length)
@@ -292,10 +194,11 @@ class RecordingProxy:
             if rollout.state != "open":  # closed while the body was read: close has already published
                 raise Reject(403, f"rollout '{rollout.rollout_id}' is closed", "closed_rollout", "permission_error")
         except web.HTTPRequestEntityTooLarge:
-            return self._reject(Reject(413, f"request body over proxy.max_body_bytes="
-                                            f"{self.cfg.proxy.max_body_bytes} bytes", "too_large"), dialect)
+            return reject_response(self.metrics, Reject(413, f"request body over proxy.max_body_bytes="
+                                                             f"{self.cfg.proxy.max_body_bytes} bytes", "too_large"),
+                                   dialect)
         except Reject as e:
-            return self._reject(e, dialect)
+            return reject_response(self.metrics, e, dialect)
 
         turn = rollout.next_turn
         rollout.next_turn += 1
@@ -562,128 +465,6 @@ class RecordingProxy:
         except ConnectionResetError:
             pass  # recorded: the answer was complete, the agent left before reading its tail
         return out
-
-    # -- admin --------------------------------------------------------------------------------
-    def _admin(self, request: web.Request) -> None:
-        auth = request.headers.get("Authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), self.cfg.proxy.admin_token.encode()):
-            raise Reject(401, "admin API: missing or wrong bearer token (proxy.admin_token)", "bad_admin_token",
-                         "authentication_error")
-
-    def _rollout_info(self, r: Rollout) -> dict:
-        return {"rollout_id": r.rollout_id, "state": r.state, "n_turns": r.n_turns, "n_errors": r.n_errors,
-                "policy": r.policy, "inflight": r.inflight}
-
-    def _open_answer(self, r: Rollout) -> dict:
-        return {"rollout_id": r.rollout_id, "base_url": f"{self.public_base()}/rollout/{r.rollout_id}/v1",
-                "api_key": r.api_key, "policy": r.policy}
-
-    async def admin_open(self, request: web.Request) -> web.Response:
-        try:
-            self._admin(request)
-            try:
-                body = await request.json() if request.can_read_body else {}
-            except ValueError as e:
-                raise Reject(400, f"POST /admin/rollouts: body is not valid JSON ({e})", "bad_json") from None
-            if not isinstance(body, dict):
-                raise Reject(400, "POST /admin/rollouts: body must be a JSON object", "bad_request")
-            unknown = set(body) - {"rollout_id", "policy", "temperature", "top_p", "seed"}
-            if unknown:
-                raise Reject(400, f"POST /admin/rollouts: unknown fields {sorted(unknown)} "
-                                  "(known: rollout_id, policy, temperature, top_p, seed)", "bad_request")
-            rid = body.get("rollout_id") or uuid.uuid4().hex
-            if not isinstance(rid, str) or not _ROLLOUT_ID.match(rid):
-                raise Reject(400, f"rollout_id {rid!r}: use 1-128 characters of A-Z a-z 0-9 . _ : -", "bad_request")
-            policy = body.get("policy") or self.cfg.endpoint.model
-            if not isinstance(policy, str):
-                raise Reject(400, f"policy {policy!r}: expected a model name", "bad_request")
-            params = {}
-            for k in ("temperature", "top_p"):
-                v = body.get(k, getattr(self.cfg.sampling, k))
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise Reject(400, f"{k} {v!r}: expected a number", "bad_request")
-                params[k] = float(v)
-            seed = body.get("seed")
-            if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-                raise Reject(400, f"seed {seed!r}: expected an integer or null", "bad_request")
-        except Reject as e:
-            return self._reject(e)
-        existing = self.rollouts.get(rid)
-        if existing is not None:
-            if existing.state != "open":
-                return self._reject(Reject(409, f"rollout '{rid}' is closed; open a new id", "reopen_closed",
-                                           "conflict_error"))
-            return web.json_response(self._open_answer(existing), status=200)
-        r = Rollout(rid, "wr-" + secrets.token_urlsafe(18), policy, params["temperature"], params["top_p"], seed)
-        self._registry_append({"event": "open", "rollout_id": rid, "api_key": r.api_key, "policy": policy,
-                               **params, "seed": seed, "t": time.time()})
-        self.rollouts[rid] = r
-        self.by_key[r.api_key] = r
-        self.metrics.inc("rollouts_opened_total", help="Rollouts opened")
-        return web.json_response(self._open_answer(r), status=201)
-
-    def _admin_rollout(self, request: web.Request) -> Rollout:
-        self._admin(request)
-        rid = request.match_info["rollout_id"]
-        r = self.rollouts.get(rid)
-        if r is None:
-            raise Reject(404, f"unknown rollout '{rid}'", "unknown_rollout", "not_found_error")
-        return r
-
-    async def admin_close(self, request: web.Request) -> web.Response:
-        try:
-            r = self._admin_rollout(request)
-        except Reject as e:
-            return self._reject(e)
-        if r.state == "open":
-            r.state = "closed"
-            self._registry_append({"event": "close", "rollout_id": r.rollout_id, "t": time.time()})
-            self.metrics.inc("rollouts_closed_total", help="Rollouts closed")
-        # Calls already under way finish and are recorded (bounded by the upstream timeout).
-        await r.idle.wait()
-        await self.store.flush(r.rollout_id)
-        return web.json_response({"rollout_id": r.rollout_id, "n_turns": r.n_turns, "n_errors": r.n_errors})
-
-    async def admin_get(self, request: web.Request) -> web.Response:
-        try:
-            r = self._admin_rollout(request)
-        except Reject as e:
-            return self._reject(e)
-        return web.json_response(self._rollout_info(r))
-
-    async def admin_flush(self, request: web.Request) -> web.Response:
-        try:
-            self._admin(request)
-        except Reject as e:
-            return self._reject(e)
-        return web.json_response({"shards": await self.store.flush()})
-
-    async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "upstreams": self.pool.describe(),
-                                  "open_rollouts": sum(r.state == "open" for r in self.rollouts.values()),
-                                  "pending_rows": len(self.store.pending)})
-
-    async def get_metrics(self, request: web.Request) -> web.Response:
-        gauges = {"pending_rows": len(self.store.pending), "published_rows_total": self.store.n_published,
-                  "shard_write_errors_total": self.store.flush_errors,
-                  "open_rollouts": sum(r.state == "open" for r in self.rollouts.values()),
-                  "upstreams_healthy": sum(u.healthy for u in self.pool.upstreams)}
-        return web.Response(text=self.metrics.render(gauges), content_type="text/plain", charset="utf-8")
-
-
-def _row_counts(out_dir: Path) -> dict[str, tuple[int, int]]:
-    """(rows, error rows) per rollout over the published shards, to resume counters after a restart."""
-    counts: dict[str, list[int]] = {}
-    for f in sorted(out_dir.glob("part-*.parquet")):
-        t = pq.read_table(f, columns=["rollout_id", "status"])
-        for rid, st in zip(t.column("rollout_id").to_pylist(), t.column("status").to_pylist()):
-            c = counts.setdefault(rid, [0, 0])
-            c[0] += 1
-            c[1] += st != "ok"
-    return {k: (v[0], v[1]) for k, v in counts.items()}
-
-
 
 
 class BackgroundProxy:
