@@ -152,20 +152,26 @@ class Round:
                 mean = summary.mean_reward
                 bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
 
+    def plan(self) -> tuple[list, list[PlannedRollout], list[dict], list[PlannedRollout]]:
+        """Tasks, planned rollouts, rows already finished, and the rollouts still to run."""
+        cc = self.cfg.collect
+        tasks = discover(cc.dataset, cc.tasks)
+        planned = plan(tasks, cc.attempts)
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        done = _load_done(self.paths)
+        done_keys = {(r["task_id"], r["attempt"]) for r in done}
+        todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
+        return tasks, planned, done, todo
+
     async def run(self, progress: bool = True) -> RoundSummary:
         from harbor.models.job.config import RetryConfig
         from harbor.trial.queue import TrialQueue
 
         cc = self.cfg.collect
-        tasks = discover(cc.dataset, cc.tasks)
+        tasks, planned, done, todo = self.plan()
         preflight(cc)
-        planned = plan(tasks, cc.attempts)
-        self.paths.root.mkdir(parents=True, exist_ok=True)
-        manifest = _load_manifest(self.paths)
-        job_id = manifest.get("job_id") or uuid.uuid4().hex
-        done = _load_done(self.paths)
-        done_keys = {(r["task_id"], r["attempt"]) for r in done}
-        todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
+        prev = _load_manifest(self.paths)
+        job_id = prev.get("job_id") or uuid.uuid4().hex
         summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
         started = time.time()
         manifest = {
@@ -174,7 +180,7 @@ class Round:
             "environment": cc.environment,
             "sampling": {"temperature": self.cfg.sampling.temperature, "top_p": self.cfg.sampling.top_p,
                          "seed": self.cfg.sampling.seed},
-            "started_at": manifest.get("started_at") or _now().isoformat(), "state": "running",
+            "started_at": prev.get("started_at") or _now().isoformat(), "state": "running",
         }
         _write_json(self.paths.manifest, manifest)
         if done:
@@ -196,7 +202,8 @@ class Round:
             schema.compact_dir(self.paths.turns, "turns")
 
         manifest.update({
-            "state": "done", "ended_at": _now().isoformat(), "wall_s": round(time.time() - started, 1),
+            "state": "done", "ended_at": _now().isoformat(),
+            "wall_s": round(prev.get("wall_s", 0.0) + time.time() - started, 1),  # summed over resumed runs
             "counts": {"planned": len(planned), "finished": len(summary.rows), "resumed": summary.resumed,
                        "by_status": summary.counts},
             "mean_reward": summary.mean_reward, "mixed_groups": summary.mixed_groups(),
@@ -219,6 +226,9 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     config_path = paths.root / "config.yaml"
     dump_config(cfg, config_path)
     dump_config(cfg, cfg.run_dir / "config.yaml")
+    rnd = Round(cfg, config_path)
+    if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
+        return asyncio.run(rnd.run(progress=progress))
     # The endpoint outlives the round's proxy: started here only when nothing answers at its url.
     with endpoint.launch(cfg, log_dir=paths.logs):
-        return asyncio.run(Round(cfg, config_path).run(progress=progress))
+        return asyncio.run(rnd.run(progress=progress))

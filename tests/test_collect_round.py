@@ -76,6 +76,10 @@ def test_ok_round_records_every_call(tmp_path, stub):
     # one shard per closed rollout while the round ran, folded into one at its end
     assert len(schema.shard_files(cfg.round_dir() / "collect" / "turns")) == 1
     assert manifest["success_rate_by_task"] == {"answer": 1.0}
+    # running the finished round again changes nothing and starts nothing
+    again, rollouts2, _, manifest2 = run_round(cfg, tmp_path)
+    assert again.resumed == 3 and rollouts2 == rollouts
+    assert manifest2["job_id"] == manifest["job_id"] and manifest2["wall_s"] >= manifest["wall_s"]
 
 
 def test_failures_are_classified_and_the_round_completes(tmp_path, stub):
