@@ -18,11 +18,10 @@ from collect.config import load_config
 from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect
 from collect.proxy.server import BackgroundProxy
-from collect.proxy.wal import read_records
 from collect.schema import read_dir
+from test_proxy import ADMIN, close_rollout, make_cfg, open_rollout, wal_lines
 from test_proxy_engine import Tap, engine_view
 
-ADMIN = {"Authorization": "Bearer wharf-admin"}
 A_TOOLS = [{"name": "bash", "description": "Run a shell command",
             "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]
 R_TOOLS = [{"type": "function", "name": "bash", "description": "Run a shell command",
@@ -35,12 +34,6 @@ def tap():
         yield Tap(s.url).start()
 
 
-def make_cfg(tmp_path, upstream, *extra):
-    return load_config(None, [f"endpoint.url={upstream}", "proxy.port=0", f"proxy.out_dir={tmp_path}/turns",
-                              "proxy.health_interval_s=0", "proxy.shard_seconds=0", "sampling.temperature=0.7",
-                              "sampling.top_p=0.9", "endpoint.model=base-model", *extra])
-
-
 @pytest.fixture
 def proxy(tmp_path, tap):
     tap.answers.clear()
@@ -48,22 +41,8 @@ def proxy(tmp_path, tap):
         yield p
 
 
-def open_rollout(p, rid):
-    r = requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": rid}, headers=ADMIN)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def close_rollout(p, rid):
-    return requests.post(f"{p.url}/admin/rollouts/{rid}/close", headers=ADMIN).json()
-
-
 def rows(p):
     return sorted(read_dir(p.proxy.out_dir, "turns").to_pylist(), key=lambda r: (r["rollout_id"], r["turn"]))
-
-
-def wal_lines(p) -> int:
-    return sum(len(read_records(f)[0]) for f in p.proxy.wal_dir.glob("seg-*.jsonl"))
 
 
 def check_rows_match_upstream(got: list[dict], answers: list, api: str | None, temperature: float = 0.7,
