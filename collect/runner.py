@@ -140,7 +140,7 @@ class Round:
             if result is None:
                 outcome = Outcome("infra_error", None, {}, crash)
             else:
-                outcome = classify(result, upstream_errors=closed.get("n_upstream_errors", closed.get("n_errors", 0)))
+                outcome = classify(result, upstream_errors=closed["n_errors"])
             row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed["n_turns"],
                        started, str(Path("harbor") / rollout_id))
             async with self._lock:
