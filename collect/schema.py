@@ -185,11 +185,13 @@ def compact_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet
     files = shard_files(directory, pattern)
     if len(files) < 2:
         return None
+    # Shards an earlier, interrupted compaction already folded: they must go before the shard
+    # that names them does, or they would count again.
+    leftovers = [f for f in Path(directory).glob(pattern) if f not in files]
     table = pa.concat_tables([read_table(f, name) for f in files])
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     out = write_table(Path(directory) / f"part-{stamp}-compact-{uuid.uuid4().hex[:6]}.parquet", name, table,
                       {"replaces": json.dumps([f.name for f in files])})
-    for f in Path(directory).glob(pattern):
-        if f.name in _replaced([out]):
-            f.unlink(missing_ok=True)
+    for f in leftovers + files:
+        f.unlink(missing_ok=True)
     return out

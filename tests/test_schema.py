@@ -81,3 +81,16 @@ def test_compact_dir_is_crash_safe(tmp_path):
     assert "part-00001.parquet" in json.loads(meta[b"replaces"])
     assert read_dir(tmp_path, "turns").column("turn").to_pylist() == before
     assert compact_dir(tmp_path / "nothing-here", "turns") is None
+
+
+def test_compacting_again_after_an_interrupted_compaction_counts_nothing_twice(tmp_path):
+    from collect.schema import compact_dir, shard_files
+
+    for i in range(2):
+        write_table(tmp_path / f"part-0000{i}.parquet", "turns", [turn(i)])
+    compact_dir(tmp_path, "turns")
+    write_table(tmp_path / "part-00000.parquet", "turns", [turn(0)])  # left by a crash before the delete
+    write_table(tmp_path / "part-00009.parquet", "turns", [turn(2)])  # a new shard
+    out = compact_dir(tmp_path, "turns")
+    assert [f.name for f in sorted(tmp_path.glob("part-*.parquet"))] == [out.name]
+    assert sorted(read_dir(tmp_path, "turns").column("turn").to_pylist()) == [0, 1, 2]
