@@ -22,7 +22,7 @@ from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed
-from collect.trials import Endpoint, Outcome, classify, preflight, trial_config
+from collect.trials import Outcome, RolloutRoute, classify, preflight, trial_config
 
 log = logging.getLogger("wharf.collect")
 
@@ -128,7 +128,7 @@ class Round:
             started = _now()
             seed = rollout_seed(self.cfg.sampling.seed, self.cfg.round, p)
             opened = await admin.open(rollout_id, self.policy, seed)
-            ep = Endpoint(opened["base_url"], opened["api_key"], self.policy)
+            ep = RolloutRoute(opened["base_url"], opened["api_key"], self.policy)
             tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
             try:
                 result = await queue.submit(tc)

@@ -18,7 +18,7 @@ _OWN_AGENTS = "collect.agents."
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class RolloutRoute:
     """Where one rollout's agent sends its model calls (the proxy's per-rollout route)."""
 
     base_url: str  # .../rollout/<id>/v1
@@ -30,7 +30,7 @@ def _is_import_path(ref: str) -> bool:
     return ":" in ref
 
 
-def agent_config(cc: CollectConfig, ep: Endpoint) -> AgentConfig:
+def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
     """Point any harbor agent at the rollout's route: every common env convention plus the URL
     option of agents that take one; the user's agent_kwargs/agent_env win."""
     root = ep.base_url[: -len("/v1")] if ep.base_url.endswith("/v1") else ep.base_url
@@ -82,7 +82,7 @@ def preflight(cc: CollectConfig) -> None:
     from harbor.agents.factory import AgentFactory
     from harbor.environments.factory import EnvironmentFactory
 
-    probe = Endpoint("http://127.0.0.1:1/rollout/preflight/v1", "preflight", "preflight")
+    probe = RolloutRoute("http://127.0.0.1:1/rollout/preflight/v1", "preflight", "preflight")
     try:
         AgentFactory.run_preflight(agent_config(cc, probe))
     except Exception as e:  # noqa: BLE001 - harbor raises ValueError, ImportError, pydantic errors
@@ -94,7 +94,7 @@ def preflight(cc: CollectConfig) -> None:
         raise TrialSetupError(f"collect.environment={cc.environment!r}: {e}") from None
 
 
-def trial_config(cc: CollectConfig, task_path: Path, trial_name: str, trials_dir: Path, ep: Endpoint) -> TrialConfig:
+def trial_config(cc: CollectConfig, task_path: Path, trial_name: str, trials_dir: Path, ep: RolloutRoute) -> TrialConfig:
     return TrialConfig(
         task=TaskConfig(path=task_path),
         trial_name=trial_name,

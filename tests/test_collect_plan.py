@@ -7,7 +7,7 @@ from harbor.models.verifier.result import VerifierResult
 
 from collect.config import CollectConfig
 from collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
-from collect.trials import Endpoint, TrialSetupError, classify, preflight, primary_reward, trial_config
+from collect.trials import RolloutRoute, TrialSetupError, classify, preflight, primary_reward, trial_config
 
 
 def make_tasks(root, names):
@@ -44,7 +44,7 @@ def test_discover_errors_name_the_problem(tmp_path):
 
 
 def test_trial_config_points_agent_at_rollout_route(tmp_path):
-    ep = Endpoint("http://127.0.0.1:8200/rollout/r1/v1", "key-1", "policy-v1")
+    ep = RolloutRoute("http://127.0.0.1:8200/rollout/r1/v1", "key-1", "policy-v1")
     cc = CollectConfig(agent="collect.agents.minimal:MinimalAgent", agent_kwargs={"max_turns": 3})
     tc = trial_config(cc, tmp_path, "r1", tmp_path / "harbor", ep)
     assert tc.agent.import_path == "collect.agents.minimal:MinimalAgent"
