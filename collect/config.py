@@ -110,6 +110,25 @@ class CollectConfig:
 
 
 @dataclass
+class ConvertConfig:
+    """Stored collect dirs -> training rows -> advantages -> micro-batches (python -m convert)."""
+
+    # Stored collect dirs to read (replay, mixing); empty: this run's rounds/<round>/collect.
+    jobs: list[str] = field(default_factory=list)
+    # Where micro-batches go; None: this run's rounds/<round>/convert.
+    out_dir: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    """LoRA GRPO on convert's micro-batches (python -m train)."""
+
+    # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
+    model: str | None = None
+    seed: int = 0
+
+
+@dataclass
 class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
@@ -120,6 +139,8 @@ class RunConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
+    convert: ConvertConfig = field(default_factory=ConvertConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
     @property
     def run_dir(self) -> Path:

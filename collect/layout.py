@@ -1,0 +1,127 @@
+"""Where a run lives on disk: the one owner of the run directory's layout.
+
+```
+runs/<run>/
+  config.yaml
+  rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, harbor/, logs/
+  rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
+  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
+  report.html, *.png
+```
+
+Every stage and tool (collect, the proxy, the audit, convert, train, the loop) asks this module
+for paths instead of joining strings of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def policy_name(k: int) -> str:
+    """The adapter trained on round k-1's data, which samples round k (`policy-v<k>`)."""
+    return f"policy-v{k}"
+
+
+@dataclass(frozen=True)
+class CollectPaths:
+    root: Path  # runs/<run>/rounds/<k>/collect (or any stored collect dir)
+
+    @property
+    def turns(self) -> Path:
+        return self.root / "turns"
+
+    @property
+    def wal(self) -> Path:
+        return self.turns / "_wal"
+
+    @property
+    def rollouts(self) -> Path:
+        return self.root / "rollouts.parquet"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def harbor(self) -> Path:
+        return self.root / "harbor"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+
+@dataclass(frozen=True)
+class ConvertPaths:
+    root: Path  # runs/<run>/rounds/<k>/convert
+
+    @property
+    def index(self) -> Path:
+        return self.root / "index.json"
+
+    @property
+    def stats(self) -> Path:
+        return self.root / "stats.json"
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    root: Path  # runs/<run>/rounds/<k>/train
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def adapter(self) -> Path:
+        return self.root / "adapter"
+
+
+@dataclass(frozen=True)
+class RoundLayout:
+    root: Path  # runs/<run>/rounds/<k>
+    k: int
+
+    @property
+    def collect(self) -> CollectPaths:
+        return CollectPaths(self.root / "collect")
+
+    @property
+    def convert(self) -> ConvertPaths:
+        return ConvertPaths(self.root / "convert")
+
+    @property
+    def train(self) -> TrainPaths:
+        return TrainPaths(self.root / "train")
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path  # runs/<run>
+
+    @classmethod
+    def of(cls, runs_dir: str | Path, name: str) -> "RunLayout":
+        return cls(Path(runs_dir) / name)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def report(self) -> Path:
+        return self.root / "report.html"
+
+    def round(self, k: int) -> RoundLayout:
+        return RoundLayout(self.root / "rounds" / str(k), k)
+
+    def rounds(self) -> list[int]:
+        """The round numbers that exist on disk, in order."""
+        base = self.root / "rounds"
+        if not base.is_dir():
+            return []
+        return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit())
