@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from collect.layout import RoundLayout, RunLayout
+
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
@@ -133,6 +135,7 @@ class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
     round: int = 0
+    # Rounds a loop runs; nothing reads it yet (the loop, train/loop.py, will).
     rounds: int = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
@@ -144,10 +147,19 @@ class RunConfig:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name
+        return self.layout.root
 
-    def round_dir(self, k: int | None = None) -> Path:
-        return self.run_dir / "rounds" / str(self.round if k is None else k)
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.runs_dir, self.name)
+
+    @property
+    def round_layout(self) -> RoundLayout:
+        """This round's directories (`round`)."""
+        return self.layout.round(self.round)
+
+    def round_dir(self) -> Path:
+        return self.round_layout.root
 
 
 def _type_name(tp: Any) -> str:
