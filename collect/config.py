@@ -16,6 +16,7 @@ from pydantic import Field
 
 from collect import configio
 from collect.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
+from collect.layout import RoundLayout, RunLayout
 
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
 Positive = Annotated[int, Field(ge=1)]
@@ -82,8 +83,8 @@ class ProxyConfig:
     upstream_timeout_s: PositiveFloat = 900.0
     shard_rows: Positive = 2000
     shard_bytes: Positive = 64 * 1024 * 1024
-    shard_seconds: PositiveFloat = 30.0
-    health_interval_s: PositiveFloat = 5.0
+    shard_seconds: NonNegativeFloat = 30.0  # 0: no time-based flush
+    health_interval_s: NonNegativeFloat = 5.0  # 0: no background health checks
     # Where turns shards go; None: <run_dir>/rounds/<round>/collect/turns.
     out_dir: str | None = None
     # WAL segments and the rollout registry; None: <out_dir>/_wal.
@@ -137,6 +138,7 @@ class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
     round: NonNegative = 0
+    # Rounds a loop runs; nothing reads it yet (the loop, train/loop.py, will).
     rounds: Positive = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)
@@ -148,10 +150,19 @@ class RunConfig:
 
     @property
     def run_dir(self) -> Path:
-        return Path(self.runs_dir) / self.name
+        return self.layout.root
 
-    def round_dir(self, k: int | None = None) -> Path:
-        return self.run_dir / "rounds" / str(self.round if k is None else k)
+    @property
+    def layout(self) -> RunLayout:
+        return RunLayout.of(self.runs_dir, self.name)
+
+    @property
+    def round_layout(self) -> RoundLayout:
+        """This round's directories (`round`)."""
+        return self.layout.round(self.round)
+
+    def round_dir(self) -> Path:
+        return self.round_layout.root
 
 
 def load_config(path: str | Path | None, overrides: Sequence[str] = (), cls: type = RunConfig) -> Any:
