@@ -99,7 +99,7 @@ def describe_break(prev: Call, nxt: Call) -> dict:
     pos = int(diff[0]) if len(diff) else m  # m: one is a prefix of the other (a shorter prompt)
     lo, hi = max(0, pos - CONTEXT), pos + CONTEXT
     return {"turn": nxt.turn, "position": pos, "row_len": len(row), "prompt_len": len(nxt.prompt),
-            "in": "completion" if pos >= len(prev.prompt) else "prompt",
+            "in": "last_completion" if pos >= len(prev.prompt) else "earlier",
             "row_ids": row[lo:hi].tolist(), "prompt_ids": nxt.prompt[lo:hi].tolist(), "from": lo}
 
 
@@ -122,11 +122,11 @@ def _row(calls: list[Call], opts: RowOptions, out: RolloutRows) -> None:
             return
         row.truncated = len(ids) - opts.max_seq_len
         row.ids, row.mask, row.logprobs = (a[:opts.max_seq_len] for a in (ids, mask, lps))
-        out.truncated_rows += 1
     lps[mask == 0] = 0.0  # log-probs only where the loss reads them (records.py layout)
     if not row.mask.any():
         out.dropped_empty += 1
         return
+    out.truncated_rows += row.truncated > 0
     out.rows.append(row)
 
 
