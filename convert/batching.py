@@ -60,11 +60,8 @@ def pack(rows: Sequence, pad_multiple: int, advantages: np.ndarray, weights: np.
     cmask = np.zeros((b, t), np.float32)
     lps = np.zeros((b, t), np.float32)
     for i, r in enumerate(rows):
-        n = len(r)
-        ids[i, :n] = r.ids
-        attn[i, :n] = 1
-        cmask[i, :n] = r.mask
-        lps[i, :n] = r.logprobs
+        r.fill(ids[i], cmask[i], lps[i])
+        attn[i, :len(r)] = 1
     pos = np.arange(t, dtype=np.int64)[None, :] * attn
     temps = np.array([r.temperature for r in rows], np.float32)
     t_ = torch.from_numpy

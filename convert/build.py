@@ -121,7 +121,7 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
 
 def _stats(jobs, out: Built, left_out, rstats, breaks, agents, n_kept, dropped) -> dict:
     lengths = np.array([len(r) for r in out.rows], np.int64)
-    trainable = int(sum(float(r.mask.sum()) for r in out.rows))
+    trainable = sum(r.trainable for r in out.rows)
     n_turns = [len(r.turns) for r in out.rows]
     read = sum(len(j.rollouts) for j in jobs)
     return {

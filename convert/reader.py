@@ -115,24 +115,24 @@ def read_job(directory: str | Path, skip_bad: bool = False) -> Job:
 def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool) -> None:
     f = job.files[file_index]
     job.turns_read += table.num_rows
-    ok = pc.equal(table["status"], "ok")
-    job.turns_error += table.num_rows - pc.sum(ok).as_py() if table.num_rows else 0
-    table = table.filter(ok)
+    # no table.filter: it would copy every token; error rows are skipped by index instead
+    ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
+    job.turns_error += int((~ok).sum())
     rids = table["rollout_id"].to_pylist()
     turns = table["turn"].to_numpy()
     n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
     n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
     n_p = pc.list_value_length(table["prompt_token_ids"]).fill_null(0).to_numpy()
-    for i in np.flatnonzero(n_c != n_l):
+    for i in np.flatnonzero(ok & (n_c != n_l)):
         _bad(job, skip_bad, f, f"turn {turns[i]} has {n_c[i]} completion ids but {n_l[i]} log-probs", rids[i])
-    for i in np.flatnonzero(n_p == 0):
+    for i in np.flatnonzero(ok & (n_p == 0)):
         _bad(job, skip_bad, f, f"turn {turns[i]} is ok but has no prompt ids", rids[i])
     pv, po = _flat(table["prompt_token_ids"], np.int32)
     cv, co = _flat(table["completion_token_ids"], np.int32)
     lv, lo = _flat(table["completion_logprobs"], np.float32)
     finish = table["finish_reason"].to_pylist()
     samplings = table["sampling"].to_pylist()
-    for i in range(len(rids)):
+    for i in np.flatnonzero(ok):
         rid = rids[i]
         if rid not in known:
             job.orphan_turns += 1

@@ -43,15 +43,42 @@ class RowOptions:
 
 @dataclass
 class Row:
-    ids: np.ndarray  # int32 [L]
-    mask: np.ndarray  # float32 [L], 1 on trainable generated tokens
-    logprobs: np.ndarray  # float32 [L], the call's stored log-prob where the id was generated
+    """A row, kept as views of its calls until a micro-batch is filled (no per-row copies):
+    ids = the last call's prompt + completion, cut at `length`; mask 1 on `spans`."""
+
+    prompt: np.ndarray  # the last call's prompt ids (it starts with every earlier call's)
+    completion: np.ndarray  # the last call's completion ids
+    spans: list[tuple[int, np.ndarray]]  # (start, log-probs) of each trainable completion
     turns: list[int]  # the calls merged into this row, in order
     temperature: float
+    length: int = 0  # len(ids) after truncation
     truncated: int = 0  # ids cut off at max_seq_len
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return self.length
+
+    @property
+    def trainable(self) -> int:
+        return sum(max(0, min(len(lp), self.length - s)) for s, lp in self.spans)
+
+    def fill(self, ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray) -> None:
+        """Write the row into zeroed buffers of at least `length` positions."""
+        p = min(len(self.prompt), self.length)
+        ids[:p] = self.prompt[:p]
+        ids[p:self.length] = self.completion[:self.length - p]
+        for s, lp in self.spans:
+            n = max(0, min(len(lp), self.length - s))
+            mask[s:s + n] = 1
+            logprobs[s:s + n] = lp[:n]
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids, mask, lps = np.zeros(self.length, np.int32), np.zeros(self.length, np.float32), np.zeros(self.length, np.float32)
+        self.fill(ids, mask, lps)
+        return ids, mask, lps
+
+    ids = property(lambda self: self.arrays()[0])
+    mask = property(lambda self: self.arrays()[1])
+    logprobs = property(lambda self: self.arrays()[2])
 
 
 @dataclass
@@ -75,13 +102,18 @@ def check_call(call: Call, rollout_id: str) -> None:
 
 
 def drop_duplicates(calls: list[Call]) -> tuple[list[Call], list[int]]:
-    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt."""
-    last: dict[bytes, int] = {}
-    for i, c in enumerate(calls):
-        last[c.prompt.tobytes()] = i
-    kept = sorted(last.values())
-    gone = sorted(set(range(len(calls))) - set(kept))
-    return [calls[i] for i in kept], [calls[i].turn for i in gone]
+    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt.
+    Prompts are compared only when their length and end ids agree (no hashing of every prompt)."""
+    keep = [True] * len(calls)
+    seen: dict[tuple, list[np.ndarray]] = {}
+    for i in range(len(calls) - 1, -1, -1):  # later calls win
+        p = calls[i].prompt
+        same = seen.setdefault((len(p), int(p[0]) if len(p) else -1, int(p[-1]) if len(p) else -1), [])
+        if any(np.array_equal(p, q) for q in same):
+            keep[i] = False
+        else:
+            same.append(p)
+    return [c for c, k in zip(calls, keep) if k], [c.turn for c, k in zip(calls, keep) if not k]
 
 
 def extends(prev: Call, nxt: Call) -> bool:
@@ -105,25 +137,20 @@ def describe_break(prev: Call, nxt: Call) -> dict:
 
 def _row(calls: list[Call], opts: RowOptions, out: RolloutRows) -> None:
     last = calls[-1]
-    ids = np.concatenate([last.prompt, last.completion])
-    mask = np.zeros(len(ids), np.float32)
-    lps = np.zeros(len(ids), np.float32)
+    spans = []
     for c in calls:
-        start = len(c.prompt)
-        lps[start:start + len(c.completion)] = c.logprobs
         if c.finish_reason == "length" and opts.length_completions == "mask":
-            out.masked_length += 1
-        else:
-            mask[start:start + len(c.completion)] = 1.0
-    row = Row(ids, mask, lps, [c.turn for c in calls], last.temperature)
-    if len(ids) > opts.max_seq_len:
+            out.masked_length += 1  # stays in the row as context, loss 0
+        elif len(c.completion):
+            spans.append((len(c.prompt), c.logprobs))
+    full = len(last.prompt) + len(last.completion)
+    row = Row(last.prompt, last.completion, spans, [c.turn for c in calls], last.temperature, full)
+    if full > opts.max_seq_len:
         if opts.overlong == "drop":
             out.dropped_overlong += 1
             return
-        row.truncated = len(ids) - opts.max_seq_len
-        row.ids, row.mask, row.logprobs = (a[:opts.max_seq_len] for a in (ids, mask, lps))
-    lps[mask == 0] = 0.0  # log-probs only where the loss reads them (records.py layout)
-    if not row.mask.any():
+        row.length, row.truncated = opts.max_seq_len, full - opts.max_seq_len
+    if not row.trainable:
         out.dropped_empty += 1
         return
     out.truncated_rows += row.truncated > 0
