@@ -37,23 +37,27 @@ def _list_array(parts: list[np.ndarray], dtype) -> pa.Array:
         pa.list_(pa.from_numpy_dtype(dtype)))
 
 
-def _rollout(rng: np.random.Generator, scale: float) -> tuple[list, list, list]:
+def _ids(rng: np.random.Generator, lo: float, hi: float) -> np.ndarray:
+    return rng.integers(1, VOCAB, int(rng.integers(max(1, int(lo)), max(2, int(hi)))), dtype=np.int32)
+
+
+def _rollout(rng: np.random.Generator, scale: float, turns: tuple[int, int] = (8, 25)) -> tuple[list, list, list]:
     """One rollout's calls: prompts, completions, finish reasons."""
-    history = rng.integers(1, VOCAB, int(rng.integers(300, 1500)), dtype=np.int32)  # system + task
-    n = int(rng.integers(8, 25))
+    history = _ids(rng, 300 * scale, 1500 * scale)  # system + task
+    n = int(rng.integers(*turns))
     prompts, comps, finish = [], [], []
     for t in range(n):
         if t:
             if rng.random() < 0.3:  # the template re-tokenizes the end of the last completion
                 history = history.copy()
                 history[-1] = history[-1] % (VOCAB - 1) + 1
-            glue = rng.integers(1, VOCAB, int(rng.integers(10, 600 * scale)), dtype=np.int32)  # tool output
+            glue = _ids(rng, 10 * scale, 400 * scale)  # tool output
             history = np.concatenate([history, glue])
         if t and rng.random() < 0.03:  # a retried call: same prompt again
             prompts.append(prompts[-1])
-            comps.append(rng.integers(1, VOCAB, int(rng.integers(20, 300 * scale)), dtype=np.int32))
+            comps.append(_ids(rng, 20 * scale, 300 * scale))
             finish.append("stop")
-        comp = rng.integers(1, VOCAB, int(rng.integers(20, 300 * scale)), dtype=np.int32)
+        comp = _ids(rng, 20 * scale, 300 * scale)
         prompts.append(history)
         comps.append(comp)
         finish.append("length" if rng.random() < 0.05 else "stop")
@@ -61,8 +65,10 @@ def _rollout(rng: np.random.Generator, scale: float) -> tuple[list, list, list]:
     return prompts, comps, finish
 
 
-def make_job(root: Path, n_rollouts: int, seed: int = 0, shards: int = 8) -> dict:
-    """Write a collect dir (turns shards + rollouts.parquet) of generated rollouts."""
+def make_job(root: Path, n_rollouts: int, seed: int = 0, shards: int = 8, size: float = 1.0,
+             turns: tuple[int, int] = (8, 25)) -> dict:
+    """Write a collect dir (turns shards + rollouts.parquet) of generated rollouts; `size` scales
+    their token counts (tests use small ones)."""
     rng = np.random.default_rng(seed)
     paths = CollectPaths(root)
     rollouts, turns_rows = [], []
@@ -70,10 +76,10 @@ def make_job(root: Path, n_rollouts: int, seed: int = 0, shards: int = 8) -> dic
     for i in range(n_rollouts):
         rid, group = f"r{i:05d}", f"task-{i // GROUP:04d}"
         scale = float(np.clip(rng.lognormal(0.0, 0.6), 0.2, 3.0))  # agents' trajectories vary in length a lot
-        prompts, comps, finish = _rollout(rng, scale)
+        prompts, comps, finish = _rollout(rng, scale * size, turns)
         turns_rows.append((rid, prompts, comps, finish))
         stored += sum(len(p) + len(c) for p, c in zip(prompts, comps))
-        rollouts.append({"rollout_id": rid, "job_id": f"bench-{seed}", "round": 0, "task_id": group,
+        rollouts.append({"rollout_id": f"{rid}", "job_id": f"bench-{seed}", "round": 0, "task_id": group,
                          "group_id": group, "attempt": i % GROUP, "policy": "bench", "reward": float(rng.random() < 0.4),
                          "rewards": "{}", "status": "ok", "n_turns": len(prompts), "started_at": 0.0,
                          "ended_at": 1.0, "trial_dir": f"harbor/{rid}", "error": None})
