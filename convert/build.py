@@ -88,8 +88,10 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
 
 def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float = 1e-6,
           null_reward: float | None = 0.0, skip_bad: bool = False) -> Built:
-    left_out, rstats, breaks, agents = Counter(), Counter(), {}, {}
-    cands = [c for job in jobs for c in _candidates(job, opts, null_reward, left_out, rstats, breaks, agents, skip_bad)]
+    rstats, breaks, agents = Counter(), {}, {}
+    job_left = {j.job_id: Counter() for j in jobs}  # reasons per job; the totals are their sum
+    cands = [c for job in jobs
+             for c in _candidates(job, opts, null_reward, job_left[job.job_id], rstats, breaks, agents, skip_bad)]
     by_group: dict[str, list[_Candidate]] = {}
     for c in cands:
         by_group.setdefault(c.group, []).append(c)
@@ -97,13 +99,13 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
     out = Built()
     for g in sorted(by_group):
         if g not in kept:
-            left_out[f"group_{dropped[g]}"] += len(by_group[g])
+            job_left[by_group[g][0].job.job_id][f"group_{dropped[g]}"] += len(by_group[g])
             continue
         gi = len(out.groups)
         out.groups.append(g)
         for c, adv in zip(by_group[g], kept[g]):
             if not c.rows:
-                left_out["no_rows"] += 1  # every row overlong (dropped) or without a trainable token
+                job_left[c.job.job_id]["no_rows"] += 1  # every row overlong (dropped) or without a trainable token
                 continue
             ri = len(out.rollouts)
             out.rollouts.append({"rollout_id": c.rollout["rollout_id"], "job": c.job.job_id, "dir": str(c.job.dir),
@@ -116,11 +118,12 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
                 out.weights.append(1.0 / len(c.rows))
                 out.rollout_index.append(ri)
                 out.group_index.append(gi)
-    out.stats = _stats(jobs, out, left_out, rstats, breaks, agents, len(kept), Counter(dropped.values()))
+    out.stats = _stats(jobs, out, job_left, rstats, breaks, agents, len(kept), Counter(dropped.values()))
     return out
 
 
-def _stats(jobs, out: Built, left_out, rstats, breaks, agents, n_kept, dropped) -> dict:
+def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) -> dict:
+    left_out = sum(job_left.values(), Counter())
     lengths = np.array([len(r) for r in out.rows], np.int64)
     trainable = sum(r.trainable for r in out.rows)
     n_turns = [len(r.turns) for r in out.rows]
@@ -147,6 +150,7 @@ def _stats(jobs, out: Built, left_out, rstats, breaks, agents, n_kept, dropped) 
         },
         "jobs": [{"dir": str(j.dir), "job_id": j.job_id, "agent": j.agent, "rollouts": len(j.rollouts),
                   "used": sum(r["job"] == j.job_id for r in out.rollouts),
+                  "left_out": dict(sorted(job_left[j.job_id].items())), "unflushed_wal": j.unflushed_wal,
                   "rows": sum(out.rollouts[i]["job"] == j.job_id for i in out.rollout_index),
                   "groups_used": sum(g.startswith(j.job_id + "/") for g in out.groups),
                   "turn_shards": len(j.files), "orphan_rollouts": j.orphan_rollouts} for j in jobs],

@@ -6,6 +6,7 @@ and log-probs are zero-copy slices of them, so nothing walks the tokens in Pytho
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,10 +14,13 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from tqdm import tqdm
 
 from collect import schema
 from collect.layout import CollectPaths
 from convert.rows import Call
+
+log = logging.getLogger("convert")
 
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
 
@@ -39,6 +43,7 @@ class Job:
     orphan_turns: int = 0
     orphan_rollouts: list[str] = field(default_factory=list)
     no_temperature: int = 0
+    unflushed_wal: int = 0  # WAL segments left by a proxy that never folded them into shards
     # rollout_id -> (file index, list of Call) in turn order
     calls: dict[str, tuple[int, list[Call]]] = field(default_factory=dict)
 
@@ -90,7 +95,7 @@ def _agent(paths: CollectPaths) -> str:
         return "unknown"
 
 
-def read_job(directory: str | Path, skip_bad: bool = False) -> Job:
+def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = False) -> Job:
     paths = CollectPaths(Path(directory))
     rollouts = _read_rollouts(paths)  # without it nothing of the job is usable: always an error
     job_ids = {r["job_id"] for r in rollouts if r["job_id"]}
@@ -99,7 +104,13 @@ def read_job(directory: str | Path, skip_bad: bool = False) -> Job:
         _bad(job, skip_bad, paths.turns, "no turns dir")
         return job
     known = {r["rollout_id"] for r in rollouts}
-    for f in schema.shard_files(paths.turns):
+    if paths.wal.is_dir():
+        job.unflushed_wal = sum(1 for p in paths.wal.glob("seg-*.jsonl") if p.stat().st_size)
+        if job.unflushed_wal:
+            log.warning("%s: %d write-ahead log file(s) not folded into shards: their calls are not read "
+                        "(starting the proxy on this dir folds them)", paths.wal, job.unflushed_wal)
+    files = schema.shard_files(paths.turns)
+    for f in tqdm(files, desc=f"convert read {paths.root}", unit="shard", disable=not progress or len(files) < 2):
         try:
             table = schema.read_table(f, "turns")
         except schema.SchemaError as e:

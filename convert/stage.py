@@ -91,7 +91,8 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     check_settings(cfg)
     dirs = job_dirs(cfg)
     out = out_paths(cfg)
-    jobs = [read_job(d, c.skip_bad) for d in tqdm(dirs, desc="convert read", unit="job", disable=not progress)]
+    log.info("reading %d job(s) -> %s", len(dirs), out.root)
+    jobs = [read_job(d, c.skip_bad, progress) for d in dirs]
     seen: dict[str, Path] = {}
     for j in jobs:
         if j.job_id in seen:
