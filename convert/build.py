@@ -132,6 +132,7 @@ def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) 
         "rollouts": {"read": read, "used": len(out.rollouts), "left_out": dict(sorted(left_out.items()))},
         "groups": {"used": n_kept, "dropped": dict(dropped)},
         "turns": {"read": sum(j.turns_read for j in jobs), "error": sum(j.turns_error for j in jobs),
+                  "stored_tokens": sum(j.stored_tokens for j in jobs),
                   "used_calls": rstats["calls"], "duplicates_dropped": rstats["duplicates"],
                   "orphans": sum(j.orphan_turns for j in jobs),
                   "without_temperature": sum(j.no_temperature for j in jobs)},

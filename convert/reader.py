@@ -39,6 +39,7 @@ class Job:
     skipped: list[dict] = field(default_factory=list)  # {file, rollout_id?, reason} (skip_bad)
     bad_rollouts: set[str] = field(default_factory=set)
     turns_read: int = 0
+    stored_tokens: int = 0  # prompt + completion ids of every turn read
     turns_error: int = 0
     orphan_turns: int = 0
     orphan_rollouts: list[str] = field(default_factory=list)
@@ -126,6 +127,8 @@ def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = Fal
 def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool) -> None:
     f = job.files[file_index]
     job.turns_read += table.num_rows
+    job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
+                             for c in ("prompt_token_ids", "completion_token_ids"))
     # no table.filter: it would copy every token; error rows are skipped by index instead
     ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
     job.turns_error += int((~ok).sum())
