@@ -139,6 +139,7 @@ def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) 
         "rows": {"count": len(out.rows), "merged": sum(n > 1 for n in n_turns), "single_call": sum(n == 1 for n in n_turns),
                  "calls_per_row_mean": float(np.mean(n_turns)) if n_turns else 0.0,
                  "rows_per_rollout_mean": len(out.rows) / len(out.rollouts) if out.rollouts else 0.0,
+                 "split_rollouts": sum(r["rows"] > 1 for r in out.rollouts),  # used rollouts in several rows
                  "truncated": rstats["truncated_rows"], "dropped_overlong": rstats["dropped_overlong"],
                  "dropped_no_trainable": rstats["dropped_empty"], "length_completions_masked": rstats["masked_length"],
                  "temperature_splits": rstats["temperature_splits"], "null_reward_filled": rstats["null_reward_filled"],

@@ -134,7 +134,8 @@ def summary(s: dict, out: Path) -> str:
         f"  turns     read {s['turns']['read']} (error {s['turns']['error']}, duplicates {s['turns']['duplicates_dropped']}, "
         f"orphans {s['turns']['orphans']})",
         f"  rows      {rows['count']} ({rows['merged']} merged, {rows['single_call']} single-call; "
-        f"{rows['rows_per_rollout_mean']:.2f}/rollout), truncated {rows['truncated']}, "
+        f"{rows['rows_per_rollout_mean']:.2f}/rollout, {rows['split_rollouts']} rollouts split), "
+        f"truncated {rows['truncated']}, "
         f"dropped overlong {rows['dropped_overlong']}",
         f"  tokens    {tok['total']} ({tok['trainable']} trainable) in {b['micro_batches']} micro-batches, "
         f"padding {b['padding_fraction']:.1%} (naive pad-to-longest {b['naive_padding_fraction']:.1%})",

@@ -68,7 +68,7 @@ def test_collected_round_converts_token_exact(tmp_path):
     assert stats["rollouts"]["read"] == 6 and stats["rollouts"]["used"] >= 2, stats["rollouts"]
     # the minimal agent's history mostly keeps the prefix (merged rows) but re-tokenizes some
     # completions (prefix breaks: split rows), and stats.json shows both
-    assert stats["rows"]["merged"] > 0, stats["rows"]
+    assert stats["rows"]["merged"] > 0 and stats["rows"]["split_rollouts"] > 0, stats["rows"]
     assert stats["prefix_breaks"]["total"] > 0 and stats["prefix_breaks"]["by_agent"]
     b = next(iter(stats["prefix_breaks"]["by_rollout"].values()))[0]
     assert b["row_ids"] != b["prompt_ids"] and b["position"] >= b["from"]
