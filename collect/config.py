@@ -122,6 +122,25 @@ class ConvertConfig:
     jobs: list[str] = field(default_factory=list)
     # Where micro-batches go; None: this run's rounds/<round>/convert.
     out_dir: str | None = None
+    # Group-relative advantage: grpo ((r - mean) / (std + std_eps)), dr_grpo (r - mean), rloo
+    # (leave-one-out mean), or zero (a control run: the groups grpo keeps, every advantage 0).
+    advantage: str = "grpo"
+    std_eps: float = 1e-6
+    # Reward of a policy-side failure that has none (agent crashed before the verifier ran);
+    # None leaves such rollouts out. infra_error/verifier_error rollouts are always left out.
+    null_reward: float | None = 0.0
+    # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
+    max_seq_len: int = 4096
+    overlong: str = "truncate"  # truncate | drop
+    # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
+    length_completions: str = "keep"
+    # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
+    max_tokens_per_batch: int = 16384
+    pad_multiple: int = 16  # padded length rounded up to a multiple of this
+    seed: int = 0  # same seed, same micro-batches in the same order
+    # Bad input (corrupt shard, foreign file, log-prob length mismatch): false stops with an
+    # error and writes nothing; true skips it and lists it in stats.json.
+    skip_bad: bool = False
 
 
 @dataclass
