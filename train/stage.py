@@ -135,6 +135,8 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
         _save_final(setup, paths)
         _write_json(paths.root / RESULT, asdict(result))
         shutil.rmtree(paths.checkpoint, ignore_errors=True)
+        for prox in paths.root.glob("prox-rank*.safetensors"):
+            prox.unlink()
     setup.acc.wait_for_everyone()
     setup.acc.end_training()
     return result

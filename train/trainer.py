@@ -43,8 +43,9 @@ class Trainer:
     def logprobs(self, mb: MicroBatch, grad: bool, adapter: bool = True):
         module = self.policy if grad else self.acc.unwrap_model(self.policy)
         ctx = contextlib.ExitStack()
-        if not grad:
+        if not grad:  # the sampling policy and the base model: no dropout, no graph
             ctx.enter_context(torch.no_grad())
+            ctx.enter_context(_eval(self.peft))
         if not adapter:
             ctx.enter_context(self.peft.disable_adapter())
         with ctx, self.acc.autocast():
@@ -116,6 +117,16 @@ class Trainer:
             return float(self.acc.clip_grad_norm_(self.params, self.max_grad_norm))
         grads = [p.grad.detach().float().norm() for p in self.params if p.grad is not None]
         return float(torch.stack(grads).norm()) if grads else 0.0
+
+
+@contextlib.contextmanager
+def _eval(module: torch.nn.Module):
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)
 
 
 def _metrics(tot: dict, grad_norm: float, lr: float, skipped: bool, dt: float, step: Step) -> dict:
