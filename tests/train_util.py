@@ -23,8 +23,19 @@ def base():
     return _MODEL["m"]
 
 
+_ROWS: dict = {}
+
+
 def sample_rows(n_rows: int, new_tokens: int, temperature: float, seed: int) -> list[dict]:
-    """Chat-templated prompts, completions sampled at `temperature`, their processed log-probs."""
+    """Chat-templated prompts, completions sampled at `temperature`, their processed log-probs
+    (cached for the session: several test modules use the same rows)."""
+    key = (n_rows, new_tokens, temperature, seed)
+    if key not in _ROWS:
+        _ROWS[key] = _sample_rows(*key)
+    return _ROWS[key]
+
+
+def _sample_rows(n_rows: int, new_tokens: int, temperature: float, seed: int) -> list[dict]:
     model, tok = base()
     torch.manual_seed(seed)
     rows = []
