@@ -1,9 +1,8 @@
 """A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
 
-It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
-(shared/notes/vllm.md): `prompt_token_ids` at the top level (streaming: first chunk only),
-`choices[i].token_ids`, one `logprobs.content` entry per generated id (EOS included), and a
-final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`:
+`prompt_token_ids` at the top level (streaming: first chunk only), `choices[i].token_ids`, one
+`logprobs.content` entry per generated id (EOS included), and a final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
 toy word-level tokenizer, so ids are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
