@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# OMP_WAIT_POLICY=PASSIVE: the engine, proxy and trainer share few cores (shared/notes/perf.md).
+# The same defaults as collect/envdefaults.py (which every entry point applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True

@@ -119,7 +119,7 @@ class Round:
             else:
                 outcome = classify(result, upstream_errors=closed.n_errors)
             row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed.n_turns,
-                       started, str(Path("harbor") / rollout_id))
+                       started, str(self.paths.trial(rollout_id).relative_to(self.paths.root)))
             async with self._lock:
                 summary.rows.append(row)
                 # The whole table, atomically, after each trial: a killed round loses no finished rollout.

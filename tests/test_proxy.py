@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect.config import load_config
 from collect.proxy.server import BackgroundProxy
 from collect.proxy.wal import read_records

@@ -1,10 +1,10 @@
 """A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
 
-It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
-(shared/notes/vllm.md): `prompt_token_ids` at the top level (streaming: first chunk only),
-`choices[i].token_ids`, one `logprobs.content` entry per generated id (EOS included), and a
-final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
-toy word-level tokenizer, so ids are deterministic for a given prompt and `seed`.
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`:
+`prompt_token_ids` at the top level (streaming: first chunk only), `choices[i].token_ids`, one
+`logprobs.content` entry per generated id (EOS included), and a final `choices: []` usage chunk
+when `stream_options.include_usage` is set. Tokens come from a toy word-level tokenizer, so ids
+are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
@@ -13,7 +13,7 @@ Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no
 drop (closes the connection; in streaming after a few chunks), short_usage (ids that do not add
 up to usage: one id missing from a stream, or usage one higher in a full answer).
 
-`python -m bench.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
+`python -m collect.testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
 """
 from __future__ import annotations
@@ -290,7 +290,7 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.vllm_stub", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m collect.testing.vllm_stub", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--error-kinds", default=",".join(ERROR_KINDS))
