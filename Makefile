@@ -16,6 +16,9 @@ PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
 NODE_DIR := collect/agents/node
+# Config overrides given as make variables (`make collect collect.agent=X`): every command-line
+# variable whose name has a dot goes to the stage as key=value, before ARGS.
+DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
 .PHONY: setup agents agents-check demo chat serve proxy collect audit test test-fast bench clean
 
@@ -63,7 +66,7 @@ proxy: setup
 	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
 
 collect: setup
-	$(PY) -m collect --config $(CONFIG) $(ARGS)
+	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)

@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import random
 import re
 import threading
@@ -138,8 +139,21 @@ class Stub:
                 "text": "" if tool_call else "".join(words[: len(words) - (finish != "length")])}
 
     @staticmethod
-    def _lp_entry(word: str, lp: float) -> dict:
-        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": []}
+    def _lp_entry(word: str, lp: float, top: list | None = None) -> dict:
+        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": top or []}
+
+    @staticmethod
+    def _top(body: dict) -> list[dict]:
+        """`top_logprobs` alternatives, processed as vLLM's processed_logprobs are: fixed logits
+        divided by the temperature, so their gaps double when the temperature halves."""
+        n = int(body.get("top_logprobs") or 0)
+        if n <= 0:
+            return []
+        t = float(body.get("temperature") or 1.0)
+        scaled = [-k / t for k in range(n)]
+        norm = math.log(sum(math.exp(x) for x in scaled))
+        return [{"token": _VOCAB[k % len(_VOCAB)], "logprob": x - norm, "bytes": list(_VOCAB[k % len(_VOCAB)].encode())}
+                for k, x in enumerate(scaled)]
 
     # -- handlers ---------------------------------------------------------------------------
     def _pick_failure(self, body: dict) -> str | None:
@@ -193,7 +207,7 @@ class Stub:
                    "refusal": None, "annotations": None, "audio": None, "function_call": None,
                    "tool_calls": [gen["tool_call"]] if gen["tool_call"] else [], "reasoning": None}
         choice = {"index": 0, "message": message,
-                  "logprobs": {"content": [self._lp_entry(w, lp) for w, lp in zip(gen["words"], gen["logprobs"])]}
+                  "logprobs": {"content": [self._lp_entry(w, lp, self._top(body)) for w, lp in zip(gen["words"], gen["logprobs"])]}
                   if want_lp else None,
                   "finish_reason": gen["finish"], "stop_reason": None,
                   "token_ids": gen["ids"] if want_ids and fail != "no_token_ids" else None}
@@ -228,7 +242,7 @@ class Stub:
             else:
                 delta = {"content": "" if tid == EOS_ID else word}
             c = {"index": 0, "delta": delta,
-                 "logprobs": {"content": [self._lp_entry(word, lp)]} if want_lp else None,
+                 "logprobs": {"content": [self._lp_entry(word, lp, self._top(body))]} if want_lp else None,
                  "finish_reason": gen["finish"] if last else None}
             if want_ids and fail != "no_token_ids":
                 c["token_ids"] = [] if (fail == "short_usage" and i == 1) else [tid]
