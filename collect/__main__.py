@@ -31,12 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TaskSetError, TrialSetupError, ServiceError, EndpointError) as e:
         print(f"collect: {e}", file=sys.stderr)
         return 1
-    out = cfg.round_dir() / "collect"
+    out = cfg.round_layout.collect
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
           f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
     print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
-    print(f"wrote {out}/rollouts.parquet, {out}/turns/, {out}/manifest.json")
+    print(f"wrote {out.rollouts}, {out.turns}/, {out.manifest}")
     return 0
 
 

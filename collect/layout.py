@@ -23,6 +23,11 @@ def policy_name(k: int) -> str:
     return f"policy-v{k}"
 
 
+def wal_dir(turns: Path) -> Path:
+    """The proxy's write-ahead log and rollout registry, beside the shards it folds into."""
+    return Path(turns) / "_wal"
+
+
 @dataclass(frozen=True)
 class CollectPaths:
     root: Path  # runs/<run>/rounds/<k>/collect (or any stored collect dir)
@@ -33,7 +38,7 @@ class CollectPaths:
 
     @property
     def wal(self) -> Path:
-        return self.turns / "_wal"
+        return wal_dir(self.turns)
 
     @property
     def rollouts(self) -> Path:

@@ -10,6 +10,7 @@ import aiohttp
 from collect import procs
 from collect.config import RunConfig
 from collect.endpoint import Endpoint
+from collect.records import ClosedRollout, OpenedRollout, RecordError
 
 
 class ServiceError(RuntimeError):
@@ -49,11 +50,21 @@ class ProxyAdmin:
                 raise ServiceError(f"proxy {method} {path}: HTTP {r.status}: {await r.text()}")
             return await r.json()
 
-    async def open(self, rollout_id: str, policy: str, seed: int | None = None) -> dict:
-        return await self._call("POST", "/admin/rollouts", {"rollout_id": rollout_id, "policy": policy, "seed": seed})
+    async def open(self, rollout_id: str, policy: str, seed: int | None = None) -> OpenedRollout:
+        path = "/admin/rollouts"
+        body = await self._call("POST", path, {"rollout_id": rollout_id, "policy": policy, "seed": seed})
+        return _record(OpenedRollout, body, path)
 
-    async def close(self, rollout_id: str) -> dict:
-        return await self._call("POST", f"/admin/rollouts/{rollout_id}/close")
+    async def close(self, rollout_id: str) -> ClosedRollout:
+        path = f"/admin/rollouts/{rollout_id}/close"
+        return _record(ClosedRollout, await self._call("POST", path), path)
 
     async def flush(self) -> dict:
         return await self._call("POST", "/admin/flush")
+
+
+def _record(cls, body, path: str):
+    try:
+        return cls.from_json(body, f"proxy POST {path}")
+    except RecordError as e:
+        raise ServiceError(str(e)) from None
