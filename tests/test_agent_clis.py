@@ -104,9 +104,12 @@ def test_codex_two_turns_with_a_tool_call(proxy, tap, workdir):
     kinds = {t["type"] for t in first["tools"]}
     assert first["stream"] is True and "function" in kinds
     notes = json.loads(got[0]["sampling"]).get("wharf_notes") or {}
-    if "web_search" in kinds:  # the hosted tool codex sends is dropped, and counted in the row
-        assert "web_search" in notes.get("dropped_tools", []) or "web_search" not in json.dumps(
-            json.loads(got[0]["sampling"]).get("tools"))
+    hosted = [t["type"] for t in first["tools"] if t["type"] not in ("function", "namespace", "custom")]
+    assert notes.get("dropped_tools", []) == hosted  # hosted tools (web_search) dropped, and counted in the row
+    sent_names = {t["function"]["name"] for t in tap.answers[0][0]["tools"]}
+    for t in first["tools"]:  # namespaced tools flattened to functions upstream
+        if t["type"] == "namespace":
+            assert {m["name"] for m in t["tools"]} <= {n.split(".")[-1] for n in sent_names}
     call = [it for it in json.loads(got[0]["response"])["output"] if it["type"] == "function_call"]
     assert call and json.loads(call[0]["arguments"]) in ({"cmd": COMMAND}, {"command": COMMAND})
     events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
