@@ -14,6 +14,7 @@ import pytest
 from bench.vllm_stub import StubServer
 from collect import schema
 from collect.agents.logs import compare, read_agent_log
+from collect.audit import audit_round
 from conftest import REPO, free_port
 
 pytestmark = [
@@ -50,3 +51,5 @@ def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
         assert log is not None and compare(rows, log, ro["rollout_id"]) == []
     manifest = json.loads((cdir / "manifest.json").read_text())
     assert manifest["counts"]["by_status"] == {"ok": 2}
+    report = audit_round(cdir)  # the stub's ids are not a real tokenizer's: counts, answers, prompt sizes
+    assert report.checked == 2 and report.ok, report.problems

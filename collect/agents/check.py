@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import re
 import sys
 import tempfile
@@ -41,7 +42,7 @@ class Agent:
 
 AGENTS = [
     Agent("minimal", "collect.agents.minimal:MinimalAgent", "engine", {"max_turns": 3}),
-    Agent("mini-swe-agent", "collect.agents.mini_swe:LocalMiniSweAgent", "engine", {"step_limit": 3}),
+    Agent("mini-swe-agent", "collect.agents.mini_swe:LocalMiniSweAgent", "engine", {"step_limit": 2}),
     Agent("terminus-2", "terminus-2", "engine", {"max_episodes": 2}),
     Agent("claude-code", "collect.agents.claude_code:LocalClaudeCode", "stub"),
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
@@ -116,7 +117,7 @@ def run_one(agent: Agent, upstream_url: str, proxy_port: int, out: Path) -> Resu
         f"runs_dir={out}", f"name={agent.name}", f"endpoint.url={upstream_url}", "endpoint.launch=false",
         f"proxy.port={proxy_port}", f"collect.dataset={REPO / 'datasets' / 'toy'}", f"collect.tasks=[{TASK}]",
         f"collect.agent={agent.ref}", "collect.attempts=1", "collect.concurrency=1", "sampling.max_tokens=256",
-        "sampling.seed=0", "collect.agent_timeout_s=300", f"collect.agent_kwargs={json.dumps(agent.kwargs)}",
+        "sampling.seed=0", "collect.agent_timeout_s=900", f"collect.agent_kwargs={json.dumps(agent.kwargs)}",
         *([] if agent.upstream == "stub" else ["endpoint.model=smollm2-135m"]),
     ])
     cfg_path = out / f"{agent.name}.yaml"
@@ -173,6 +174,8 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else litellm waits on the network
+    os.environ.setdefault("HARBOR_TELEMETRY", "0")
     p = argparse.ArgumentParser(prog="python -m collect.agents.check", description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated agent names (default: all)")
     p.add_argument("--engine-port", type=int, default=8110)
