@@ -46,8 +46,9 @@ AGENTS = [
     Agent("terminus-2", "terminus-2", "engine", {"max_episodes": 2}),
     Agent("claude-code", "collect.agents.claude_code:LocalClaudeCode", "stub"),
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
+    Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
     # harbor's own installers (they download the agent): tried as they are.
-    *(Agent(n, n, "stub", shipped=False) for n in ("opencode", "qwen-coder", "goose", "aider", "openhands",
+    *(Agent(n, n, "stub", shipped=False) for n in ("qwen-coder", "goose", "aider", "openhands",
                                                   "gemini-cli", "swe-agent")),
 ]
 

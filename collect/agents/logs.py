@@ -7,6 +7,8 @@ Readers, tried in order (the first whose file is there wins):
 - claude-code: claude-code.txt, its `--output-format=stream-json` events (one message id per call);
 - codex: sessions/**/rollout-*.jsonl, its session transcript (one token_count event per call, the
   ids of the items each call returned);
+- opencode: its own log under opencode/xdg-data/opencode/log/ (one `message=stream` line per call,
+  the session title's side call included, which its --format=json events leave out);
 - any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
 Calls that failed and that the agent retried leave no trace in the logs of claude-code, codex or
 ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` False).
@@ -122,6 +124,11 @@ def _codex(files: list[Path]) -> list[AgentCall]:
     return calls
 
 
+def _opencode(files: list[Path]) -> list[AgentCall]:
+    return [AgentCall() for f in files for line in f.read_text(errors="replace").splitlines()
+            if " message=stream " in line]
+
+
 def read_agent_log(agent_dir: Path) -> AgentLog | None:
     """The agent's own record of its model calls, in order; None when it left none we read."""
     agent_dir = Path(agent_dir)
@@ -132,6 +139,9 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
     rollouts = sorted((agent_dir / _CODEX_SESSIONS).rglob("rollout-*.jsonl")) if (agent_dir / _CODEX_SESSIONS).is_dir() else []
     if rollouts:
         return AgentLog("codex session", _codex(rollouts), False)
+    oc_logs = agent_dir / "opencode" / "xdg-data" / "opencode" / "log"
+    if oc_logs.is_dir():
+        return AgentLog("opencode log", _opencode(sorted(oc_logs.glob("*.log"))), False)
     own = agent_dir / _MINIMAL
     if own.is_file():
         try:

@@ -15,7 +15,7 @@ BIN_DIR = NODE_DIR / "node_modules" / ".bin"
 # The sandbox's PATH (collect/sandbox/bwrap.py) with the CLIs in front.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # npm package of each CLI, for versions and error messages.
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
 
 
 class CliMissing(FileNotFoundError):
