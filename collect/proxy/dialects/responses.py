@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import time
 
-from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, parse_args,
-                                    sse, suffix)
+from collect.proxy.dialects import NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, sse, suffix
+from collect.proxy.dialects.responses_tools import call_item, chat_name, chat_tools, tool_choice, tool_map
 from collect.proxy.jsonx import dumps
 
 NAME = "responses"
@@ -38,46 +38,6 @@ def error_body(status: int, message: str) -> dict:
                           "code": _CONTEXT_CODE}}
     return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
                       "code": status}}
-
-
-# -- tools ----------------------------------------------------------------------------------------
-_CUSTOM_PARAMS = {"type": "object", "properties": {"input": {"type": "string", "description": "the tool's raw input"}},
-                  "required": ["input"]}
-
-
-def _members(tools) -> list[tuple[dict, str | None]]:
-    """(tool, namespace) for every callable tool, namespaces opened up; hosted tools left out."""
-    out = []
-    for t in tools if isinstance(tools, list) else ():
-        if not isinstance(t, dict):
-            continue
-        if t.get("type") == "namespace":
-            out += [(m, t.get("name")) for m in t.get("tools") or () if isinstance(m, dict)
-                    and m.get("type") in ("function", "custom")]
-        elif t.get("type") in ("function", "custom"):
-            out.append((t, None))
-    return out
-
-
-def tool_map(req: dict) -> dict[str, dict]:
-    """chat function name -> {name, namespace, custom}: how a chat tool call goes back to the agent.
-    A pure function of the request, so the answer side needs no state from the request side."""
-    members = _members(req.get("tools"))
-    plain = {str(t.get("name")) for t, ns in members if ns is None}
-    out: dict[str, dict] = {}
-    for t, ns in members:
-        name = str(t.get("name"))
-        chat_name = name if ns is None or name not in plain else f"{ns}.{name}"
-        out.setdefault(chat_name, {"name": name, "namespace": ns, "custom": t.get("type") == "custom"})
-    return out
-
-
-def _chat_name(name: str, namespace, tmap: dict) -> str:
-    """The chat function name of a call in the agent's history (the inverse of tool_map)."""
-    for chat_name, v in tmap.items():
-        if v["name"] == name and v["namespace"] == (namespace or None):
-            return chat_name
-    return name if not namespace else f"{namespace}.{name}"
 
 
 # -- request --------------------------------------------------------------------------------------
@@ -131,14 +91,14 @@ def _items(items: list, out: list, tmap: dict) -> None:
             if not isinstance(it.get("call_id"), str) or not isinstance(it.get("name"), str):
                 raise DialectError(f"{where}: function_call needs 'call_id' and 'name' strings")
             _call(out, {"id": it["call_id"], "type": "function",
-                        "function": {"name": _chat_name(it["name"], it.get("namespace"), tmap),
+                        "function": {"name": chat_name(it["name"], it.get("namespace"), tmap),
                                      "arguments": it.get("arguments") or "{}"}})
         elif t == "custom_tool_call":
             if not isinstance(it.get("call_id"), str) or not isinstance(it.get("name"), str):
                 raise DialectError(f"{where}: custom_tool_call needs 'call_id' and 'name' strings")
             args = json.dumps({"input": str(it.get("input") or "")}, ensure_ascii=False)
             _call(out, {"id": it["call_id"], "type": "function",
-                        "function": {"name": _chat_name(it["name"], it.get("namespace"), tmap), "arguments": args}})
+                        "function": {"name": chat_name(it["name"], it.get("namespace"), tmap), "arguments": args}})
         elif t in ("function_call_output", "custom_tool_call_output"):
             if not isinstance(it.get("call_id"), str):
                 raise DialectError(f"{where}: function_call_output needs a 'call_id' string")
@@ -153,38 +113,6 @@ def _items(items: list, out: list, tmap: dict) -> None:
         else:
             raise DialectError(f"{where}: input item type {t!r} is not supported "
                                "(message, function_call, function_call_output, reasoning)")
-
-
-def _tools(tools, tmap: dict, dropped: list) -> list[dict]:
-    if not isinstance(tools, list):
-        raise DialectError("'tools' must be a list")
-    for j, t in enumerate(tools):
-        if not isinstance(t, dict):
-            raise DialectError(f"tools[{j}]: expected an object, got {type(t).__name__}")
-        if t.get("type") not in ("function", "custom", "namespace"):
-            dropped.append(str(t.get("type")))
-        elif t.get("type") == "namespace" and not isinstance(t.get("tools"), list):
-            raise DialectError(f"tools[{j}]: a namespace needs a 'tools' list")
-    by_name = {(t.get("name"), ns): t for t, ns in _members(tools)}
-    out = []
-    for chat_name, v in tmap.items():
-        t = by_name[(v["name"], v["namespace"])]
-        if not isinstance(t.get("name"), str):
-            raise DialectError(f"tools: a {t.get('type')} tool needs a 'name' string")
-        params = _CUSTOM_PARAMS if v["custom"] else t.get("parameters") or {"type": "object", "properties": {}}
-        fn = {"name": chat_name, "parameters": params}
-        if t.get("description"):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(tc, tmap: dict):
-    if tc in ("auto", "none", "required"):
-        return tc
-    if isinstance(tc, dict) and tc.get("type") in ("function", "custom") and isinstance(tc.get("name"), str):
-        return {"type": "function", "function": {"name": _chat_name(tc["name"], tc.get("namespace"), tmap)}}
-    raise DialectError(f"tool_choice {tc!r}: expected auto, none, required or {{\"type\": \"function\", \"name\": ...}}")
 
 
 def to_chat(req) -> dict:
@@ -218,11 +146,11 @@ def to_chat(req) -> dict:
     chat: dict = {"messages": out}
     dropped: list[str] = []
     if req.get("tools"):
-        chat["tools"] = _tools(req["tools"], tmap, dropped)
+        chat["tools"] = chat_tools(req["tools"], tmap, dropped)
         if not chat["tools"]:
             del chat["tools"]
         elif req.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(req["tool_choice"], tmap)
+            chat["tool_choice"] = tool_choice(req["tool_choice"], tmap)
     if dropped:
         chat[NOTES] = {"dropped_tools": dropped}
     if isinstance(req.get("parallel_tool_calls"), bool) and "tools" in chat:
@@ -275,22 +203,6 @@ def _msg_item(sfx: str, i: int, text: str, status: str) -> dict:
             "content": [_text_part(text)] if status != "in_progress" else []}
 
 
-def _fc_item(sfx: str, i: int, call_id: str, name: str, arguments: str, status: str, tmap: dict) -> dict:
-    """A chat tool call as the agent's item: a function_call (with its namespace, if it has one),
-    or a custom_tool_call carrying the raw input."""
-    v = tmap.get(name) or {"name": name, "namespace": None, "custom": False}
-    if v["custom"]:
-        args = parse_args(arguments)
-        raw = args["input"] if isinstance(args.get("input"), str) else arguments
-        return {"id": f"ctc_{sfx}_{i}", "type": "custom_tool_call", "status": status, "call_id": call_id,
-                "name": v["name"], "input": raw}
-    item = {"id": f"fc_{sfx}_{i}", "type": "function_call", "status": status, "call_id": call_id, "name": v["name"],
-            "arguments": arguments}
-    if v["namespace"]:
-        item["namespace"] = v["namespace"]
-    return item
-
-
 def from_chat(data: dict, req: dict) -> dict:
     """A chat completion (vLLM's raw answer) as the Responses object the agent gets."""
     c0 = data["choices"][0]
@@ -302,7 +214,7 @@ def from_chat(data: dict, req: dict) -> dict:
         output.append(_msg_item(sfx, len(output), msg["content"], "completed"))
     for tc in msg.get("tool_calls") or ():
         fn = tc.get("function") or {}
-        output.append(_fc_item(sfx, len(output), tc.get("id") or f"call_{sfx}_{len(output)}", fn.get("name", ""),
+        output.append(call_item(sfx, len(output), tc.get("id") or f"call_{sfx}_{len(output)}", fn.get("name", ""),
                                fn.get("arguments") or "{}", "completed", tmap))
     u = data.get("usage") or {}
     status, incomplete = _end(c0.get("finish_reason"))
@@ -346,7 +258,7 @@ class Stream(ChatStream):
     def _item(self, it: dict, status: str) -> dict:
         if it["type"] == "message":
             return _msg_item(self.sfx, it["index"], "".join(it["text"]), status)
-        return _fc_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status, self.tmap)
+        return call_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status, self.tmap)
 
     def _custom(self, it: dict) -> bool:
         return bool((self.tmap.get(it["name"]) or {}).get("custom"))
