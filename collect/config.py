@@ -93,6 +93,9 @@ class ProxyConfig:
     wal_fsync: bool = False
     # Base of the URLs handed to agents (e.g. http://host-ip:8200 when host is 0.0.0.0).
     public_url: str | None = None
+    # The upstream's context window, to cap an agent's max_tokens to the room its prompt leaves;
+    # None: learned from the upstream's /tokenize (vLLM and the local engine report it).
+    max_model_len: Positive | None = None
 
 
 @dataclass

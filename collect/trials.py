@@ -51,6 +51,8 @@ def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
     kwargs = {}
     if cc.agent in _URL_KWARG:
         kwargs[_URL_KWARG[cc.agent]] = ep.base_url
+    if cc.agent == "terminus-2":  # it calls litellm in harbor's own process: no sandbox env, so the key here
+        kwargs["llm_kwargs"] = {"api_key": ep.api_key}
     if cc.agent.startswith(_OWN_AGENTS):
         kwargs.update(base_url=ep.base_url, api_key=ep.api_key)
     kwargs.update(cc.agent_kwargs)
