@@ -139,7 +139,8 @@ class MinimalAgent(BaseAgent):
             "stop_reason": None,
         }
 
-    async def _ask(self, client, messages: list[dict], turn: int, traj: dict, context: AgentContext) -> tuple[str, dict]:
+    async def _ask(self, client, messages: list[dict], turn: int, traj: dict,
+                   context: AgentContext) -> tuple[str, dict]:
         """One model call, recorded in the trajectory (its token counts in the context)."""
         import openai
 
