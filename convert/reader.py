@@ -22,6 +22,10 @@ from convert.rows import Call
 
 log = logging.getLogger("convert")
 
+# What convert needs of a turns shard (request and response JSON are most of its bytes).
+COLUMNS = ["rollout_id", "turn", "sampling", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
+           "finish_reason", "status"]
+
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
 
 
@@ -113,7 +117,7 @@ def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = Fal
     files = schema.shard_files(paths.turns)
     for f in tqdm(files, desc=f"convert read {paths.root}", unit="shard", disable=not progress or len(files) < 2):
         try:
-            table = schema.read_table(f, "turns")
+            table = schema.read_table(f, "turns", COLUMNS)
         except schema.SchemaError as e:
             _bad(job, skip_bad, f, str(e).removeprefix(f"{f}: "))
             continue

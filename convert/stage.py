@@ -5,7 +5,6 @@ bad input or an interruption never leaves a half-written convert dir behind.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -14,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from collect.config import RunConfig
@@ -114,7 +114,7 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
                                jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
                     tmp / "index.json")
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+        (tmp / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
