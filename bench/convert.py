@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{stats['rows']['truncated']} truncated")
     print(f"  row tokens      {tok['total'] / 1e6:.1f} M ({tok['trainable'] / 1e6:.1f} M trainable) in {wall:.2f} s: "
           f"{tok['total'] / wall / 1e6:.2f} M tokens/s")
+    print(f"  phases          " + ", ".join(f"{k} {v:.2f} s" for k, v in stats["phases_s"].items()))
     stored = stats["turns"]["stored_tokens"]
     print(f"  stored tokens   {stored / 1e6:.1f} M read (prompts carry the history): {stored / wall / 1e6:.2f} M tokens/s")
     print(f"  peak RSS        {peak:.0f} MiB ({rss0:.0f} MiB before converting)")

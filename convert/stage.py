@@ -99,8 +99,10 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
             raise ConvertInputError(f"{j.dir}: job {j.job_id} is also {seen[j.job_id]}: the same job twice "
                                     f"would count its rollouts twice")
         seen[j.job_id] = j.dir
+    t_read = time.perf_counter()
     opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions)
     built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
+    t_build = time.perf_counter()
     out.root.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.root.with_name(f".{out.root.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
@@ -110,7 +112,9 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
                  "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
                                                          "overlong", "length_completions", "max_tokens_per_batch",
                                                          "pad_multiple", "seed", "skip_bad")},
-                 "wall_s": round(time.perf_counter() - t0, 3)}
+                 "wall_s": round(time.perf_counter() - t0, 3),
+                 "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
+                              "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
                                jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
                     tmp / "index.json")
