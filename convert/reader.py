@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +50,7 @@ class Job:
     orphan_rollouts: list[str] = field(default_factory=list)
     no_temperature: int = 0
     unflushed_wal: int = 0  # WAL segments left by a proxy that never folded them into shards
+    turn_rows: Counter = field(default_factory=Counter)  # rollout_id -> turns rows read (ok or error)
     # rollout_id -> (file index, list of Call) in turn order
     calls: dict[str, tuple[int, list[Call]]] = field(default_factory=dict)
 
@@ -137,6 +139,7 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
     ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
     job.turns_error += int((~ok).sum())
     rids = table["rollout_id"].to_pylist()
+    job.turn_rows.update(rids)
     turns = table["turn"].to_numpy()
     n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
     n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
