@@ -141,16 +141,18 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(None, [f"convert.jobs=[{job}]", f"convert.out_dir={base / 'convert'}", "convert.max_seq_len=32768",
                              "convert.max_tokens_per_batch=65536", "convert.pad_multiple=64"])
     rss0 = _rss_mb()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     stats = convert_round(cfg, progress=False)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     tok, b = stats["tokens"], stats["batches"]
     print(f"convert: {stats['rollouts']['used']} rollouts, {stats['turns']['read']} calls, {stats['rows']['count']} rows "
           f"({stats['rows']['merged']} merged), {stats['prefix_breaks']['total']} prefix breaks, "
           f"{stats['rows']['truncated']} truncated")
     print(f"  row tokens      {tok['total'] / 1e6:.1f} M ({tok['trainable'] / 1e6:.1f} M trainable) in {wall:.2f} s: "
-          f"{tok['total'] / wall / 1e6:.2f} M tokens/s")
+          f"{tok['total'] / wall / 1e6:.2f} M tokens/s ({cpu:.2f} CPU s: {tok['total'] / cpu / 1e6:.2f} M tokens per "
+          f"CPU-second, the figure that holds on a shared machine)")
+    print(f"  phases          " + ", ".join(f"{k} {v:.2f} s" for k, v in stats["phases_s"].items()))
     stored = stats["turns"]["stored_tokens"]
     print(f"  stored tokens   {stored / 1e6:.1f} M read (prompts carry the history): {stored / wall / 1e6:.2f} M tokens/s")
     print(f"  peak RSS        {peak:.0f} MiB ({rss0:.0f} MiB before converting)")

@@ -57,6 +57,9 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
         if not calls[1]:
             left_out["no_turns"] += 1
             continue
+        if (r.get("n_turns") or 0) > job.turn_rows[rid]:
+            left_out["missing_turns"] += 1  # calls the proxy answered are not in any shard read
+            continue
         reward = r["reward"]
         if reward is None:
             if null_reward is None:

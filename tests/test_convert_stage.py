@@ -173,3 +173,14 @@ def test_cli(jobs, tmp_path):
     out = subprocess.run(run + [f"convert.jobs=[{missing}]", f"convert.out_dir={tmp_path / 'out2'}"],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 1 and f"{missing}/rollouts.parquet" in out.stderr and "nothing written" in out.stderr
+
+
+def test_a_rollout_missing_recorded_calls_is_left_out(jobs, tmp_path):
+    job = copy_job(jobs, tmp_path)
+    shard = next(f for f in schema.shard_files(CollectPaths(job).turns)
+                 if "r00005" in schema.read_table(f, "turns")["rollout_id"].to_pylist())
+    t = [r for r in schema.read_table(shard, "turns").to_pylist() if not (r["rollout_id"] == "r00005" and r["turn"] == 1)]
+    schema.write_table(shard, "turns", t)
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    assert stats["jobs"][0]["left_out"]["missing_turns"] == 1
+    assert "r00005" not in {r["rollout_id"] for r in read_index(tmp_path / "out").rollouts}
