@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect audit train publish test test-fast bench clean
+.PHONY: setup demo chat serve proxy collect convert audit train publish test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,10 @@ proxy: setup
 
 collect: setup
 	$(PY) -m collect --config $(CONFIG) $(ARGS)
+
+# Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
+convert: setup
+	$(PY) -m convert --config $(CONFIG) $(ARGS)
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)
