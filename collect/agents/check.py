@@ -43,7 +43,8 @@ class Agent:
 AGENTS = [
     Agent("minimal", "collect.agents.minimal:MinimalAgent", "engine", {"max_turns": 3}),
     Agent("mini-swe-agent", "collect.agents.mini_swe:LocalMiniSweAgent", "engine", {"step_limit": 2}),
-    Agent("terminus-2", "terminus-2", "engine", {"max_episodes": 2}),
+    # On the engine, its 256-token answers come back cut off and re-asked for minutes on this CPU.
+    Agent("terminus-2", "terminus-2", "stub", {"max_episodes": 2}),
     Agent("claude-code", "collect.agents.claude_code:LocalClaudeCode", "stub"),
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
     Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
