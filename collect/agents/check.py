@@ -1,6 +1,7 @@
 """The agent matrix: one real harbor trial per agent through the recording proxy, in the default
 sandbox, and for each whether it ran, how many calls it made, whether the recorded rows match the
-agent's own log one for one (collect/agents/logs.py), and the bytes of its system prompt and tools.
+agent's own log one for one (collect/agents/logs.py), and the bytes of its system prompt and tools
+(of its largest call).
 
 Upstream: the local engine (SmolLM2-135M, CPU) for agents whose prompt fits its context, the
 vLLM-shaped stub otherwise (scripted: one call of the agent's shell tool, then a final answer).
@@ -43,7 +44,8 @@ class Agent:
 AGENTS = [
     Agent("minimal", "collect.agents.minimal:MinimalAgent", "engine", {"max_turns": 3}),
     Agent("mini-swe-agent", "collect.agents.mini_swe:LocalMiniSweAgent", "engine", {"step_limit": 2}),
-    Agent("terminus-2", "terminus-2", "engine", {"max_episodes": 2}),
+    # On the engine, its 256-token answers come back cut off and re-asked for minutes on this CPU.
+    Agent("terminus-2", "terminus-2", "stub", {"max_episodes": 2}),
     Agent("claude-code", "collect.agents.claude_code:LocalClaudeCode", "stub"),
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
     Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
@@ -135,8 +137,8 @@ def run_one(agent: Agent, upstream_url: str, proxy_port: int, out: Path) -> Resu
         if schema.shard_files(turns_dir) else []
     res.status, res.calls = rollout["status"], len(rows)
     res.note = why(cdir / rollout["trial_dir"], rollout["error"])
-    if rows:
-        res.system, res.tools = prompt_bytes(rows[0])
+    if rows:  # the largest call's (a side call, e.g. opencode's title, may come first)
+        res.system, res.tools = max((prompt_bytes(r) for r in rows), key=sum)
     log = read_agent_log(cdir / rollout["trial_dir"] / "agent")
     if log is None:
         res.match = "no log"
