@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect audit test test-fast bench clean
+.PHONY: setup demo chat serve proxy collect audit loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -52,6 +52,21 @@ collect: setup
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)
+
+# collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
+ROUNDS ?=
+loop: setup
+	$(PY) -m train.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+
+# convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
+JOBS ?=
+replay: setup
+	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+
+# Rewrite runs/<run>/report.html: make report RUN=runs/learn
+RUN ?= runs/default
+report: setup
+	$(PY) -m train.report $(RUN)
 
 test: setup
 	$(PY) -m pytest -m "not gpu" $(ARGS)
