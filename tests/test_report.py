@@ -6,7 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from collect import schema
 from collect.layout import RunLayout
@@ -103,3 +107,18 @@ def test_compare_figure(tmp_path, capsys):
     assert out.stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "grpo: mean reward per round 0.250 0.750" in printed and "zero: mean reward per round 0.250 0.250" in printed
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
+def test_report_opens_in_headless_chromium(tmp_path):
+    """The page renders from the file system with nothing else running (a screenshot to look at:
+    chromium --headless --screenshot=shot.png --window-size=1150,4200 file://.../report.html)."""
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1, "b": 2})
+    make_round(layout, 1, {"a": 3, "b": 2})
+    page = write_report(layout.root)
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1150,4200", f"--screenshot={shot}", page.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 50_000  # the plots, not a blank page (a page of text alone: ~23 kB)
