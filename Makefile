@@ -15,7 +15,7 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect audit loop replay report test test-fast bench clean
+.PHONY: setup demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -50,8 +50,21 @@ proxy: setup
 collect: setup
 	$(PY) -m collect --config $(CONFIG) $(ARGS)
 
+# Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
+convert: setup
+	$(PY) -m convert --config $(CONFIG) $(ARGS)
+
 audit: setup
 	$(PY) -m collect.audit $(DIR)
+
+# LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
+# the adapter is published to the endpoint as policy-v<round+1> when one answers.
+train: setup
+	$(PY) -m train --config $(CONFIG) $(ARGS)
+
+# Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
+publish: setup
+	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
 
 # collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
 ROUNDS ?=

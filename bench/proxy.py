@@ -28,6 +28,10 @@ from pathlib import Path
 
 import aiohttp
 
+from collect import envdefaults
+from collect.config import load_config
+from collect.procs import stage_argv
+
 REPO = Path(__file__).resolve().parents[1]
 ADMIN_TOKEN = "wharf-admin"
 
@@ -86,11 +90,11 @@ def start_stub(port: int, cpus=None, error_rate: float = 0.0, completion_tokens:
 
 
 def start_proxy(port: int, upstream: str, out_dir: str | Path, cpus=None, extra=(), log=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "collect.proxy", f"endpoint.url={upstream}", f"proxy.port={port}",
-           f"proxy.out_dir={out_dir}", "proxy.health_interval_s=0", *extra]
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "HF_HUB_OFFLINE": "1"}
+    cfg = load_config(None, [f"endpoint.url={upstream}", f"proxy.port={port}", f"proxy.out_dir={out_dir}",
+                             "proxy.health_interval_s=0", *extra])
+    cmd = stage_argv("collect.proxy", cfg, Path(out_dir).parent / f"proxy-{port}.yaml")
     proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT, env=env)
+                            stderr=subprocess.STDOUT, env=envdefaults.child_env())
     wait_url(f"http://127.0.0.1:{port}/health", proc)
     return proc
 

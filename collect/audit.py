@@ -12,7 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect import schema
+from collect import envdefaults, schema
+from collect.layout import CollectPaths
 
 # Where agents keep their own record of the conversation, relative to the trial's agent/ dir.
 _MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1)
@@ -58,16 +59,16 @@ class AuditReport:
 def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditReport:
     """`decode(ids) -> str` decodes completion ids; each must equal the agent's text + `eot`
     (the end-of-turn token is generated, so it is in the ids but not in the message)."""
-    collect_dir = Path(collect_dir)
-    rollouts = schema.read_table(collect_dir / "rollouts.parquet", "rollouts").to_pylist()
-    turns = schema.read_dir(collect_dir / "turns", "turns").to_pylist()
+    paths = CollectPaths(Path(collect_dir))
+    rollouts = schema.read_table(paths.rollouts, "rollouts").to_pylist()
+    turns = schema.read_dir(paths.turns, "turns").to_pylist()
     by_rollout: dict[str, list[dict]] = {}
     for t in turns:
         by_rollout.setdefault(t["rollout_id"], []).append(t)
     report = AuditReport()
     for r in rollouts:
         rid = r["rollout_id"]
-        texts = assistant_texts(collect_dir / r["trial_dir"] / "agent")
+        texts = assistant_texts(paths.root / r["trial_dir"] / "agent")
         if texts is None:
             report.skipped.append(rid)
             continue
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("collect_dir", help="runs/<run>/rounds/<k>/collect")
     p.add_argument("--tokenizer", help="a HF tokenizer dir to decode completion ids with (default: the embedded model's)")
     args = p.parse_args(argv)
+    envdefaults.apply()  # before transformers loads
     from transformers import AutoTokenizer
 
     from collect.engine.model_store import resolve_model_dir

@@ -3,7 +3,7 @@
 ```
 runs/<run>/
   config.yaml
-  rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, harbor/, logs/
+  rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
   rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
   rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
@@ -24,6 +24,11 @@ def policy_name(k: int) -> str:
     return f"policy-v{k}"
 
 
+def wal_dir(turns: Path) -> Path:
+    """The proxy's write-ahead log and rollout registry, beside the shards it folds into."""
+    return Path(turns) / "_wal"
+
+
 @dataclass(frozen=True)
 class CollectPaths:
     root: Path  # runs/<run>/rounds/<k>/collect (or any stored collect dir)
@@ -34,7 +39,7 @@ class CollectPaths:
 
     @property
     def wal(self) -> Path:
-        return self.turns / "_wal"
+        return wal_dir(self.turns)
 
     @property
     def rollouts(self) -> Path:
@@ -51,6 +56,16 @@ class CollectPaths:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def config(self) -> Path:
+        """The round's resolved config, as it was run."""
+        return self.root / "config.yaml"
+
+    @property
+    def proxy_config(self) -> Path:
+        """The config the round's proxy process was started with (config plus its proxy.out_dir)."""
+        return self.logs / "proxy.yaml"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.models.trial.result import TrialResult
 
 from collect.config import CollectConfig
+from collect.records import Outcome
 
 # harbor agents that take the endpoint as a constructor option rather than from the environment;
 # our own agents (collect.agents.*) take base_url and api_key.
@@ -117,14 +118,6 @@ _VERIFIER = {
 }
 _CONTEXT = {"ContextLengthExceededError", "ContextWindowExceededError", "OutputLengthExceededError"}
 _CONTEXT_WORDS = ("context length", "context window", "maximum context", "too long")
-
-
-@dataclass
-class Outcome:
-    status: str
-    reward: float | None
-    rewards: dict
-    error: str | None
 
 
 def primary_reward(rewards: dict) -> float | None:
