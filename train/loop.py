@@ -51,6 +51,7 @@ def read_marker(rnd: RoundLayout, stage: str) -> dict | None:
 
 
 def write_marker(rnd: RoundLayout, stage: str, wall_s: float, **info) -> None:
+    info.pop("wall_s", None)  # the marker's wall_s is the stage's as the loop timed it
     path = rnd.marker(stage)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -113,7 +114,8 @@ def train_stage(cfg: RunConfig) -> dict:
 
     result = train_round(cfg)
     out = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(vars(result))
-    return {k: out.get(k) for k in ("policy", "adapter", "steps", "mismatch_mean", "wall_s")}
+    return {"policy": out.get("policy"), "adapter": out.get("adapter"), "steps": out.get("steps"),
+            "mismatch_mean": out.get("mismatch_mean"), "train_wall_s": out.get("wall_s")}
 
 
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
