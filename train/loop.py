@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -109,9 +110,37 @@ def convert_stage(cfg: RunConfig) -> dict:
     return {"rows": (stats.get("rows") or {}).get("count"), "convert_wall_s": stats.get("wall_s")}
 
 
+def has_signal(cfg: RunConfig) -> bool:
+    """Whether convert kept any loss token (False: every group's rewards were all equal)."""
+    from convert.records import read_index
+    from train.stage import convert_dir
+
+    return read_index(convert_dir(cfg)).loss_tokens > 0
+
+
+def carry_policy(cfg: RunConfig) -> dict:
+    """A round with nothing to learn from: policy-v<k+1> is policy-v<k>'s adapter under the new
+    name (every round publishes a new name; the next round's train continues from it)."""
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    if cfg.round == 0:
+        raise LoopError(f"round 0 of {layout.root} has no group with different rewards: nothing to learn from "
+                        "(more collect.attempts, or tasks the base model solves sometimes)")
+    src, dst = layout.round(cfg.round - 1).train.adapter, layout.round(cfg.round).train.adapter
+    tmp = dst.with_name(".adapter.carry")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+    log.warning("round %d: no group with signal; %s carries %s unchanged", cfg.round,
+                policy_name(cfg.round + 1), policy_name(cfg.round))
+    return {"policy": policy_name(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": policy_name(cfg.round)}
+
+
 def train_stage(cfg: RunConfig) -> dict:
     from train.stage import train_round
 
+    if not has_signal(cfg):
+        return carry_policy(cfg)
     result = train_round(cfg)
     out = dataclasses.asdict(result) if dataclasses.is_dataclass(result) else dict(vars(result))
     return {"policy": out.get("policy"), "adapter": out.get("adapter"), "steps": out.get("steps"),
@@ -169,6 +198,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
             write_report(layout.root)
             log.info("round %d done (%.0f s this run); %s serves next", k, time.monotonic() - t0, policy_name(k + 1))
             done.append(k)
+        ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)
     return done
 
 
