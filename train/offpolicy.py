@@ -9,6 +9,7 @@ later round's adapter does not. Written to rounds/<k>/train/offpolicy.json; the 
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import dataclass, field
@@ -117,6 +118,8 @@ def write(convert_dir: Path, out: Path, model_dir: Path, device: str = "cpu", ad
 
         model = PeftModel.from_pretrained(model, str(adapter)).eval()
     jobs = compute(convert_dir, model)
+    del model  # the trainer loads its own copy next, in this process
+    gc.collect()
     for j in jobs:
         j["policies"] = j["policies"] or ", ".join(sorted(_job_policies(j["dir"])))
     tmp = out.with_suffix(".tmp")
