@@ -37,7 +37,8 @@ TASKS = "[sed-sub,echo-number,sed-world]"  # mixed rewards at seed 0 on round 0
 def _overrides(tmp_path: Path, name: str, engine_port: int) -> list[str]:
     return [f"runs_dir={tmp_path}", f"name={name}", "rounds=2", f"collect.tasks={TASKS}", "collect.attempts=4",
             "collect.concurrency=12", f"engine.port={engine_port}", f"endpoint.url=http://127.0.0.1:{engine_port}",
-            f"proxy.port={free_port()}", "train.rows_per_step=2", "endpoint.launch=false"]
+            f"proxy.port={free_port()}", "train.rows_per_step=2", "convert.max_tokens_per_batch=512",
+            "endpoint.launch=false"]
 
 
 def _engine(port: int, log: Path) -> subprocess.Popen:
@@ -116,3 +117,17 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         assert (run.report).is_file()
     finally:
         procs.stop(engine)
+
+    # replay: both rounds (different policies) into a new run, no endpoint
+    from train.replay import check_jobs, replay_config, run_replay
+
+    jobs = check_jobs([str(run.round(0).collect.root), str(run.round(1).collect.root)])
+    rcfg = replay_config(load_config(REPO / "configs/learn.yaml", [f"runs_dir={tmp_path}", "name=replay",
+                                                                     "endpoint.url=http://127.0.0.1:1", "train.rows_per_step=0"]), jobs)
+    out = RunLayout(run_replay(rcfg))
+    assert (out.round(0).train.adapter / "adapter_config.json").is_file()
+    off = {j["policies"]: j for j in json.loads((out.round(0).train.root / "offpolicy.json").read_text())["jobs"]}
+    assert off["smollm2-135m"]["mismatch_mean"] < 1e-3  # the base model's own samples: on-policy
+    assert off["policy-v1"]["mismatch_mean"] > 10 * off["smollm2-135m"]["mismatch_mean"]
+    page = out.report.read_text()
+    assert "report/offpolicy.png" in page and (out.root / "report/offpolicy.png").is_file()
