@@ -22,7 +22,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from collect.config import RunConfig, dump_config
 from collect.endpoint import Endpoint, launch
@@ -157,21 +157,12 @@ def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     return {"policy": name, "adapter": str(adapter), "published": True}
 
 
-@contextlib.contextmanager
-def loop_endpoint(cfg: RunConfig, log_dir: Path) -> Iterator[Endpoint]:
-    """One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers."""
-    with launch(cfg, log_dir=log_dir) as ep:
-        yield ep
-
-
-def run_round(cfg: RunConfig, ep: Endpoint | None, collect: bool = True) -> None:
+def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    if collect:
-        run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
+    run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
-    if collect:
-        run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
+    run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
 def write_report(run_dir: Path) -> None:
@@ -191,7 +182,8 @@ def run_loop(cfg: RunConfig) -> list[int]:
     layout.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, layout.config)
     done = []
-    with loop_endpoint(cfg, layout.root / "logs") as ep:
+    # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
+    with launch(cfg, log_dir=layout.root / "logs") as ep:
         for k in range(cfg.rounds):
             t0 = time.monotonic()
             run_round(round_config(cfg, k), ep)
@@ -202,7 +194,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     return done
 
 
-def _errors() -> tuple[type, ...]:
+def stage_errors() -> tuple[type, ...]:
     """The stages' own 'bad input / cannot go on' errors: printed as one line, not a traceback."""
     from collect.endpoint import EndpointError
     from collect.proxy_client import ServiceError
@@ -227,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         done = run_loop(cfg)
-    except _errors() as e:
+    except stage_errors() as e:
         print(f"loop: {e}", file=sys.stderr)
         return 1
     layout = RunLayout.of(cfg.runs_dir, cfg.name)

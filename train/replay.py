@@ -20,7 +20,7 @@ from pathlib import Path
 from collect.config import ConfigError, RunConfig, dump_config, load_config
 from collect.layout import CollectPaths, RunLayout
 
-from .loop import LoopError, _errors, run_stage, train_stage, convert_stage, write_report
+from .loop import LoopError, stage_errors, run_stage, train_stage, convert_stage, write_report
 
 log = logging.getLogger("wharf.replay")
 
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         root = run_replay(cfg)
-    except _errors() as e:
+    except stage_errors() as e:
         print(f"replay: {e}", file=sys.stderr)
         return 1
     print(f"replay: adapter in {RunLayout(root).round(0).train.adapter}; report: {RunLayout(root).report}")
