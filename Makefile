@@ -20,7 +20,7 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish test test-fast bench clean
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -83,6 +83,21 @@ train: setup
 # Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
 publish: setup
 	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
+
+# collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
+ROUNDS ?=
+loop: setup
+	$(PY) -m train.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+
+# convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
+JOBS ?=
+replay: setup
+	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+
+# Rewrite runs/<run>/report.html: make report RUN=runs/learn
+RUN ?= runs/default
+report: setup
+	$(PY) -m train.report $(RUN)
 
 test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)

@@ -199,7 +199,8 @@ class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
     round: NonNegative = 0
-    # Rounds a loop runs; nothing reads it yet (the loop, train/loop.py, will).
+    # Rounds the loop runs (train/loop.py; `make loop ROUNDS=N` sets it); running again with a
+    # larger value continues a finished loop.
     rounds: Positive = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)

@@ -6,7 +6,8 @@ runs/<run>/
   rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
   rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
-  report.html, *.png
+  rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
+  report.html, report/*.png
 ```
 
 Every stage and tool (collect, the proxy, the audit, convert, train, the loop) asks this module
@@ -118,6 +119,10 @@ class RoundLayout:
     def train(self) -> TrainPaths:
         return TrainPaths(self.root / "train")
 
+    def marker(self, stage: str) -> Path:
+        """The loop's done marker of one stage of this round (JSON: wall time, what it made)."""
+        return self.root / "done" / f"{stage}.json"
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -134,6 +139,11 @@ class RunLayout:
     @property
     def report(self) -> Path:
         return self.root / "report.html"
+
+    @property
+    def report_assets(self) -> Path:
+        """The report's plots (PNG), referenced from report.html by relative paths."""
+        return self.root / "report"
 
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)
