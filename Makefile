@@ -44,7 +44,9 @@ agents: $(NODE_DIR)/node_modules/.installed
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
-	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@# npm install, not npm ci: the lock pins every package, but opencode names platform packages the
+	@# registry may not serve, and npm ci then refuses the lock as out of sync.
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
 # One real trial per agent through the recording proxy: the agent matrix (README).
