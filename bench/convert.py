@@ -122,6 +122,9 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from collect import envdefaults
+
+    envdefaults.apply()  # before torch loads (convert imports it lazily)
     p = argparse.ArgumentParser(prog="python -m bench.convert", description=__doc__.splitlines()[0])
     p.add_argument("--rollouts", type=int, default=1000)
     p.add_argument("--dir", default=None, help="where the generated job and its conversion go (default: a temp dir)")

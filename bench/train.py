@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from collect import envdefaults
+
 VARIANTS = ["loss-naive", "loss-chunked", "step-naive", "step-chunked", "step-naive-ckpt", "step-chunked-ckpt"]
 
 
@@ -149,7 +151,7 @@ def child(args) -> None:
 
 
 def run_all(args) -> list[dict]:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = envdefaults.child_env(MALLOC_MMAP_THRESHOLD_="1048576")
     rows = []
     for v in VARIANTS:
         cmd = [sys.executable, "-m", "bench.train", "--child", v, "--seq", str(args.seq), "--chunk", str(args.chunk),

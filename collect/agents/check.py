@@ -17,14 +17,13 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect import schema
+from collect import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,12 +129,12 @@ def run_one(agent: Agent, upstream_url: str, proxy_port: int, out: Path) -> Resu
     except Exception as e:  # noqa: BLE001 - a row of the matrix, not a crash of the check
         res.note = f"{type(e).__name__}: {e}"[:300]
         return res
-    cdir = cfg.round_dir() / "collect"
-    (rollout,) = schema.read_table(cdir / "rollouts.parquet", "rollouts").to_pylist()
-    turns_dir = cdir / "turns"
-    rows = sorted(schema.read_dir(turns_dir, "turns").to_pylist(), key=lambda r: r["turn"]) \
-        if schema.shard_files(turns_dir) else []
+    paths = cfg.round_layout.collect
+    (rollout,) = schema.read_table(paths.rollouts, "rollouts").to_pylist()
+    rows = sorted(schema.read_dir(paths.turns, "turns").to_pylist(), key=lambda r: r["turn"]) \
+        if schema.shard_files(paths.turns) else []
     res.status, res.calls = rollout["status"], len(rows)
+    cdir = paths.root
     res.note = why(cdir / rollout["trial_dir"], rollout["error"])
     if rows:  # the largest call's (a side call, e.g. opencode's title, may come first)
         res.system, res.tools = max((prompt_bytes(r) for r in rows), key=sum)
@@ -177,8 +176,7 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else litellm waits on the network
-    os.environ.setdefault("HARBOR_TELEMETRY", "0")
+    envdefaults.apply()  # before harbor, litellm and the agents load
     p = argparse.ArgumentParser(prog="python -m collect.agents.check", description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated agent names (default: all)")
     p.add_argument("--engine-port", type=int, default=8110)
