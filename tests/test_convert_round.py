@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from collect import schema
-from collect.audit import assistant_texts
+from collect.agents.logs import read_agent_log
 from collect.config import load_config
 from collect.engine.model_store import resolve_model_dir
 from conftest import free_port
@@ -42,7 +42,7 @@ def check_decodes(convert_dir: Path, tok) -> int:
             got.setdefault(int(mb.rollout_index[i]), []).append(texts)
     checked = 0
     for ri, r in enumerate(index.rollouts):
-        agent = assistant_texts(_trial_dir(r) / "agent")
+        agent = [c.text for c in read_agent_log(_trial_dir(r) / "agent").calls]
         want = [[agent[t] for t in turns] for turns in r["row_turns"]]
         assert sorted(got[ri]) == sorted(want), r["rollout_id"]
         checked += sum(len(w) for w in want)
