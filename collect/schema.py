@@ -1,4 +1,4 @@
-"""The parquet contract between collect and convert (shared/design.md): turns and rollouts.
+"""The parquet contract between collect and convert: turns and rollouts.
 
 Every file carries `schema_version` and `table` in its metadata. Readers refuse files they do
 not know, naming the file; writers publish atomically (temp file + rename) so a reader never
