@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.convert import make_job
 from collect import schema
 from collect.config import load_config
 from collect.layout import CollectPaths
+from collect.testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round
