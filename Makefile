@@ -72,7 +72,7 @@ collect: setup
 
 # Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
 convert: setup
-	$(PY) -m convert --config $(CONFIG) $(ARGS)
+	$(PY) -m convert --config $(CONFIG) $(DOTTED) $(ARGS)
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.convert import make_job
 from collect import schema
 from collect.config import load_config
 from collect.layout import CollectPaths
+from collect.testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round
@@ -184,3 +184,14 @@ def test_a_rollout_missing_recorded_calls_is_left_out(jobs, tmp_path):
     stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
     assert stats["jobs"][0]["left_out"]["missing_turns"] == 1
     assert "r00005" not in {r["rollout_id"] for r in read_index(tmp_path / "out").rollouts}
+
+
+def test_a_job_without_signal_writes_an_empty_index(jobs, tmp_path):
+    job = copy_job(jobs, tmp_path)
+    rows = schema.read_table(CollectPaths(job).rollouts, "rollouts").to_pylist()
+    schema.write_table(CollectPaths(job).rollouts, "rollouts", [{**r, "reward": 1.0} for r in rows])
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    index = read_index(tmp_path / "out")
+    assert index.files == [] and index.loss_tokens == 0 and stats["rows"]["count"] == 0
+    assert stats["groups"] == {"used": 0, "dropped": {"all_equal": 2}}
+    assert stats["rollouts"]["left_out"] == {"group_all_equal": 16}
