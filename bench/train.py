@@ -50,7 +50,9 @@ def _model(device: str, ckpt: bool):
                                                          "up_proj", "down_proj"], task_type="CAUSAL_LM")
     peft = get_peft_model(model, lc)
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from train.model import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     model.config.use_cache = False
     peft.train()
     return peft
