@@ -79,8 +79,9 @@ audit: setup
 
 # LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
 # the adapter is published to the endpoint as policy-v<round+1> when one answers.
+# MALLOC_MMAP_THRESHOLD_: glibc otherwise keeps freed activations, inflating peak RSS by GiBs.
 train: setup
-	$(PY) -m train --config $(CONFIG) $(ARGS)
+	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(PY) -m train --config $(CONFIG) $(ARGS)
 
 # Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
 publish: setup
