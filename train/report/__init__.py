@@ -23,7 +23,7 @@ def _fmt(v, digits: int = 3) -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
-        return f"{v:.{digits}f}"
+        return f"{v:.2e}" if 0 < abs(v) < 10 ** -digits else f"{v:.{digits}f}"  # mismatch: 1e-6 is not 0
     return html.escape(str(v))
 
 

@@ -110,7 +110,8 @@ def mismatch(rounds, fig) -> bool:
     ax1, ax2 = fig.subplots(1, 2)
     drawn = _line(ax1, rounds, lambda r: r.mismatch_mean, "mean |Δ log-prob| (first step)")
     drawn |= _line(ax1, rounds, lambda r: r.mismatch_max, "max", linestyle="--")
-    ax1.set_yscale("symlog", linthresh=1e-4)
+    if drawn and all(v > 0 for r in rounds for v in (r.mismatch_mean, r.mismatch_max) if v is not None):
+        ax1.set_yscale("log")  # 1e-6 on-policy vs 1e-1 off-policy: orders of magnitude
     _rounds_axis(ax1, "train/inference mismatch")
     _legend(ax1, fontsize=8)
     d2 = _line(ax2, rounds, lambda r: r.step_mean("ratio_mean"), "mean ratio to behaviour")
