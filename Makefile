@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# OMP_WAIT_POLICY=PASSIVE: the engine, proxy and trainer share few cores (shared/notes/perf.md).
+# The same defaults as collect/envdefaults.py (which every entry point applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -20,7 +20,7 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect audit test test-fast bench clean
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -44,7 +44,9 @@ agents: $(NODE_DIR)/node_modules/.installed
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
-	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@# npm install, not npm ci: the lock pins every package, but opencode names platform packages the
+	@# registry may not serve, and npm ci then refuses the lock as out of sync.
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
 # One real trial per agent through the recording proxy: the agent matrix (README).
@@ -68,8 +70,36 @@ proxy: setup
 collect: setup
 	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
 
+# Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
+convert: setup
+	$(PY) -m convert --config $(CONFIG) $(ARGS)
+
 audit: setup
 	$(PY) -m collect.audit $(DIR)
+
+# LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
+# the adapter is published to the endpoint as policy-v<round+1> when one answers.
+train: setup
+	$(PY) -m train --config $(CONFIG) $(ARGS)
+
+# Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
+publish: setup
+	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
+
+# collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
+ROUNDS ?=
+loop: setup
+	$(PY) -m train.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+
+# convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
+JOBS ?=
+replay: setup
+	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+
+# Rewrite runs/<run>/report.html: make report RUN=runs/learn
+RUN ?= runs/default
+report: setup
+	$(PY) -m train.report $(RUN)
 
 test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)

@@ -1,15 +1,19 @@
 """`python -m collect --config FILE [key=value ...]`: run one collect round (make collect)."""
 from __future__ import annotations
 
-import logging
-import sys
+from collect import envdefaults
 
-from collect.config import cli_config
-from collect.runner import run
-from collect.endpoint import EndpointError
-from collect.proxy_client import ServiceError
-from collect.tasksets import TaskSetError
-from collect.trials import TrialSetupError
+envdefaults.apply()  # before harbor and the agents load
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from collect.config import cli_config  # noqa: E402
+from collect.endpoint import EndpointError  # noqa: E402
+from collect.proxy_client import ServiceError  # noqa: E402
+from collect.runner import run  # noqa: E402
+from collect.tasksets import TaskSetError  # noqa: E402
+from collect.trials import TrialSetupError  # noqa: E402
 
 
 def setup_logging() -> None:

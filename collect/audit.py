@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect import schema
+from collect import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
 from collect.layout import CollectPaths
 
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("collect_dir", help="runs/<run>/rounds/<k>/collect")
     p.add_argument("--tokenizer", help="a HF tokenizer dir to decode completion ids with (default: the embedded model's)")
     args = p.parse_args(argv)
+    envdefaults.apply()  # before transformers loads
     from transformers import AutoTokenizer
 
     from collect.engine.model_store import resolve_model_dir

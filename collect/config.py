@@ -125,6 +125,28 @@ class ConvertConfig:
     jobs: list[str] = field(default_factory=list)
     # Where micro-batches go; None: this run's rounds/<round>/convert.
     out_dir: str | None = None
+    # Group-relative advantage: grpo ((r - mean) / (std + std_eps)), dr_grpo (r - mean), rloo
+    # (leave-one-out mean), or zero (a control run: the groups grpo keeps, every advantage 0).
+    advantage: str = "grpo"
+    std_eps: float = 1e-6
+    # Reward of a policy-side failure that has none (agent crashed before the verifier ran);
+    # None leaves such rollouts out. infra_error/verifier_error rollouts are always left out.
+    null_reward: float | None = 0.0
+    # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
+    max_seq_len: int = 4096
+    overlong: str = "truncate"  # truncate | drop
+    # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
+    length_completions: str = "keep"
+    # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
+    max_tokens_per_batch: int = 16384
+    pad_multiple: int = 16  # padded length rounded up to a multiple of this
+    # A row joins a micro-batch only if at most this share of it would be padding (1.0: fill
+    # every micro-batch up to the budget whatever the lengths).
+    max_row_padding: float = 0.25
+    seed: int = 0  # same seed, same micro-batches in the same order
+    # Bad input (corrupt shard, foreign file, log-prob length mismatch): false stops with an
+    # error and writes nothing; true skips it and lists it in stats.json.
+    skip_bad: bool = False
 
 
 @dataclass
@@ -134,6 +156,42 @@ class TrainConfig:
     # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
     model: str | None = None
     seed: int = 0
+    # Optimizer (AdamW) and schedule: linear warmup over `warmup` steps, then constant.
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    warmup: int = 0
+    # Rows per optimizer step (whole micro-batches are packed until this is reached); 0: all rows.
+    rows_per_step: int = 16
+    # Or a budget of loss tokens per optimizer step (0: off); a step ends at whichever comes first.
+    tokens_per_step: int = 0
+    epochs: int = 1  # passes over the round's micro-batches
+    max_grad_norm: float = 1.0  # clip the gradient's global norm (0: off)
+    # LoRA: vLLM loads attention and MLP projections only (no modules_to_save, no embeddings).
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(default_factory=lambda: [
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    max_lora_rank: int = 64  # the endpoint's limit (vLLM --max-lora-rank); a larger rank is refused
+    # PPO clip of the ratio to the behaviour log-probs: [1 - eps_low, 1 + eps_high] (DAPO clip-higher).
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO: sum / loss_constant)
+    loss_agg: str = "token_mean"
+    loss_constant: float = 0.0  # the constant of `constant`; 0: the longest row's completion length
+    kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
+    # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
+    # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.
+    mismatch: str = "tis"
+    mismatch_cap: float = 2.0
+    mismatch_bound: float = 0.5
+    logprob_chunk: int = 1024  # positions per lm_head chunk (no [B, T, V] fp32 tensor)
+    grad_checkpointing: bool = False  # recompute decoder layers in backward (memory for time)
+    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate); fp32 is faster on this CPU
+    device: str = "auto"  # auto | cpu | cuda (accelerate picks the process's device under launch)
+    checkpoint_every: int = 1  # optimizer steps between checkpoints (0: only at the end)
+    log_with: list[str] = field(default_factory=list)  # accelerate trackers (tensorboard, wandb, ...)
+    publish: bool = True  # load the adapter into the endpoint as policy-v<k+1> after training
 
 
 @dataclass
@@ -141,7 +199,8 @@ class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
     round: NonNegative = 0
-    # Rounds a loop runs; nothing reads it yet (the loop, train/loop.py, will).
+    # Rounds the loop runs (train/loop.py; `make loop ROUNDS=N` sets it); running again with a
+    # larger value continues a finished loop.
     rounds: Positive = 1
     engine: EngineConfig = field(default_factory=EngineConfig)
     endpoint: EndpointConfig = field(default_factory=EndpointConfig)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-import sys
+import dataclasses
 from pathlib import Path
 
 import aiohttp
@@ -19,9 +19,10 @@ class ServiceError(RuntimeError):
 
 @contextlib.contextmanager
 def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path):
-    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block."""
-    argv = [sys.executable, "-m", "collect.proxy", "--config", str(config_path), f"proxy.out_dir={turns_dir}"]
-    proc = procs.spawn(argv, log_path)
+    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block;
+    its config (cfg with proxy.out_dir set) is written to `config_path`."""
+    cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, out_dir=str(turns_dir)))
+    proc = procs.spawn(procs.stage_argv("collect.proxy", cfg, config_path), log_path)
     try:
         Endpoint(f"http://{cfg.proxy.host}:{cfg.proxy.port}").wait_healthy(60, proc, log_path)
         yield proc

@@ -91,6 +91,7 @@ def _row(job_id: str, cfg: RunConfig, p: PlannedRollout, rollout_id: str, policy
 
 class Round:
     def __init__(self, cfg: RunConfig, config_path: Path):
+        """`config_path`: where the proxy process's config file is written."""
         self.cfg = cfg
         self.config_path = config_path
         self.paths = cfg.round_layout.collect
@@ -118,7 +119,7 @@ class Round:
             else:
                 outcome = classify(result, upstream_errors=closed.n_errors)
             row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed.n_turns,
-                       started, str(Path("harbor") / rollout_id))
+                       started, str(self.paths.trial(rollout_id).relative_to(self.paths.root)))
             async with self._lock:
                 summary.rows.append(row)
                 # The whole table, atomically, after each trial: a killed round loses no finished rollout.
@@ -199,10 +200,9 @@ def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
-    config_path = paths.root / "config.yaml"
-    dump_config(cfg, config_path)
+    dump_config(cfg, paths.config)
     dump_config(cfg, cfg.layout.config)
-    rnd = Round(cfg, config_path)
+    rnd = Round(cfg, paths.proxy_config)
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))
     # The endpoint outlives the round's proxy: started here only when nothing answers at its url.

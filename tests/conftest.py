@@ -1,7 +1,6 @@
 """Shared fixtures. `engine_url`: one real local engine (SmolLM2-135M on the CPU) per test session."""
 from __future__ import annotations
 
-import os
 import socket
 import sys
 import tempfile
@@ -9,15 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from collect import procs
+from collect import envdefaults, procs
 from collect.endpoint import Endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The engine, the proxy and the tests share few cores (shared/notes/perf.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+envdefaults.apply()
 
 
 def free_port() -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect import schema
 from collect.agents.logs import compare, read_agent_log
 from collect.audit import audit_round

@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect.config import load_config
 from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect

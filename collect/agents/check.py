@@ -162,7 +162,7 @@ def table(results: list[Result]) -> str:
 @contextlib.contextmanager
 def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
     """{engine, stub} base URLs: the local engine (started when needed) and the scripted stub."""
-    from bench.vllm_stub import StubServer
+    from collect.testing.vllm_stub import StubServer
     from collect import endpoint
     from collect.config import load_config
 

@@ -41,6 +41,8 @@ from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_f
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
+from collect import envdefaults
+
 DEFAULT_WORKDIR = "/app"
 HOME = "/home/agent"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -291,7 +293,7 @@ class BwrapEnvironment(BaseEnvironment):
             "WHARF_PYTHON": self._python,
             "WHARF_TASK_TOOLS": str(TASK_TOOLS),
         }
-        for key in ("OMP_WAIT_POLICY", "HF_HUB_OFFLINE", "LITELLM_LOCAL_MODEL_COST_MAP", "HARBOR_TELEMETRY"):
+        for key in envdefaults.DEFAULTS:
             if key in os.environ:
                 env[key] = os.environ[key]
         return env

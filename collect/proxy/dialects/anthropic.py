@@ -62,15 +62,19 @@ def _tool_result_text(content, where: str) -> str:
     return join_text(content, where)
 
 
+def _blocks(content: list, where: str):
+    """(where, type, block) for each block of a message's content list."""
+    if not isinstance(content, list):
+        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
+    for j, b in enumerate(content):
+        yield f"{where}.content[{j}]", (b.get("type") if isinstance(b, dict) else None), b
+
+
 def _user(content, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    if not isinstance(content, list):
-        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
     tools, parts = [], []
-    for j, b in enumerate(content):
-        w = f"{where}.content[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+    for w, t, b in _blocks(content, where):
         if t == "text":
             if not isinstance(b.get("text"), str):
                 raise DialectError(f"{w}: text block without a 'text' string")
@@ -97,12 +101,8 @@ def _user(content, where: str) -> list[dict]:
 def _assistant(content, where: str) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    if not isinstance(content, list):
-        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
     texts, calls = [], []
-    for j, b in enumerate(content):
-        w = f"{where}.content[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+    for w, t, b in _blocks(content, where):
         if t == "text":
             texts.append(str(b.get("text", "")))
         elif t == "tool_use":

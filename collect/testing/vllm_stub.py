@@ -1,10 +1,10 @@
 """A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
 
-It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
-(shared/notes/vllm.md): `prompt_token_ids` at the top level (streaming: first chunk only),
-`choices[i].token_ids`, one `logprobs.content` entry per generated id (EOS included), and a
-final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
-toy word-level tokenizer, so ids are deterministic for a given prompt and `seed`.
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`:
+`prompt_token_ids` at the top level (streaming: first chunk only), `choices[i].token_ids`, one
+`logprobs.content` entry per generated id (EOS included), and a final `choices: []` usage chunk
+when `stream_options.include_usage` is set. Tokens come from a toy word-level tokenizer, so ids
+are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
@@ -22,7 +22,7 @@ concurrent rollouts each get their two turns.
 `max_model_len`: /v1/models reports it, /tokenize counts a prompt as vLLM's does, and a request
 whose prompt plus max_tokens does not fit is refused with vLLM's wording.
 
-`python -m bench.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
+`python -m collect.testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
 """
 from __future__ import annotations
@@ -362,7 +362,7 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.vllm_stub", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m collect.testing.vllm_stub", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--error-kinds", default=",".join(ERROR_KINDS))
