@@ -1,7 +1,8 @@
-"""The npm-installed agent CLIs (claude-code, codex), pinned in collect/agents/node/package.json.
+"""The npm-installed agent CLIs (claude-code, codex, opencode), pinned in collect/agents/node/.
 
-`make agents` runs `npm ci` there. The sandbox sees the project read-only, so the harbor agent
-classes built on these (collect/agents/claude_code.py, collect/agents/codex.py) run the CLIs
+`make agents` installs them there against package-lock.json. The sandbox sees the project
+read-only, so the harbor agent classes built on these (collect/agents/claude_code.py, codex.py,
+opencode.py) run the CLIs
 from node_modules/.bin instead of downloading them, with the network chatter an offline run
 cannot use switched off.
 """
@@ -27,7 +28,7 @@ def cli(name: str) -> Path:
     path = BIN_DIR / name
     if not path.exists():
         raise CliMissing(f"{name} CLI not found at {path}: run `make agents` "
-                         f"(npm ci in {NODE_DIR}, installs {PACKAGES.get(name, name)})")
+                         f"(npm install in {NODE_DIR}, pins {PACKAGES.get(name, name)})")
     return path
 
 

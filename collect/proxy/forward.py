@@ -19,6 +19,7 @@ from collect.proxy.upstreams import UpstreamPool
 
 # Tokens a chat template adds around the messages' JSON bytes (which bound their own tokens).
 _TEMPLATE_SLACK = 512
+_UNKNOWN = -1  # an upstream whose /tokenize reports no max_model_len
 
 
 def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | None,
@@ -168,7 +169,10 @@ class Forwarder:
         when the prompt's bytes (a bound on its tokens) plus `want` could pass the window."""
         if want is None:
             return None
-        limit = self.config_max_model_len or self.max_model_len.get(self.pool.order(rollout_id)[0].url)
+        url = self.pool.order(rollout_id)[0].url
+        limit = self.config_max_model_len or self.max_model_len.get(url)
+        if limit == _UNKNOWN:  # this upstream's /tokenize tells no context length: do not ask per call
+            return None
         if limit is not None:
             bound = len(jsonx.dumps([chat.get("messages"), chat.get("tools")])) + _TEMPLATE_SLACK
             if bound + want <= limit:
@@ -179,5 +183,6 @@ class Forwarder:
         out = await self.tokenize(rollout_id, body)
         limit = self.config_max_model_len or out.get("max_model_len")
         if not isinstance(out.get("count"), int) or not isinstance(limit, int):
+            self.max_model_len.setdefault(url, _UNKNOWN)
             return None
         return limit - out["count"]
