@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -18,6 +19,19 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# With CI set, a part a test needs that is missing fails the run instead of skipping it: a CI
+# that cannot run the sandbox must not go quietly green.
+IN_CI = bool(os.environ.get("CI"))
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None and not IN_CI, reason="bubblewrap (bwrap) is not installed"
+)
+
+
+def pytest_sessionstart(session):
+    if IN_CI and shutil.which("bwrap") is None:
+        raise pytest.UsageError("CI is set but bwrap is missing: install bubblewrap (make setup does it)")
 
 
 def free_port() -> int:
