@@ -65,7 +65,8 @@ def bwrap_path() -> str | None:
 
 class BwrapEnvironment(BaseEnvironment):
     """kwargs (TrialEnvironmentConfig.kwargs):
-    forward     loopback addresses reachable inside ("127.0.0.1:8200" or a URL): the model route
+    forward     loopback addresses reachable inside, at the same address: "127.0.0.1:8200", or a
+                route URL (http://127.0.0.1:8200/rollout/<id>/v1) to let only that route through
     expose      more host paths to show read-only (the agent's install beyond the venv)
     disk_mb     size of each writable tmpfs dir (default 256)
     pids_max    processes at most in the sandbox (default 512)
@@ -193,8 +194,8 @@ class BwrapEnvironment(BaseEnvironment):
                           python=os.path.realpath(self._python), tmpfs_bytes=self._disk,
                           pids_max=self._pids_max, forwards=forwards), parent=self._state_parent)
         if phase == "agent" and not self._no_network:
-            for host, port in self._forward:
-                relay = Relay(sb.dir / "sock" / f"{port}.sock", host, port)
+            for host, port, prefix in self._forward:
+                relay = Relay(sb.dir / "sock" / f"{port}.sock", host, port, prefix)
                 await relay.start()
                 self._relays.append(relay)
                 forwards[port] = str(relay.path)
