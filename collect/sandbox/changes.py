@@ -104,7 +104,7 @@ def merge(pristine: Tree, agent: Tree, others: list[str], test_names: set[str]) 
             out.tree[rel] = item
             out.changed.append(rel)
     for rel in pristine:
-        if rel not in agent:
+        if rel not in agent and PurePosixPath(rel).parts[0] != ".git":  # shipped git metadata stays
             why = why_protected(rel, test_names, shadow, new=False)
             if why:
                 out.set_aside[rel] = f"deleted, restored: {why}"

@@ -300,7 +300,10 @@ BASE_COMMIT=@@BASE_COMMIT@@
 TEST_FILES=(@@TEST_FILES@@)
 export WHARF_TEST_TIMEOUT="${WHARF_TEST_TIMEOUT:-@@TEST_TIMEOUT@@}"
 # The repo may belong to another user than the verifier: trust it without touching ~/.gitconfig.
-export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'
+# Nor run anything the agent put in .git/config (fsmonitor, hooks) when we call git.
+export GIT_CONFIG_COUNT=3 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*' \
+    GIT_CONFIG_KEY_1=core.fsmonitor GIT_CONFIG_VALUE_1=false GIT_CONFIG_KEY_2=core.hooksPath GIT_CONFIG_VALUE_2=/dev/null
+unset PYTEST_ADDOPTS PYTEST_PLUGINS
 mkdir -p "$VERIFIER_DIR"
 : > "$LOG"
 
@@ -358,9 +361,26 @@ reset_test_files() {
     return $ok
 }
 
+# Test configuration the agent planted or changed anywhere in the repo (conftest.py, ini files,
+# sitecustomize.py, .pth files) goes back to the base commit too: it decides how tests run.
+reset_test_config() {
+    local f ok=0
+    while IFS= read -r -d '' f; do
+        case "${f##*/}" in
+            conftest.py|pytest.ini|tox.ini|setup.cfg|pyproject.toml|sitecustomize.py|usercustomize.py|*.pth)
+                if git cat-file -e "$BASE_COMMIT:$f" 2>/dev/null; then
+                    git checkout -q "$BASE_COMMIT" -- "$f" || ok=1
+                else
+                    rm -f -- "$f"
+                fi;;
+        esac
+    done < <(git diff -z --name-only "$BASE_COMMIT"; git ls-files -z --others)
+    return $ok
+}
+
 if ! cd "$TESTBED"; then
     echo ">>>>> Reset Failed" | tee -a "$LOG"
-elif ! reset_test_files; then
+elif ! reset_test_config || ! reset_test_files; then
     echo ">>>>> Reset Failed" | tee -a "$LOG"
 elif ! git apply -v "$TESTS_DIR/test.patch"; then
     echo ">>>>> Patch Apply Failed" | tee -a "$LOG"
