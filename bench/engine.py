@@ -6,11 +6,9 @@ The 2 cores here are shared: read the figures as noisy.
 """
 from __future__ import annotations
 
-import os
+from collect import envdefaults
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+envdefaults.apply()  # before torch loads
 
 import argparse  # noqa: E402
 import concurrent.futures  # noqa: E402

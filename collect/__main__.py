@@ -1,15 +1,19 @@
 """`python -m collect --config FILE [key=value ...]`: run one collect round (make collect)."""
 from __future__ import annotations
 
-import logging
-import sys
+from collect import envdefaults
 
-from collect.config import cli_config
-from collect.runner import run
-from collect.endpoint import EndpointError
-from collect.proxy_client import ServiceError
-from collect.tasksets import TaskSetError
-from collect.trials import TrialSetupError
+envdefaults.apply()  # before harbor and the agents load
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from collect.config import cli_config  # noqa: E402
+from collect.endpoint import EndpointError  # noqa: E402
+from collect.proxy_client import ServiceError  # noqa: E402
+from collect.runner import run  # noqa: E402
+from collect.tasksets import TaskSetError  # noqa: E402
+from collect.trials import TrialSetupError  # noqa: E402
 
 
 def setup_logging() -> None:
@@ -31,12 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     except (TaskSetError, TrialSetupError, ServiceError, EndpointError) as e:
         print(f"collect: {e}", file=sys.stderr)
         return 1
-    out = cfg.round_dir() / "collect"
+    out = cfg.round_layout.collect
     mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
     print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
           f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
     print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
-    print(f"wrote {out}/rollouts.parquet, {out}/turns/, {out}/manifest.json")
+    print(f"wrote {out.rollouts}, {out.turns}/, {out.manifest}")
     return 0
 
 

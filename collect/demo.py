@@ -2,10 +2,9 @@
 completion with its token ids and per-token log-probs (what the recording proxy will capture)."""
 from __future__ import annotations
 
-import os
+from collect import envdefaults
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+envdefaults.apply()
 
 import sys  # noqa: E402
 

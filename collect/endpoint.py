@@ -7,11 +7,10 @@ Plain urllib: these are a handful of control calls, not the data path.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
-from . import procs
+from . import envdefaults, procs
 from .config import RunConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -146,12 +145,12 @@ def _log_tail(log: Path | None) -> str:
     return f"; its log ({log}) ends with:\n{tail}"
 
 
-def _engine_command(cfg: RunConfig, host: str, port: int) -> list[str]:
+def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path) -> list[str]:
     if cfg.engine.served_name != cfg.endpoint.model:
         raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
                             f"engine.served_name={cfg.engine.served_name!r}: make them the same")
-    overrides = [f"engine.{k}={json.dumps(v)}" for k, v in vars(cfg.engine).items() if k not in ("host", "port")]
-    return [sys.executable, "-m", "collect.engine", *overrides, f"engine.host={host}", f"engine.port={port}"]
+    engine = dataclasses.replace(cfg.engine, host=host, port=port)  # where endpoint.url says it answers
+    return procs.stage_argv("collect.engine", dataclasses.replace(cfg, engine=engine), config_path)
 
 
 def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
@@ -176,15 +175,14 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
                                 "endpoint (`make serve`) or set endpoint.launch=true")
         parts = urlsplit(ep_cfg.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
-        if ep_cfg.kind == "local":
-            cmd, env = _engine_command(cfg, host, port), dict(os.environ)
-        elif ep_cfg.kind == "vllm":
-            cmd, env = _vllm_command(cfg, host, port), {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-        else:
-            raise EndpointError(f"endpoint.kind={ep_cfg.kind!r}: expected local or vllm")
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        if ep_cfg.kind == "local":
+            cmd, env = _engine_command(cfg, host, port, log.with_suffix(".yaml")), envdefaults.child_env()
+        elif ep_cfg.kind == "vllm":
+            cmd, env = _vllm_command(cfg, host, port), envdefaults.child_env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1")
+        else:
+            raise EndpointError(f"endpoint.kind={ep_cfg.kind!r}: expected local or vllm")
         # Its own session, so stopping it also stops what it spawned (vLLM's workers).
         proc = procs.spawn(cmd, log, env=env, cwd=REPO_ROOT)
     ep.process = proc

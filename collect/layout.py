@@ -3,10 +3,11 @@
 ```
 runs/<run>/
   config.yaml
-  rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, harbor/, logs/
+  rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
   rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
-  report.html, *.png
+  rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
+  report.html, report/*.png
 ```
 
 Every stage and tool (collect, the proxy, the audit, convert, train, the loop) asks this module
@@ -23,6 +24,11 @@ def policy_name(k: int) -> str:
     return f"policy-v{k}"
 
 
+def wal_dir(turns: Path) -> Path:
+    """The proxy's write-ahead log and rollout registry, beside the shards it folds into."""
+    return Path(turns) / "_wal"
+
+
 @dataclass(frozen=True)
 class CollectPaths:
     root: Path  # runs/<run>/rounds/<k>/collect (or any stored collect dir)
@@ -33,7 +39,7 @@ class CollectPaths:
 
     @property
     def wal(self) -> Path:
-        return self.turns / "_wal"
+        return wal_dir(self.turns)
 
     @property
     def rollouts(self) -> Path:
@@ -47,9 +53,23 @@ class CollectPaths:
     def harbor(self) -> Path:
         return self.root / "harbor"
 
+    def trial(self, rollout_id: str) -> Path:
+        """A rollout's harbor trial dir (harbor names it by the trial name, our rollout id)."""
+        return self.harbor / rollout_id
+
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def config(self) -> Path:
+        """The round's resolved config, as it was run."""
+        return self.root / "config.yaml"
+
+    @property
+    def proxy_config(self) -> Path:
+        """The config the round's proxy process was started with (config plus its proxy.out_dir)."""
+        return self.logs / "proxy.yaml"
 
 
 @dataclass(frozen=True)
@@ -99,6 +119,10 @@ class RoundLayout:
     def train(self) -> TrainPaths:
         return TrainPaths(self.root / "train")
 
+    def marker(self, stage: str) -> Path:
+        """The loop's done marker of one stage of this round (JSON: wall time, what it made)."""
+        return self.root / "done" / f"{stage}.json"
+
 
 @dataclass(frozen=True)
 class RunLayout:
@@ -115,6 +139,11 @@ class RunLayout:
     @property
     def report(self) -> Path:
         return self.root / "report.html"
+
+    @property
+    def report_assets(self) -> Path:
+        """The report's plots (PNG), referenced from report.html by relative paths."""
+        return self.root / "report"
 
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import contextlib
-import sys
+import dataclasses
 from pathlib import Path
 
 import aiohttp
@@ -10,6 +10,7 @@ import aiohttp
 from collect import procs
 from collect.config import RunConfig
 from collect.endpoint import Endpoint
+from collect.records import ClosedRollout, OpenedRollout, RecordError
 
 
 class ServiceError(RuntimeError):
@@ -18,9 +19,10 @@ class ServiceError(RuntimeError):
 
 @contextlib.contextmanager
 def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path):
-    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block."""
-    argv = [sys.executable, "-m", "collect.proxy", "--config", str(config_path), f"proxy.out_dir={turns_dir}"]
-    proc = procs.spawn(argv, log_path)
+    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block;
+    its config (cfg with proxy.out_dir set) is written to `config_path`."""
+    cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, out_dir=str(turns_dir)))
+    proc = procs.spawn(procs.stage_argv("collect.proxy", cfg, config_path), log_path)
     try:
         Endpoint(f"http://{cfg.proxy.host}:{cfg.proxy.port}").wait_healthy(60, proc, log_path)
         yield proc
@@ -49,11 +51,21 @@ class ProxyAdmin:
                 raise ServiceError(f"proxy {method} {path}: HTTP {r.status}: {await r.text()}")
             return await r.json()
 
-    async def open(self, rollout_id: str, policy: str, seed: int | None = None) -> dict:
-        return await self._call("POST", "/admin/rollouts", {"rollout_id": rollout_id, "policy": policy, "seed": seed})
+    async def open(self, rollout_id: str, policy: str, seed: int | None = None) -> OpenedRollout:
+        path = "/admin/rollouts"
+        body = await self._call("POST", path, {"rollout_id": rollout_id, "policy": policy, "seed": seed})
+        return _record(OpenedRollout, body, path)
 
-    async def close(self, rollout_id: str) -> dict:
-        return await self._call("POST", f"/admin/rollouts/{rollout_id}/close")
+    async def close(self, rollout_id: str) -> ClosedRollout:
+        path = f"/admin/rollouts/{rollout_id}/close"
+        return _record(ClosedRollout, await self._call("POST", path), path)
 
     async def flush(self) -> dict:
         return await self._call("POST", "/admin/flush")
+
+
+def _record(cls, body, path: str):
+    try:
+        return cls.from_json(body, f"proxy POST {path}")
+    except RecordError as e:
+        raise ServiceError(str(e)) from None

@@ -20,60 +20,37 @@ from tqdm import tqdm
 
 from collect import endpoint, schema
 from collect.config import RunConfig, dump_config
+from collect.layout import CollectPaths
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
+from collect.records import Outcome, RolloutRow
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed
-from collect.trials import Outcome, RolloutRoute, classify, preflight, trial_config
+from collect.trials import RolloutRoute, classify, preflight, trial_config
 
 log = logging.getLogger("wharf.collect")
-
-
-@dataclass
-class RoundPaths:
-    root: Path  # runs/<run>/rounds/<k>/collect
-
-    @property
-    def turns(self) -> Path:
-        return self.root / "turns"
-
-    @property
-    def rollouts(self) -> Path:
-        return self.root / "rollouts.parquet"
-
-    @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
-
-    @property
-    def harbor(self) -> Path:
-        return self.root / "harbor"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
 
 
 @dataclass
 class RoundSummary:
     job_id: str
     planned: int
-    rows: list[dict] = field(default_factory=list)
+    rows: list[RolloutRow] = field(default_factory=list)
     resumed: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
-        return dict(Counter(r["status"] for r in self.rows))
+        return dict(Counter(r.status for r in self.rows))
 
     @property
     def mean_reward(self) -> float | None:
-        rewards = [r["reward"] for r in self.rows if r["reward"] is not None]
+        rewards = [r.reward for r in self.rows if r.reward is not None]
         return sum(rewards) / len(rewards) if rewards else None
 
     def mixed_groups(self) -> list[str]:
         """Groups with both a success and a failure: the only ones GRPO learns from."""
         by_group: dict[str, set] = {}
         for r in self.rows:
-            if r["reward"] is not None:
-                by_group.setdefault(r["group_id"], set()).add(r["reward"] > 0)
+            if r.reward is not None:
+                by_group.setdefault(r.group_id, set()).add(r.reward > 0)
         return sorted(g for g, seen in by_group.items() if seen == {True, False})
 
 
@@ -81,7 +58,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def _load_manifest(paths: RoundPaths) -> dict:
+def _load_manifest(paths: CollectPaths) -> dict:
     if not paths.manifest.exists():
         return {}
     try:
@@ -96,28 +73,28 @@ def _write_json(path: Path, data: dict) -> None:
     tmp.replace(path)
 
 
-def _load_done(paths: RoundPaths) -> list[dict]:
+def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
-    return schema.read_table(paths.rollouts, "rollouts").to_pylist()
+    return [RolloutRow.from_dict(r) for r in schema.read_table(paths.rollouts, "rollouts").to_pylist()]
 
 
 def _row(job_id: str, cfg: RunConfig, p: PlannedRollout, rollout_id: str, policy: str, outcome: Outcome,
-         n_turns: int, started: dt.datetime, trial_dir: str) -> dict:
-    return {
-        "rollout_id": rollout_id, "job_id": job_id, "round": cfg.round, "task_id": p.task.task_id,
-        "group_id": f"{job_id[:8]}.{p.group_id}", "attempt": p.attempt, "policy": policy,
-        "reward": outcome.reward, "rewards": json.dumps(outcome.rewards), "status": outcome.status,
-        "n_turns": n_turns, "started_at": started, "ended_at": _now(), "trial_dir": trial_dir,
-        "error": outcome.error,
-    }
+         n_turns: int, started: dt.datetime, trial_dir: str) -> RolloutRow:
+    return RolloutRow(
+        rollout_id=rollout_id, job_id=job_id, round=cfg.round, task_id=p.task.task_id,
+        group_id=f"{job_id[:8]}.{p.group_id}", attempt=p.attempt, policy=policy,
+        reward=outcome.reward, rewards=json.dumps(outcome.rewards), status=outcome.status,
+        n_turns=n_turns, started_at=started, ended_at=_now(), trial_dir=trial_dir, error=outcome.error,
+    )
 
 
 class Round:
     def __init__(self, cfg: RunConfig, config_path: Path):
+        """`config_path`: where the proxy process's config file is written."""
         self.cfg = cfg
         self.config_path = config_path
-        self.paths = RoundPaths(cfg.round_dir() / "collect")
+        self.paths = cfg.round_layout.collect
         self.policy = cfg.collect.policy or cfg.endpoint.model
         self._lock = asyncio.Lock()
 
@@ -128,7 +105,7 @@ class Round:
             started = _now()
             seed = rollout_seed(self.cfg.sampling.seed, self.cfg.round, p)
             opened = await admin.open(rollout_id, self.policy, seed)
-            ep = RolloutRoute(opened["base_url"], opened["api_key"], self.policy)
+            ep = RolloutRoute(opened.base_url, opened.api_key, self.policy)
             tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
             try:
                 result = await queue.submit(tc)
@@ -140,26 +117,26 @@ class Round:
             if result is None:
                 outcome = Outcome("infra_error", None, {}, crash)
             else:
-                outcome = classify(result, upstream_errors=closed["n_errors"])
-            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed["n_turns"],
-                       started, str(Path("harbor") / rollout_id))
+                outcome = classify(result, upstream_errors=closed.n_errors)
+            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed.n_turns,
+                       started, str(self.paths.trial(rollout_id).relative_to(self.paths.root)))
             async with self._lock:
                 summary.rows.append(row)
                 # The whole table, atomically, after each trial: a killed round loses no finished rollout.
-                schema.write_table(self.paths.rollouts, "rollouts", summary.rows)
+                schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
                 bar.update(1)
-                failed = sum(1 for r in summary.rows if r["status"] != "ok")
+                failed = sum(1 for r in summary.rows if r.status != "ok")
                 mean = summary.mean_reward
                 bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
 
-    def plan(self) -> tuple[list, list[PlannedRollout], list[dict], list[PlannedRollout]]:
+    def plan(self) -> tuple[list, list[PlannedRollout], list[RolloutRow], list[PlannedRollout]]:
         """Tasks, planned rollouts, rows already finished, and the rollouts still to run."""
         cc = self.cfg.collect
         tasks = discover(cc.dataset, cc.tasks)
         planned = plan(tasks, cc.attempts)
         self.paths.root.mkdir(parents=True, exist_ok=True)
         done = _load_done(self.paths)
-        done_keys = {(r["task_id"], r["attempt"]) for r in done}
+        done_keys = {(r.task_id, r.attempt) for r in done}
         todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
         return tasks, planned, done, todo
 
@@ -213,20 +190,19 @@ class Round:
         return summary
 
 
-def _success_by_task(rows: list[dict]) -> dict[str, float]:
+def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
     by: dict[str, list[float]] = {}
     for r in rows:
-        by.setdefault(r["task_id"], []).append(1.0 if (r["reward"] or 0) > 0 else 0.0)
+        by.setdefault(r.task_id, []).append(1.0 if (r.reward or 0) > 0 else 0.0)
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
-    paths = RoundPaths(cfg.round_dir() / "collect")
+    paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
-    config_path = paths.root / "config.yaml"
-    dump_config(cfg, config_path)
-    dump_config(cfg, cfg.run_dir / "config.yaml")
-    rnd = Round(cfg, config_path)
+    dump_config(cfg, paths.config)
+    dump_config(cfg, cfg.layout.config)
+    rnd = Round(cfg, paths.proxy_config)
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))
     # The endpoint outlives the round's proxy: started here only when nothing answers at its url.

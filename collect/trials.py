@@ -10,6 +10,7 @@ from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfi
 from harbor.models.trial.result import TrialResult
 
 from collect.config import CollectConfig
+from collect.records import Outcome
 
 # harbor agents that take the endpoint as a constructor option rather than from the environment;
 # our own agents (collect.agents.*) take base_url and api_key.
@@ -50,6 +51,8 @@ def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
     kwargs = {}
     if cc.agent in _URL_KWARG:
         kwargs[_URL_KWARG[cc.agent]] = ep.base_url
+    if cc.agent == "terminus-2":  # it calls litellm in harbor's own process: no sandbox env, so the key here
+        kwargs["llm_kwargs"] = {"api_key": ep.api_key}
     if cc.agent.startswith(_OWN_AGENTS):
         kwargs.update(base_url=ep.base_url, api_key=ep.api_key)
     kwargs.update(cc.agent_kwargs)
@@ -124,14 +127,6 @@ _VERIFIER = {
 }
 _CONTEXT = {"ContextLengthExceededError", "ContextWindowExceededError", "OutputLengthExceededError"}
 _CONTEXT_WORDS = ("context length", "context window", "maximum context", "too long")
-
-
-@dataclass
-class Outcome:
-    status: str
-    reward: float | None
-    rewards: dict
-    error: str | None
 
 
 def primary_reward(rewards: dict) -> float | None:

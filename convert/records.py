@@ -26,6 +26,8 @@ old_logprobs      0    0    0   lp   lp   lp    0    0   lp   lp    0    0
   `logits[:, :-1]` against `input_ids[:, 1:]`, `completion_mask[:, 1:]`, `old_logprobs[:, 1:]`.
 - Padding is on the right: `input_ids` = `PAD_ID`, `attention_mask` = 0, `position_ids` = 0,
   masks and log-probs 0.
+- On disk the files are compact (`STORAGE`: int32 ids and positions, uint8 masks, ~14 bytes a
+  token instead of 32); `load_micro_batch` returns the dtypes of `TENSORS` whichever it finds.
 - Per row: `advantages` (the rollout's group-relative advantage, shared by all its rows),
   `weights` (1 / rows of that rollout, so a rollout split into several rows counts once),
   `temperatures` (the sampling temperature the row was generated with: the trainer divides the
@@ -39,7 +41,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+import numpy as np
+import orjson
+from safetensors.numpy import save_file
+from safetensors.torch import load_file
 
 FORMAT = "wharf.microbatches"
 FORMAT_VERSION = 1
@@ -57,6 +62,12 @@ TENSORS: dict[str, tuple[torch.dtype, bool]] = {
     "temperatures": (torch.float32, False),
     "rollout_index": (torch.int64, False),
     "group_index": (torch.int64, False),
+}
+
+# How save_micro_batch stores each tensor (values fit: ids < 2**31, masks 0/1); float32 stays.
+STORAGE: dict[str, np.dtype] = {
+    "input_ids": np.dtype(np.int32), "attention_mask": np.dtype(np.uint8), "position_ids": np.dtype(np.int32),
+    "completion_mask": np.dtype(np.uint8), "rollout_index": np.dtype(np.int32), "group_index": np.dtype(np.int32),
 }
 
 
@@ -129,15 +140,20 @@ def check_batch(mb: MicroBatch, where: str) -> None:
         want = (b, t) if per_pos else (b,)
         if tuple(x.shape) != want or x.dtype != dtype:
             raise BatchFormatError(f"{where}: tensor '{name}' is {x.dtype} {tuple(x.shape)}, expected {dtype} {want}")
-    if bool((mb.completion_mask * (1 - mb.attention_mask.float())).any()):
+    # numpy views of the (CPU) tensors: torch's small-op overhead made this the cost of convert
+    cmask = mb.completion_mask.detach().cpu().numpy()
+    attn = mb.attention_mask.detach().cpu().numpy()
+    if (cmask != 0).any(where=attn == 0):
         raise BatchFormatError(f"{where}: completion_mask is 1 on a padding position")
-    if t and bool(mb.completion_mask[:, 0].any()):
+    if t and cmask[:, 0].any():
         raise BatchFormatError(f"{where}: completion_mask is 1 at position 0 (no logits predict it)")
 
 
 def save_micro_batch(mb: MicroBatch, path: Path) -> None:
     check_batch(mb, str(path))
-    save_file({k: v.contiguous() for k, v in mb.tensors().items()}, str(path),
+    arrays = {k: v.detach().cpu().numpy() for k, v in mb.tensors().items()}
+    save_file({k: np.ascontiguousarray(a.astype(STORAGE.get(k, a.dtype), copy=False)) for k, a in arrays.items()},
+              str(path),
               metadata={"format": FORMAT, "version": str(FORMAT_VERSION)})
 
 
@@ -156,14 +172,14 @@ def load_micro_batch(path: Path) -> MicroBatch:
     missing = sorted(set(TENSORS) - set(tensors))
     if missing:
         raise BatchFormatError(f"{path}: missing tensors {missing}; re-run convert")
-    mb = MicroBatch(**{k: tensors[k] for k in TENSORS})
+    mb = MicroBatch(**{k: tensors[k].to(TENSORS[k][0]) for k in TENSORS})
     check_batch(mb, str(path))
     return mb
 
 
 def write_index(index: BatchIndex, path: Path) -> None:
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(index), indent=1))
+    tmp.write_bytes(orjson.dumps(asdict(index), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     os.replace(tmp, path)
 
 

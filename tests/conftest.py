@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from collect import procs
+from collect import envdefaults, procs
 from collect.endpoint import Endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The engine, the proxy and the tests share few cores (shared/notes/perf.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+envdefaults.apply()
 
 
 # With CI set, a part a test needs that is missing fails the run instead of skipping it: a CI

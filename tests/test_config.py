@@ -1,6 +1,6 @@
 import pytest
 
-from collect.config import ConfigError, RunConfig, load_config, parse_override
+from collect.config import ConfigError, RunConfig, dump_config, load_config, parse_override
 
 
 def test_default_config_loads_and_overrides_apply():
@@ -45,3 +45,28 @@ def test_top_level_must_be_mapping(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("override,message", [
+    ("proxy.port=70000", r"proxy.port: input should be less than or equal to 65535 \(got 70000\)"),
+    ("sampling.top_p=0", r"sampling.top_p: input should be greater than 0"),
+    ("sampling.temperature=-1", r"sampling.temperature: input should be greater than or equal to 0"),
+    ("collect.attempts=0", r"collect.attempts: input should be greater than or equal to 1"),
+    ("collect.tasks=[1]", r"collect.tasks\[0\]: expected str, got 1"),
+    ("engine=3", r"engine: expected a mapping, got 3"),
+])
+def test_values_out_of_range_or_shape_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=r"^defaults: " + message):
+        load_config(None, [override])
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["collect.attempts=0", "proxy.prot=1"])
+    assert "collect.attempts" in str(e.value) and "unknown key 'proxy.prot'; did you mean 'port'" in str(e.value)
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config("configs/default.yaml", ["collect.tasks=[a,b]"])
+    dump_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg

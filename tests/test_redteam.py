@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect.proxy.server import BackgroundProxy
 from tests.conftest import needs_bwrap
 from tests.fixtures.redteam import ATTACKS

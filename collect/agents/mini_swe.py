@@ -9,7 +9,7 @@ Load it by import path `collect.agents.mini_swe:LocalMiniSweAgent` with the mode
 `openai/<served name>`. Extra kwargs on top of harbor's mini-swe-agent options:
   base_url, api_key   the endpoint (else OPENAI_BASE_URL / OPENAI_API_KEY from the agent env)
   textbased           True (default): mini_textbased.yaml with the litellm_textbased model class
-                      (```mswea_bash_command blocks, no tool calling; notes/agents.md);
+                      (```mswea_bash_command blocks, no tool calling);
                       False: mini.yaml with tool calls
   step_limit          model calls at most (0: unlimited)
 The sandbox must expose the venv's path (BwrapEnvironment does: host dirs are bound read-only).

@@ -1,12 +1,9 @@
 """`python -m collect.engine --config FILE [key=value ...]`: serve the engine section of a run config."""
 from __future__ import annotations
 
-import os
+from collect import envdefaults
 
-# Before torch loads: the engine shares few cores with the proxy and trainer (shared/notes/perf.md).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+envdefaults.apply()  # before torch loads
 
 import logging  # noqa: E402
 import sys  # noqa: E402

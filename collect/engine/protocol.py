@@ -81,3 +81,9 @@ def n_choices(body: dict) -> int:
 
 def flag(body: dict, key: str, default: bool = False) -> bool:
     return _bool(body, key, default)
+
+
+def usage(n_prompt: int, n_completion: int) -> dict:
+    """An answer's usage block, as vLLM fills it."""
+    return {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_completion,
+            "completion_tokens": n_completion, "prompt_tokens_details": None}

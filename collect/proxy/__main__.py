@@ -1,13 +1,17 @@
 """`python -m collect.proxy --config FILE [key=value ...]`: serve until SIGTERM/SIGINT, then publish every row."""
 from __future__ import annotations
 
-import asyncio
-import logging
-import signal
-import sys
+from collect import envdefaults
 
-from collect.config import cli_config
-from collect.proxy.server import RecordingProxy
+envdefaults.apply()
+
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+
+from collect.config import cli_config  # noqa: E402
+from collect.proxy.server import RecordingProxy  # noqa: E402
 
 
 async def serve(cfg) -> None:

@@ -18,6 +18,7 @@ from collect.proxy.metrics import Metrics
 from collect.proxy.rollouts import Rollout, RolloutRegistry
 from collect.proxy.shards import TurnStore
 from collect.proxy.upstreams import UpstreamPool
+from collect.records import ClosedRollout, OpenedRollout, RolloutState
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -48,13 +49,9 @@ class AdminAPI:
             raise Reject(401, "admin API: missing or wrong bearer token (proxy.admin_token)", "bad_admin_token",
                          "authentication_error")
 
-    def _rollout_info(self, r: Rollout) -> dict:
-        return {"rollout_id": r.rollout_id, "state": r.state, "n_turns": r.n_turns, "n_errors": r.n_errors,
-                "policy": r.policy, "inflight": r.inflight}
-
     def _open_answer(self, r: Rollout) -> dict:
-        return {"rollout_id": r.rollout_id, "base_url": f"{self.public_base()}/rollout/{r.rollout_id}/v1",
-                "api_key": r.api_key, "policy": r.policy}
+        return OpenedRollout(r.rollout_id, f"{self.public_base()}/rollout/{r.rollout_id}/v1", r.api_key,
+                             r.policy).to_json()
 
     async def admin_open(self, request: web.Request) -> web.Response:
         try:
@@ -114,14 +111,15 @@ class AdminAPI:
         # Calls already under way finish and are recorded (bounded by the upstream timeout).
         await r.idle.wait()
         await self.store.flush(r.rollout_id)
-        return web.json_response({"rollout_id": r.rollout_id, "n_turns": r.n_turns, "n_errors": r.n_errors})
+        return web.json_response(ClosedRollout(r.rollout_id, r.n_turns, r.n_errors).to_json())
 
     async def admin_get(self, request: web.Request) -> web.Response:
         try:
             r = self._admin_rollout(request)
         except Reject as e:
             return reject_response(self.metrics, e)
-        return web.json_response(self._rollout_info(r))
+        return web.json_response(RolloutState(r.rollout_id, r.state, r.n_turns, r.n_errors, r.policy,
+                                              r.inflight).to_json())
 
     async def admin_flush(self, request: web.Request) -> web.Response:
         try:

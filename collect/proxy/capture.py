@@ -1,11 +1,15 @@
 """Reading token ids and log-probs out of vLLM chat answers, and making the answer OpenAI-plain again.
 
-Both shapes are described in shared/notes/vllm.md. Every check here guards the training data:
+vLLM (>= 0.10, with return_token_ids) answers with `prompt_token_ids` at the top level and
+`choices[i].token_ids` plus per-token log-probs; a stream carries the prompt ids in its first chunk and
+each chunk its own token ids. Every check here guards the training data:
 a call whose ids do not add up is reported as an upstream error rather than recorded half-right.
 """
 from __future__ import annotations
 
 import array
+
+from collect.proxy.jsonx import dumps
 
 # vLLM-only fields an OpenAI client was never meant to see.
 _TOP_EXTRAS = ("prompt_token_ids", "prompt_logprobs", "kv_transfer_params")
@@ -178,3 +182,42 @@ def plain_chunk(chunk: dict, agent_model, keep_logprobs: bool, keep_usage: bool)
     if agent_model is not None and "model" in chunk:
         chunk["model"] = agent_model
     return chunk
+
+
+class StreamRelay:
+    """One stream's chunks on their way to the agent: captured for the row, and passed on plain (or
+    translated by a dialect's Stream). From the finish_reason chunk on, everything is held back
+    (`finish()` returns it as the tail): it goes out only once the row is durable."""
+
+    def __init__(self, req: dict, translator=None):
+        self.cap = StreamCapture()
+        self.tr = translator  # a dialect's Stream holds back its own tail
+        self.agent_model = req.get("model")
+        self.keep_logprobs = bool(req.get("logprobs"))
+        self.keep_usage = bool((req.get("stream_options") or {}).get("include_usage"))
+        self.held: list[bytes] = []
+
+    def feed(self, chunks: list[dict]) -> bytes:
+        """What to send the agent now for these chunks."""
+        send: list[bytes] = []
+        for chunk in chunks:
+            self.cap.add(chunk)
+            if self.tr is not None:
+                events = self.tr.feed(chunk)
+                if events:
+                    send.append(events)
+                continue
+            plain = plain_chunk(chunk, self.agent_model, self.keep_logprobs, self.keep_usage)
+            if plain is not None:
+                data = b"data: " + dumps(plain) + b"\n\n"
+                last = self.held or self.cap.finish_reason is not None or self.cap.usage
+                (self.held if last else send).append(data)
+        return b"".join(send)
+
+    def finish(self) -> tuple[dict, bytes, bytes]:
+        """After [DONE]: the captured fields (checked), the held-back tail, and the row's `response`."""
+        got = self.cap.result()
+        if self.tr is not None:
+            tail = self.tr.tail()  # built (not sent) first: it closes the last block that final() reports
+            return got, tail, dumps(self.tr.final())
+        return got, b"".join(self.held) + b"data: [DONE]\n\n", dumps(self.cap.message(self.agent_model))

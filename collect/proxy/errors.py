@@ -1,7 +1,8 @@
-"""Refusals shared by the agent routes, the rollout registry and the admin API.
+"""Refusals and failures shared by the agent routes, the rollout registry, the admin API and the
+recording path.
 
-Its own module so that server.py, rollouts.py and admin.py all import it and never each other
-the wrong way round (server -> admin -> rollouts -> errors).
+Its own module so that the others all import it and never each other the wrong way round
+(server -> admin -> rollouts -> errors).
 """
 from __future__ import annotations
 
@@ -36,3 +37,18 @@ def reject_response(metrics: Metrics, e: Reject, dialect=None) -> web.Response:
     if dialect is not None:
         return web.Response(status=e.status, body=dumps(dialect.error_body(e.status, e.message)), content_type=JSON)
     return error_response(e.status, e.message, e.type, e.reason)
+
+
+class UpstreamFailure(Exception):
+    """An upstream call that gave no recordable answer: recorded as an error row, `status` goes to the agent.
+
+    `body`: the upstream's own OpenAI-style error body, passed on as is when it has one.
+    """
+
+    def __init__(self, status: int, message: str, kind: str, body: bytes | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.body = status, message, kind, body
+
+
+class RecordFailure(Exception):
+    """The WAL write failed: the answer must not reach the agent unrecorded."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow.parquet as pq
 
 from collect.proxy.errors import Reject
+from collect.schema import shard_files
 from collect.proxy.jsonx import dumps
 from collect.proxy.wal import read_records, write_all
 
@@ -130,7 +131,7 @@ class RolloutRegistry:
 def _row_counts(out_dir: Path) -> dict[str, tuple[int, int]]:
     """(rows, error rows) per rollout over the published shards, to resume counters after a restart."""
     counts: dict[str, list[int]] = {}
-    for f in sorted(out_dir.glob("part-*.parquet")):
+    for f in shard_files(out_dir):
         t = pq.read_table(f, columns=["rollout_id", "status"])
         for rid, st in zip(t.column("rollout_id").to_pylist(), t.column("status").to_pylist()):
             c = counts.setdefault(rid, [0, 0])

@@ -38,7 +38,7 @@ def published_keys(out_dir: Path) -> tuple[set[str], dict[str, int]]:
     """request_ids already in shards, and the highest turn per rollout (only the needed columns are read)."""
     ids: set[str] = set()
     last_turn: dict[str, int] = {}
-    for f in sorted(out_dir.glob("part-*.parquet")):
+    for f in schema.shard_files(out_dir):
         try:
             pf = pq.ParquetFile(f)
         except Exception as e:  # noqa: BLE001 - any unreadable file: stop with its name
@@ -235,6 +235,3 @@ class TurnStore:
         if getattr(self, "_lock_fd", None) is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
-
-    def wal_files(self) -> list[str]:
-        return [os.fspath(p) for _, p in self.wal.segments()]

@@ -41,6 +41,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_f
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
+from collect import envdefaults
 from collect.sandbox import changes
 from collect.sandbox.ns import Sandbox, Spec, minimal_expose
 from collect.sandbox.relay import Relay, parse_forward
@@ -52,7 +53,9 @@ TESTS_DIR = "/tests"
 AGENT_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/agent", "/logs/artifacts", "/installed-agent", "/solution")
 VERIFIER_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/verifier", "/logs/artifacts", TESTS_DIR)
 TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
-_ENV_PASS = ("OMP_WAIT_POLICY", "HF_HUB_OFFLINE", "LITELLM_LOCAL_MODEL_COST_MAP", "HARBOR_TELEMETRY")
+# The npm-installed agent CLIs (make agents), shown read-only like the venv when present.
+_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",)
+                   if p.is_dir()]
 
 
 class SandboxTimeoutError(RuntimeError):
@@ -186,7 +189,7 @@ class BwrapEnvironment(BaseEnvironment):
     async def _open(self, phase: str) -> None:
         self._phase = phase
         dirs = AGENT_DIRS if phase == "agent" else VERIFIER_DIRS
-        expose = [sys.prefix, sys.base_prefix, self._python, *self._expose]
+        expose = [sys.prefix, sys.base_prefix, self._python, *_AGENT_INSTALLS, *self._expose]
         if phase == "verifier":
             expose.append(str(TASK_TOOLS))
         forwards: dict[int, str] = {}
@@ -264,7 +267,7 @@ class BwrapEnvironment(BaseEnvironment):
                "TMPDIR": "/tmp", "WHARF_PYTHON": self._python}
         if self._phase == "verifier":  # grading tools (grading.py, testlog.sh), for verifiers only
             env["WHARF_TASK_TOOLS"] = str(TASK_TOOLS)
-        env.update({k: os.environ[k] for k in _ENV_PASS if k in os.environ})
+        env.update({k: os.environ[k] for k in envdefaults.DEFAULTS if k in os.environ})
         return env
 
     async def _run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,

@@ -1,0 +1,146 @@
+"""The generic half of the run config: YAML files, `key=value` overrides, validation.
+
+Validation is pydantic's, over the plain dataclasses of collect/config.py: types, and ranges
+written as `Annotated[int, Field(ge=1)]` on a field. Its errors are reworded to name the
+file and the dotted key, and an unknown key gets the closest known one as a hint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit the schema."""
+
+
+_EXPECTED = {
+    "int_type": "int", "int_parsing": "int", "int_from_float": "int",
+    "float_type": "float", "float_parsing": "float", "string_type": "str", "bool_type": "bool",
+    "bool_parsing": "bool", "list_type": "a list", "dict_type": "a mapping", "dataclass_type": "a mapping",
+}
+
+
+def _dataclasses(cls: type) -> list[type]:
+    """`cls` and every dataclass reachable from its fields."""
+    seen, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        if c in seen or not dataclasses.is_dataclass(c):
+            continue
+        seen.append(c)
+        for tp in typing.get_type_hints(c).values():
+            todo.extend(typing.get_args(tp) or (tp,))
+    return seen
+
+
+def _adapter(cls: type) -> TypeAdapter:
+    for c in _dataclasses(cls):
+        if "__pydantic_config__" not in vars(c):
+            c.__pydantic_config__ = ConfigDict(extra="forbid")
+    return TypeAdapter(cls)
+
+
+def _field_names(cls: type, loc: tuple) -> list[str]:
+    """The keys known at `loc` (the dataclass that holds the last part of it)."""
+    for part in loc:
+        if not dataclasses.is_dataclass(cls):
+            return []
+        hints = typing.get_type_hints(cls)
+        tp = hints.get(part)
+        cls = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
+    return [f.name for f in dataclasses.fields(cls)] if cls is not None and dataclasses.is_dataclass(cls) else []
+
+
+def _explain(cls: type, err: dict) -> str:
+    loc = tuple(p for p in err["loc"] if isinstance(p, int) or not str(p).startswith(("function-", "nullable")))
+    where = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+    if err["type"] == "unexpected_keyword_argument":
+        names = _field_names(cls, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), names, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
+        return f"unknown key '{where}'{hint}"
+    value = err.get("input")
+    if err["type"] in _EXPECTED:
+        return f"{where}: expected {_EXPECTED[err['type']]}, got {value!r}"
+    return f"{where}: {err['msg'].lower()} (got {value!r})"
+
+
+def validate(cls: type, data: dict, source: str) -> Any:
+    try:
+        return _adapter(cls).validate_python(data)
+    except ValidationError as e:
+        problems = [_explain(cls, err) for err in e.errors()]
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def parse_override(text: str) -> dict:
+    """`collect.attempts=8` -> {"collect": {"attempts": 8}}; the value is read as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}': expected key=value, e.g. collect.attempts=8")
+    key, raw = text.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override '{text}': empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{text}': value is not valid YAML ({e})") from None
+    for part in reversed(key.split(".")):
+        value = {part: value}
+    return value
+
+
+def read_yaml(path: str | Path) -> dict:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Any:
+    """Read `path` (None: defaults only), apply overrides, and validate the result as `cls`."""
+    data = read_yaml(path) if path is not None else {}
+    for text in overrides:
+        data = deep_merge(data, parse_override(text))
+    return validate(cls, data, str(path) if path is not None else "defaults")
+
+
+def dump(cfg: Any, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+
+
+def cli(argv: list[str] | None, prog: str, cls: type) -> Any:
+    """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. collect.attempts=8")
+    args = parser.parse_args(argv)
+    try:
+        return load(cls, args.config, args.overrides)
+    except ConfigError as e:
+        print(f"{prog}: bad config: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

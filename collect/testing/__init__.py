@@ -1,0 +1,1 @@
+"""Test doubles and drivers shared by tests/ and bench/: the vLLM stub, the proxy load generator."""

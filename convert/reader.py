@@ -1,0 +1,168 @@
+"""Read one stored collect dir (a job) through collect.schema, refusing bad input by name.
+
+The turns' list columns stay flat numpy arrays (values + offsets): a call's prompt, completion
+and log-probs are zero-copy slices of them, so nothing walks the tokens in Python.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from collect import schema
+from collect.layout import CollectPaths
+from convert.rows import Call
+
+log = logging.getLogger("convert")
+
+# What convert needs of a turns shard (request and response JSON are most of its bytes).
+COLUMNS = ["rollout_id", "turn", "sampling", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
+           "finish_reason", "status"]
+
+DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
+
+
+class ConvertInputError(ValueError):
+    """Bad input: the message names the file (and rollout) and the reason."""
+
+
+@dataclass
+class Job:
+    dir: Path
+    job_id: str
+    agent: str
+    rollouts: list[dict]
+    files: list[str] = field(default_factory=list)  # turns shards read
+    skipped: list[dict] = field(default_factory=list)  # {file, rollout_id?, reason} (skip_bad)
+    bad_rollouts: set[str] = field(default_factory=set)
+    turns_read: int = 0
+    stored_tokens: int = 0  # prompt + completion ids of every turn read
+    turns_error: int = 0
+    orphan_turns: int = 0
+    orphan_rollouts: list[str] = field(default_factory=list)
+    no_temperature: int = 0
+    unflushed_wal: int = 0  # WAL segments left by a proxy that never folded them into shards
+    turn_rows: Counter = field(default_factory=Counter)  # rollout_id -> turns rows read (ok or error)
+    # rollout_id -> (file index, list of Call) in turn order
+    calls: dict[str, tuple[int, list[Call]]] = field(default_factory=dict)
+
+
+def _flat(col: pa.ChunkedArray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return values, offsets
+
+
+def _temperature(sampling: str | None) -> float | None:
+    try:
+        t = orjson.loads(sampling).get("temperature") if sampling else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+
+
+def _bad(job: Job, skip_bad: bool, file, reason: str, rollout_id: str | None = None) -> None:
+    where = f"{file}: rollout {rollout_id}: " if rollout_id else f"{file}: "
+    if not skip_bad:
+        raise ConvertInputError(f"{where}{reason} (convert.skip_bad=true skips it and lists it in stats.json)")
+    job.skipped.append({"file": str(file), "rollout_id": rollout_id, "reason": reason})
+    if rollout_id:
+        job.bad_rollouts.add(rollout_id)
+
+
+def _read_rollouts(paths: CollectPaths) -> list[dict]:
+    if not paths.rollouts.exists():
+        raise ConvertInputError(f"{paths.rollouts}: no rollouts table: collect has not finished this round, "
+                                f"or {paths.root} is not a collect dir")
+    try:
+        rows = schema.read_table(paths.rollouts, "rollouts").to_pylist()
+    except schema.SchemaError as e:
+        raise ConvertInputError(str(e)) from None
+    seen: set[str] = set()
+    for r in rows:
+        if r["rollout_id"] in seen:
+            raise ConvertInputError(f"{paths.rollouts}: rollout {r['rollout_id']} appears twice")
+        seen.add(r["rollout_id"])
+    return sorted(rows, key=lambda r: r["rollout_id"])
+
+
+def _agent(paths: CollectPaths) -> str:
+    try:
+        return str(json.loads(paths.manifest.read_text()).get("agent") or "unknown")
+    except (OSError, ValueError, AttributeError):
+        return "unknown"
+
+
+def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = False) -> Job:
+    paths = CollectPaths(Path(directory))
+    rollouts = _read_rollouts(paths)  # without it nothing of the job is usable: always an error
+    job_ids = {r["job_id"] for r in rollouts if r["job_id"]}
+    job = Job(paths.root, job_ids.pop() if len(job_ids) == 1 else str(paths.root), _agent(paths), rollouts)
+    if not paths.turns.is_dir():
+        _bad(job, skip_bad, paths.turns, "no turns dir")
+        return job
+    known = {r["rollout_id"] for r in rollouts}
+    if paths.wal.is_dir():
+        job.unflushed_wal = sum(1 for p in paths.wal.glob("seg-*.jsonl") if p.stat().st_size)
+        if job.unflushed_wal:
+            log.warning("%s: %d write-ahead log file(s) not folded into shards: their calls are not read "
+                        "(starting the proxy on this dir folds them)", paths.wal, job.unflushed_wal)
+    files = schema.shard_files(paths.turns)
+    for f in tqdm(files, desc=f"convert read {paths.root}", unit="shard", disable=not progress or len(files) < 2):
+        try:
+            table = schema.read_table(f, "turns", COLUMNS)
+        except schema.SchemaError as e:
+            _bad(job, skip_bad, f, str(e).removeprefix(f"{f}: "))
+            continue
+        job.files.append(str(f))
+        _add_shard(job, len(job.files) - 1, table, known, skip_bad)
+    for _, calls in job.calls.values():
+        calls.sort(key=lambda c: c.turn)  # a rollout's turns may span shards, in any order
+    return job
+
+
+def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool) -> None:
+    f = job.files[file_index]
+    job.turns_read += table.num_rows
+    job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
+                             for c in ("prompt_token_ids", "completion_token_ids"))
+    # no table.filter: it would copy every token; error rows are skipped by index instead
+    ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
+    job.turns_error += int((~ok).sum())
+    rids = table["rollout_id"].to_pylist()
+    job.turn_rows.update(rids)
+    turns = table["turn"].to_numpy()
+    n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
+    n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
+    n_p = pc.list_value_length(table["prompt_token_ids"]).fill_null(0).to_numpy()
+    for i in np.flatnonzero(ok & (n_c != n_l)):
+        _bad(job, skip_bad, f, f"turn {turns[i]} has {n_c[i]} completion ids but {n_l[i]} log-probs", rids[i])
+    for i in np.flatnonzero(ok & (n_p == 0)):
+        _bad(job, skip_bad, f, f"turn {turns[i]} is ok but has no prompt ids", rids[i])
+    pv, po = _flat(table["prompt_token_ids"], np.int32)
+    cv, co = _flat(table["completion_token_ids"], np.int32)
+    lv, lo = _flat(table["completion_logprobs"], np.float32)
+    finish = table["finish_reason"].to_pylist()
+    samplings = table["sampling"].to_pylist()
+    for i in np.flatnonzero(ok):
+        rid = rids[i]
+        if rid not in known:
+            job.orphan_turns += 1
+            if rid not in job.orphan_rollouts:
+                job.orphan_rollouts.append(rid)
+            continue
+        temp = _temperature(samplings[i])
+        if temp is None:
+            job.no_temperature += 1
+            temp = DEFAULT_TEMPERATURE
+        call = Call(int(turns[i]), pv[po[i]:po[i + 1]], cv[co[i]:co[i + 1]], lv[lo[i]:lo[i + 1]], finish[i], temp)
+        job.calls.setdefault(rid, (file_index, []))[1].append(call)

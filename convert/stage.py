@@ -1,0 +1,153 @@
+"""convert_round: stored collect dirs -> micro-batches, index.json and stats.json.
+
+Everything is written into a temp dir beside the output and renamed into place at the end, so
+bad input or an interruption never leaves a half-written convert dir behind.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import orjson
+from tqdm import tqdm
+
+from collect.config import RunConfig
+from collect.layout import ConvertPaths, RunLayout
+from convert import batching
+from convert.advantages import ESTIMATORS
+from convert.build import Built, build
+from convert.reader import ConvertInputError, read_job
+from convert.records import BatchFile, BatchIndex, save_micro_batch, write_index
+from convert.rows import RowOptions
+
+log = logging.getLogger("convert")
+
+CHOICES = {"advantage": ESTIMATORS, "overlong": ("truncate", "drop"), "length_completions": ("keep", "mask")}
+
+
+def check_settings(cfg: RunConfig) -> None:
+    c = cfg.convert
+    for key, allowed in CHOICES.items():
+        if getattr(c, key) not in allowed:
+            raise ConvertInputError(f"convert.{key}: {getattr(c, key)!r} is not one of {', '.join(allowed)}")
+    for key in ("max_seq_len", "max_tokens_per_batch", "pad_multiple"):
+        if getattr(c, key) < 1:
+            raise ConvertInputError(f"convert.{key} must be >= 1, got {getattr(c, key)}")
+    if not 0 <= c.max_row_padding <= 1:
+        raise ConvertInputError(f"convert.max_row_padding must be in [0, 1], got {c.max_row_padding}")
+
+
+def job_dirs(cfg: RunConfig) -> list[Path]:
+    if cfg.convert.jobs:
+        return [Path(j) for j in cfg.convert.jobs]
+    return [RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).collect.root]
+
+
+def out_paths(cfg: RunConfig) -> ConvertPaths:
+    if cfg.convert.out_dir:
+        return ConvertPaths(Path(cfg.convert.out_dir))
+    return RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).convert
+
+
+def _write_batches(built: Built, cfg: RunConfig, tmp: Path, progress: bool) -> tuple[list[BatchFile], dict]:
+    c = cfg.convert
+    lengths = np.array([len(r) for r in built.rows], np.int64)
+    plan = batching.plan_batches(lengths, c.max_tokens_per_batch, c.pad_multiple, c.seed, c.max_row_padding)
+    adv, w = np.array(built.advantages), np.array(built.weights)
+    ri, gi = np.array(built.rollout_index), np.array(built.group_index)
+    files = []
+    for n, idx in enumerate(tqdm(plan, desc="convert micro-batches", unit="batch", disable=not progress)):
+        mb = batching.pack([built.rows[i] for i in idx], c.pad_multiple, adv[idx], w[idx], ri[idx], gi[idx])
+        name = f"mb-{n:05d}.safetensors"
+        save_micro_batch(mb, tmp / name)
+        files.append(BatchFile(file=name, rows=len(idx), seq_len=mb.shape[1], tokens=int(lengths[idx].sum()),
+                               loss_tokens=int(mb.completion_mask.numpy().sum())))  # numpy: no torch thread pool
+    padded = sum(f.rows * f.seq_len for f in files)
+    rows_per = max(1, round(len(lengths) / len(plan))) if plan else 1
+    naive = batching.naive_batches(len(lengths), rows_per, c.seed)
+    pad = {"micro_batches": len(files), "padded": padded,
+           "padding_fraction": 1 - int(lengths.sum()) / padded if padded else 0.0,
+           "naive_padding_fraction": batching.padding_fraction(lengths, naive, c.pad_multiple),
+           "naive_rows_per_batch": rows_per}
+    return files, pad
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename the finished temp dir into place; an older convert dir there is replaced."""
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
+    """Convert this round's collect dir (or convert.jobs) and return the stats it wrote."""
+    t0 = time.perf_counter()
+    c = cfg.convert
+    check_settings(cfg)
+    dirs = job_dirs(cfg)
+    out = out_paths(cfg)
+    log.info("reading %d job(s) -> %s", len(dirs), out.root)
+    jobs = [read_job(d, c.skip_bad, progress) for d in dirs]
+    seen: dict[str, Path] = {}
+    for j in jobs:
+        if j.job_id in seen:
+            raise ConvertInputError(f"{j.dir}: job {j.job_id} is also {seen[j.job_id]}: the same job twice "
+                                    f"would count its rollouts twice")
+        seen[j.job_id] = j.dir
+    t_read = time.perf_counter()
+    opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions)
+    built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
+    t_build = time.perf_counter()
+    out.root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.root.with_name(f".{out.root.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    try:
+        files, pad = _write_batches(built, cfg, tmp, progress)
+        stats = {**built.stats, "batches": pad, "jobs_read": [str(d) for d in dirs],
+                 "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
+                                                         "overlong", "length_completions", "max_tokens_per_batch",
+                                                         "max_row_padding", "pad_multiple", "seed", "skip_bad")},
+                 "wall_s": round(time.perf_counter() - t0, 3),
+                 "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
+                              "micro_batches": round(time.perf_counter() - t_build, 3)}}
+        write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
+                               jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
+                    tmp / "index.json")
+        (tmp / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+        _publish(tmp, out.root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        print(summary(stats, out.root))
+    return stats
+
+
+def summary(s: dict, out: Path) -> str:
+    """One screen: what was read, what was used, why the rest was left out."""
+    r, g, rows, tok, b, pb = s["rollouts"], s["groups"], s["rows"], s["tokens"], s["batches"], s["prefix_breaks"]
+    agents = ", ".join(f"{a}: {c.get('breaks', 0)}/{c.get('pairs', 0)}" for a, c in pb["by_agent"].items()) or "-"
+    lines = [
+        f"convert: {len(s['jobs'])} job(s) -> {out}",
+        f"  rollouts  read {r['read']}, used {r['used']}, left out {r['left_out'] or 'none'}",
+        f"  groups    used {g['used']}, dropped {g['dropped'] or 'none'}",
+        f"  turns     read {s['turns']['read']} (error {s['turns']['error']}, duplicates {s['turns']['duplicates_dropped']}, "
+        f"orphans {s['turns']['orphans']})",
+        f"  rows      {rows['count']} ({rows['merged']} merged, {rows['single_call']} single-call; "
+        f"{rows['rows_per_rollout_mean']:.2f}/rollout, {rows['split_rollouts']} rollouts split), "
+        f"truncated {rows['truncated']}, "
+        f"dropped overlong {rows['dropped_overlong']}",
+        f"  tokens    {tok['total']} ({tok['trainable']} trainable) in {b['micro_batches']} micro-batches, "
+        f"padding {b['padding_fraction']:.1%} (naive pad-to-longest {b['naive_padding_fraction']:.1%})",
+        f"  prefix breaks {pb['total']} in {len(pb['by_rollout'])} rollouts (breaks/pairs by agent: {agents})",
+    ]
+    if s["skipped"]:
+        lines.append(f"  SKIPPED {len(s['skipped'])} bad input(s) (convert.skip_bad): see stats.json 'skipped'")
+    lines.append(f"  {s['wall_s']:.1f} s; stats: {out / 'stats.json'}")
+    return "\n".join(lines)

@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+mv draft.txt final.txt

@@ -1,0 +1,6 @@
+def msg():
+    return "Hello, Wrold!"
+
+
+def size():
+    return 3

@@ -1,0 +1,124 @@
+"""The run report on a run dir written the way the stages write theirs (real parquet through
+collect.schema, convert's stats.json, train's metrics.jsonl, the loop's markers): every plot with
+data is drawn, the page references only files that exist, and a partial run still gets a page."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from collect import schema
+from collect.layout import RunLayout
+from train.loop import write_marker
+from train.report import gather, write_report
+from train.report.__main__ import main as report_main
+
+NOW = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)
+
+
+def _rollouts(k: int, successes: dict[str, int], attempts: int = 4) -> list[dict]:
+    rows = []
+    for task, n_ok in successes.items():
+        for a in range(attempts):
+            rows.append({"rollout_id": f"r{k}-{task}-{a}", "job_id": f"job{k}", "round": k, "task_id": task,
+                         "group_id": f"job{k}.{task}", "attempt": a, "policy": f"policy-v{k}" if k else "base",
+                         "reward": 1.0 if a < n_ok else 0.0, "rewards": "{}", "status": "ok", "n_turns": 1,
+                         "started_at": NOW, "ended_at": NOW, "trial_dir": "", "error": None})
+    return rows
+
+
+def _turns(rows: list[dict], n_tokens: int) -> list[dict]:
+    return [{"rollout_id": r["rollout_id"], "turn": 0, "request_id": "x", "api": "chat", "policy": r["policy"],
+             "started_at": NOW, "ended_at": NOW, "request": "{}", "response": "{}", "sampling": "{}",
+             "prompt_token_ids": [1, 2, 3], "completion_token_ids": list(range(n_tokens)),
+             "completion_logprobs": [-0.5] * n_tokens, "finish_reason": "stop", "status": "ok", "error": None}
+            for r in rows]
+
+
+def make_round(layout: RunLayout, k: int, successes: dict[str, int], train: bool = True) -> None:
+    rnd = layout.round(k)
+    rows = _rollouts(k, successes)
+    schema.write_table(rnd.collect.rollouts, "rollouts", rows)
+    schema.write_table(rnd.collect.turns / "part-00000.parquet", "turns", _turns(rows, 10 + k))
+    rnd.collect.manifest.write_text(json.dumps({"policy": rows[0]["policy"], "wall_s": 100.0 + k}))
+    write_marker(rnd, "collect", 101.0 + k)
+    if not train:
+        return
+    rnd.convert.root.mkdir(parents=True)
+    rnd.convert.stats.write_text(json.dumps({"groups": {"used": 2, "dropped": {"no_signal": 1}},
+                                             "rows": {"count": 8}, "prefix_breaks": {"total": k}, "wall_s": 3.0}))
+    rnd.train.root.mkdir(parents=True)
+    steps = [{"step": i + 1, "loss": 0.1 / (i + 1), "clip_low": 0.01, "clip_high": 0.02, "kl": 0.001 * i,
+              "entropy": 1.5, "ratio_mean": 1.0, **({"mismatch_mean": 1e-5, "mismatch_max": 1e-4} if i == 0 else {})}
+             for i in range(3)]
+    rnd.train.metrics.write_text("".join(json.dumps(s) + "\n" for s in steps) + '{"step": 4, "lo')  # a cut line
+    for stage in ("convert", "train", "publish"):
+        write_marker(rnd, stage, 5.0)
+
+
+def referenced(page: Path) -> list[str]:
+    return re.findall(r"(?:src|href)='([^']+)'", page.read_text())
+
+
+def test_report_of_two_rounds_references_only_existing_files(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1, "b": 2, "c": 0})
+    make_round(layout, 1, {"a": 3, "b": 2, "c": 1})
+    page = write_report(layout.root)
+    refs = referenced(page)
+    assert refs and all((page.parent / r).is_file() for r in refs), refs
+    for plot in ("reward", "tasks", "signal", "training", "mismatch", "lengths", "walls"):
+        assert f"report/{plot}.png" in refs, plot
+    assert "offpolicy" not in page.read_text()  # no replay jobs: no empty frame
+    rounds = gather(layout.root)
+    assert [r.mean_reward for r in rounds] == [0.25, 0.5]
+    assert rounds[0].groups_with_signal == 2 and rounds[1].groups_with_signal == 3
+    assert rounds[1].success_by_task == {"a": 0.75, "b": 0.5, "c": 0.25}
+    assert rounds[1].response_tokens == 11 and rounds[1].prefix_breaks == 1
+    assert len(rounds[0].steps) == 3 and rounds[0].mismatch_mean == 1e-5  # the cut line is skipped
+    assert rounds[0].walls == {"collect": 101.0, "convert": 5.0, "train": 5.0, "publish": 5.0}
+
+
+def test_partial_run_and_stale_plots(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    page = write_report(layout.root)  # no rounds at all
+    assert "No rounds yet" in page.read_text() and referenced(page) == []
+    make_round(layout, 0, {"a": 1}, train=False)  # killed after collect
+    (layout.report_assets / "training.png").write_bytes(b"stale")
+    page = write_report(layout.root)
+    refs = referenced(page)
+    assert "report/reward.png" in refs and "report/training.png" not in refs
+    assert not (layout.report_assets / "training.png").exists()
+    assert all((page.parent / r).is_file() for r in refs)
+
+
+def test_compare_figure(tmp_path, capsys):
+    for name, later in (("learn", 3), ("zero", 1)):
+        layout = RunLayout(tmp_path / name)
+        make_round(layout, 0, {"a": 1})
+        make_round(layout, 1, {"a": later})
+    out = tmp_path / "learning.png"
+    assert report_main(["--compare", f"grpo={tmp_path / 'learn'}", f"zero={tmp_path / 'zero'}", "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "grpo: mean reward per round 0.250 0.750" in printed and "zero: mean reward per round 0.250 0.250" in printed
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
+def test_report_opens_in_headless_chromium(tmp_path):
+    """The page renders from the file system with nothing else running (a screenshot to look at:
+    chromium --headless --screenshot=shot.png --window-size=1150,4200 file://.../report.html)."""
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1, "b": 2})
+    make_round(layout, 1, {"a": 3, "b": 2})
+    page = write_report(layout.root)
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1150,4200", f"--screenshot={shot}", page.resolve().as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 50_000  # the plots, not a blank page (a page of text alone: ~23 kB)

@@ -1,0 +1,134 @@
+"""train.loss against direct implementations of the formulas, written here token by token."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
+
+
+def direct_loss(logp, behaviour, mask, adv, w, cfg: LossConfig, n_tokens, n_rows, prox=None, ref=None):
+    """Plain Python loops over rows and tokens: the PPO clip objective, the corrections, the sums."""
+    B, S = len(logp), len(logp[0])
+    total = 0.0
+    for b in range(B):
+        toks = [s for s in range(S) if mask[b][s] > 0]
+        keep = 1.0
+        if cfg.mismatch == "mask" and toks:
+            gap = sum(abs(prox[b][s] - behaviour[b][s]) for s in toks) / len(toks)
+            keep = 0.0 if gap > cfg.mismatch_bound else 1.0
+        row = 0.0
+        for s in toks:
+            old = behaviour[b][s] if cfg.mismatch == "none" else prox[b][s]
+            r = math.exp(logp[b][s] - old)
+            rc = min(max(r, 1 - cfg.eps_low), 1 + cfg.eps_high)
+            term = -min(r * adv[b], rc * adv[b])
+            if cfg.mismatch == "tis":
+                term *= min(math.exp(prox[b][s] - behaviour[b][s]), cfg.mismatch_cap)
+            if ref is not None:
+                term += cfg.kl_coef * (math.exp(ref[b][s] - logp[b][s]) - (ref[b][s] - logp[b][s]) - 1)
+            row += term * w[b] * keep
+        if cfg.agg == "token_mean":
+            total += row / n_tokens
+        elif cfg.agg == "seq_mean":
+            total += (row / max(len(toks), 1)) / n_rows
+        else:
+            total += row / (n_rows * cfg.constant)
+    return total
+
+
+def batch(seed=0, B=3, S=7):
+    g = torch.Generator().manual_seed(seed)
+    behaviour = -torch.rand(B, S, generator=g, dtype=torch.float64) * 3
+    # the current policy strays both ways, far enough to hit both clip bounds
+    logp = behaviour + (torch.rand(B, S, generator=g, dtype=torch.float64) - 0.5) * 1.2
+    prox = behaviour + (torch.rand(B, S, generator=g, dtype=torch.float64) - 0.5) * 0.8
+    ref = behaviour + (torch.rand(B, S, generator=g, dtype=torch.float64) - 0.5) * 0.5
+    mask = (torch.rand(B, S, generator=g) > 0.3).double()
+    mask[:, 0] = 1
+    adv = torch.tensor([1.5, -0.7, 0.4], dtype=torch.float64)[:B]
+    w = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)[:B]
+    return logp, behaviour, prox, ref, mask, adv, w
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "constant"])
+@pytest.mark.parametrize("mismatch", ["none", "tis", "mask"])
+@pytest.mark.parametrize("kl", [0.0, 0.3])
+def test_loss_matches_direct_formula(agg, mismatch, kl):
+    logp, behaviour, prox, ref, mask, adv, w = batch()
+    cfg = LossConfig(agg=agg, mismatch=mismatch, kl_coef=kl, constant=9.0, mismatch_cap=1.3, mismatch_bound=0.15)
+    norm = StepNorm(loss_tokens=40.0, rows=5.0)  # the whole step is larger than this micro-batch
+    got, _ = grpo_loss(logp, behaviour, mask, adv, w, cfg, norm, prox=prox, ref=ref if kl else None)
+    L = lambda t: t.tolist()  # noqa: E731
+    want = direct_loss(L(logp), L(behaviour), L(mask), L(adv), L(w), cfg, 40.0, 5.0, L(prox), L(ref) if kl else None)
+    assert got.item() == pytest.approx(want, rel=1e-9, abs=1e-12)
+
+
+def test_the_mask_mode_drops_a_row_and_tis_caps():
+    logp, behaviour, prox, _, mask, adv, w = batch()
+    prox = behaviour.clone()
+    prox[1] += 2.0  # row 1's recomputation strays far from what the endpoint stored
+    norm = StepNorm(20.0, 3.0)
+    masked, st = grpo_loss(logp, behaviour, mask, adv, w, LossConfig(mismatch="mask", mismatch_bound=0.5), norm, prox=prox)
+    only = grpo_loss(logp[[0, 2]], behaviour[[0, 2]], mask[[0, 2]], adv[[0, 2]], w[[0, 2]],
+                     LossConfig(mismatch="mask", mismatch_bound=0.5), norm, prox=prox[[0, 2]])[0]
+    assert masked.item() == pytest.approx(only.item()) and st["masked_rows"].item() == 1
+    capped = grpo_loss(logp, behaviour, mask, adv, w, LossConfig(mismatch="tis", mismatch_cap=2.0), norm, prox=prox)[0]
+    huge = grpo_loss(logp, behaviour, mask, adv, w, LossConfig(mismatch="tis", mismatch_cap=1e9), norm, prox=prox)[0]
+    assert capped.item() != pytest.approx(huge.item())  # exp(2) = 7.4 > cap 2 on row 1
+
+
+def test_clip_fractions_and_gradient_stops_outside_the_clip():
+    behaviour = torch.zeros(2, 3, dtype=torch.float64)
+    logp = torch.log(torch.tensor([[0.5, 1.0, 1.5], [0.5, 1.0, 1.5]], dtype=torch.float64)).requires_grad_()
+    mask = torch.ones(2, 3, dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0], dtype=torch.float64)
+    loss, st = grpo_loss(logp, behaviour, mask, adv, torch.ones(2, dtype=torch.float64),
+                         LossConfig(mismatch="none"), StepNorm(6.0, 2.0))
+    assert st["clip_low"].item() == 1 and st["clip_high"].item() == 1  # r=0.5 with A<0; r=1.5 with A>0
+    loss.backward()
+    g = logp.grad
+    assert g[0, 0] == 0 and g[1, 2] == 0  # clipped: no gradient
+    assert g[0, 2] != 0 and g[1, 0] != 0  # the pessimistic branch keeps the unclipped term
+
+
+def test_weights_and_padding_positions_do_not_leak():
+    logp, behaviour, prox, _, mask, adv, w = batch()
+    cfg, norm = LossConfig(mismatch="none"), StepNorm(30.0, 3.0)
+    base = grpo_loss(logp, behaviour, mask, adv, w, cfg, norm)[0]
+    noisy = logp.clone()
+    noisy[mask == 0] += 100.0  # anything off the mask is ignored
+    assert grpo_loss(noisy, behaviour, mask, adv, w, cfg, norm)[0].item() == pytest.approx(base.item())
+    w0 = w.clone()
+    w0[0] = 0
+    part = grpo_loss(logp[1:], behaviour[1:], mask[1:], adv[1:], w[1:], cfg, norm)[0]
+    assert grpo_loss(logp, behaviour, mask, adv, w0, cfg, norm)[0].item() == pytest.approx(part.item())
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+def test_chunked_logprobs_equal_a_full_log_softmax(chunk):
+    g = torch.Generator().manual_seed(1)
+    B, S, H, V = 2, 11, 8, 50
+    hidden = torch.randn(B, S, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, V, (B, S), generator=g)
+    temps = torch.tensor([1.0, 0.6], dtype=torch.float64)
+    got, ent = sampled_logprobs(hidden, weight, targets, temps, chunk)
+    full = torch.log_softmax((hidden @ weight.T) / temps[:, None, None], -1)
+    want = full.gather(-1, targets[..., None]).squeeze(-1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent.double(), -(full.exp() * full).sum(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(naive_logprobs(hidden, weight, targets, temps).double(), want, rtol=1e-5, atol=1e-5)
+    coef = torch.randn(B, S, generator=g, dtype=torch.float64)
+    (gh,) = torch.autograd.grad((got.double() * coef).sum(), hidden)
+    (wh,) = torch.autograd.grad((want * coef).sum(), hidden)
+    torch.testing.assert_close(gh, wh, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="loss_agg"):
+        LossConfig(agg="mean")
+    with pytest.raises(ValueError, match="mismatch"):
+        LossConfig(mismatch="is")

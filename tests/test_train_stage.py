@@ -1,0 +1,166 @@
+"""train_round on real micro-batches sampled from SmolLM2-135M: one step moves the log-probs the
+right way, metrics and the adapter are what vLLM and the engine expect, bad input writes nothing."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from collect.layout import RunLayout
+from convert.records import BatchFormatError
+from train.model import AdapterError
+from train.stage import TrainError, train_round
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+from train_util import base, convert_path, run_config, sample_rows, write_round  # noqa: E402
+
+ADV = [1.0, -1.0, 1.0, -1.0]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return sample_rows(4, 10, 1.0, seed=0)
+
+
+def mean_logp(adapter, rows, sign: float) -> float:
+    """Mean per-token log-prob of the completions whose advantage has `sign` (naive recomputation)."""
+    from peft import PeftModel
+
+    model, _ = base()
+    m = PeftModel.from_pretrained(model, str(adapter)) if adapter else model
+    vals = []
+    with torch.no_grad():
+        for r, a in zip(rows, ADV):
+            if a * sign <= 0:
+                continue
+            ids = torch.tensor([r["ids"]])
+            lp = torch.log_softmax(m(ids).logits[0, :-1].float(), -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+            vals.append(lp[r["n_prompt"] - 1:].mean().item())
+    if adapter:
+        m.unload()
+    return sum(vals) / len(vals)
+
+
+def train_dir(cfg, k=0):
+    return RunLayout.of(cfg.runs_dir, cfg.name).round(k).train
+
+
+def test_one_step_raises_positive_and_lowers_negative_completions(tmp_path, rows):
+    cfg = run_config(tmp_path, "train.lr=0.002", "train.publish=true")  # nothing answers at endpoint.url
+    write_round(convert_path(cfg), rows, ADV, 1.0)
+    result = train_round(cfg, progress=False)
+    paths = train_dir(cfg)
+    assert result.steps == 1 and result.skipped_steps == 0 and result.policy == "policy-v1"
+    assert not result.published and "not published" in result.publish_message
+    # On-policy data: the trainer's recomputation equals what was stored.
+    assert result.mismatch_mean < 1e-4 and result.mismatch_max < 1e-3
+    (m,) = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+    for key in ("loss", "clip_low", "clip_high", "kl", "entropy", "grad_norm", "lr", "tokens_per_s", "mismatch_mean"):
+        assert key in m
+    assert m["entropy"] > 0 and m["grad_norm"] > 0
+    cfg_json = json.loads((paths.adapter / "adapter_config.json").read_text())
+    assert cfg_json["r"] == 4 and not cfg_json.get("modules_to_save")
+    assert (paths.adapter / "adapter_model.safetensors").is_file()
+    from collect.engine.lora import check_adapter  # the engine's own (vLLM's) acceptance checks
+
+    check_adapter("policy-v1", str(paths.adapter), base()[0])
+    assert mean_logp(paths.adapter, rows, +1) > mean_logp(None, rows, +1)
+    assert mean_logp(paths.adapter, rows, -1) < mean_logp(None, rows, -1)
+    # A second call finds the round trained and does not train again.
+    again = train_round(cfg, progress=False)
+    assert again.steps == 1 and paths.metrics.read_text().count("\n") == 1
+    # Round 1 continues from policy-v1 with the same rank and targets.
+    cfg1 = run_config(tmp_path, "round=1", "train.lr=0.002")
+    write_round(convert_path(cfg1, 1), rows[:2], ADV[:2], 1.0)
+    assert train_round(cfg1, progress=False).policy == "policy-v2"
+    # ...and refuses policy-v1 at another rank, writing nothing.
+    cfg2 = run_config(tmp_path, "round=1", "train.lora_rank=8")
+    (train_dir(cfg2, 1).root / "result.json").unlink()
+    with pytest.raises(AdapterError, match="rank 4"):
+        train_round(cfg2, progress=False)
+
+
+def no_train_dir(cfg, k=0):
+    return not train_dir(cfg, k).root.exists()
+
+
+@pytest.fixture
+def small_round(tmp_path, rows):
+    cfg = run_config(tmp_path)
+    write_round(convert_path(cfg), rows[:2], ADV[:2], 1.0)
+    return cfg
+
+
+def test_micro_batches_of_another_layout_are_refused(tmp_path, small_round):
+    from safetensors.torch import save_file
+
+    f = convert_path(small_round) / "mb-0000.safetensors"
+    save_file({"input_ids": torch.zeros(1, 4, dtype=torch.int64)}, str(f), metadata={"format": "other", "version": "9"})
+    with pytest.raises(BatchFormatError, match="re-run convert"):
+        train_round(small_round, progress=False)
+    assert no_train_dir(small_round)
+    (convert_path(small_round) / "index.json").write_text(json.dumps({"format": "x", "version": 1, "files": []}))
+    with pytest.raises(BatchFormatError, match="index.json"):
+        train_round(small_round, progress=False)
+    assert no_train_dir(small_round)
+
+
+@pytest.mark.parametrize("override,match", [
+    ("train.lora_target_modules=[q_proj,nope_proj]", "no linear layer named 'nope_proj'"),
+    ("train.lora_target_modules=[lm_head]", "not loadable by vLLM"),
+    ("train.lora_rank=128", "max_lora_rank"),
+])
+def test_bad_lora_settings_are_refused(small_round, override, match):
+    cfg = run_config(small_round.runs_dir, override)
+    with pytest.raises(AdapterError, match=match):
+        train_round(cfg, progress=False)
+    assert no_train_dir(cfg)
+
+
+def test_an_adapter_of_another_base_model_is_refused(tmp_path, small_round):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    lc = LoraConfig(r=4, lora_alpha=8, target_modules=list(small_round.train.lora_target_modules))
+    prev = train_dir(small_round, 0).adapter
+    get_peft_model(other, lc).save_pretrained(str(prev))
+    cfg = run_config(tmp_path, "round=1")
+    import shutil
+
+    shutil.copytree(convert_path(small_round), convert_path(cfg, 1))
+    with pytest.raises(AdapterError, match="shape"):
+        train_round(cfg, progress=False)
+    assert no_train_dir(cfg, 1)
+
+
+def test_no_micro_batches_and_no_convert_stage(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "convert.stage", None)  # a checkout without convert's stage
+    cfg = run_config(tmp_path)
+    with pytest.raises(TrainError, match="run convert"):
+        train_round(cfg, progress=False)
+    assert no_train_dir(cfg)
+
+
+def test_round_one_needs_policy_v1(tmp_path, small_round):
+    cfg = run_config(tmp_path, "round=1")
+    import shutil
+
+    shutil.copytree(convert_path(small_round), convert_path(cfg, 1))
+    with pytest.raises(TrainError, match="train round 0 first"):
+        train_round(cfg, progress=False)
+
+
+@pytest.mark.gpu
+def test_cuda_training(tmp_path, rows):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    cfg = run_config(tmp_path, "train.device=cuda", "train.mixed_precision=bf16", "train.lr=0.002")
+    write_round(convert_path(cfg), rows, ADV, 1.0)
+    result = train_round(cfg, progress=False)
+    assert result.steps == 1 and result.skipped_steps == 0
+    assert result.mismatch_mean < 0.05  # bf16 autocast on the GPU vs the fp32 CPU sampling
+    assert mean_logp(result.adapter, rows, +1) > mean_logp(None, rows, +1)

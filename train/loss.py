@@ -1,0 +1,160 @@
+"""The GRPO/PPO loss and the sampled-token log-probs it needs, as pure tensor functions.
+
+Shapes: B rows, T positions of a micro-batch, S = T - 1 scored positions (logits at t score the
+token at t + 1), H hidden size, V vocabulary. Everything per position here is already shifted:
+`targets[b, s] = input_ids[b, s + 1]`, masks and behaviour log-probs likewise.
+
+`sampled_logprobs` never holds a [B, S, V] tensor: it walks the sequence in chunks, and its
+backward needs no logits at all (the gradient of log p(y) with respect to the hidden state,
+(W[y] - E_p[W]) / temperature, is a [B, S, H] tensor computed in the same forward pass).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+MISMATCH_MODES = ("tis", "mask", "none")
+
+
+class _SampledLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperatures: Tensor, chunk: int):
+        w = weight.float()  # [V, H]
+        need_grad = hidden.requires_grad
+        logp = hidden.new_empty(targets.shape, dtype=torch.float32)  # [B, S]
+        entropy = torch.empty_like(logp)
+        grad_h = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if need_grad else None
+        inv_t = (1.0 / temperatures.float())[:, None, None]  # [B, 1, 1]
+        for s in range(0, targets.shape[1], chunk):
+            h = hidden[:, s:s + chunk].float()  # [B, c, H]
+            y = targets[:, s:s + chunk]  # [B, c]
+            z = (h @ w.T).mul_(inv_t)  # [B, c, V], one chunk only
+            lse = torch.logsumexp(z, dim=-1)  # [B, c]
+            logp[:, s:s + chunk] = z.gather(-1, y[..., None]).squeeze(-1) - lse
+            p = (z - lse[..., None]).exp_()  # softmax, reusing lse
+            entropy[:, s:s + chunk] = lse - torch.einsum("bcv,bcv->bc", p, z)
+            if need_grad:
+                grad_h[:, s:s + chunk] = (w[y] - p @ w) * inv_t  # d log p(y) / d h
+            del z, p
+        ctx.save_for_backward(grad_h)
+        ctx.hidden_dtype = hidden.dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp: Tensor, g_entropy: Tensor):
+        (grad_h,) = ctx.saved_tensors
+        if ctx.needs_input_grad[1]:
+            raise RuntimeError("sampled_logprobs: the lm_head must be frozen (LoRA does not train it)")
+        return (g_logp[..., None] * grad_h).to(ctx.hidden_dtype), None, None, None, None
+
+
+def sampled_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperatures: Tensor,
+                     chunk: int = 1024) -> tuple[Tensor, Tensor]:
+    """(log p(targets), entropy), both [B, S] float32, of softmax(hidden @ weight.T / temperature).
+
+    hidden [B, S, H] (any float dtype, differentiable), weight [V, H] the frozen lm_head,
+    targets [B, S] int64, temperatures [B]. The entropy is for metrics (no gradient).
+    """
+    if chunk < 1:
+        raise ValueError(f"logprob chunk must be >= 1, got {chunk}")
+    return _SampledLogprobs.apply(hidden, weight, targets, temperatures, chunk)
+
+
+def naive_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperatures: Tensor) -> Tensor:
+    """The reference path: one full [B, S, V] float32 log-softmax (benchmarks and tests)."""
+    z = (hidden.float() @ weight.float().T) / temperatures.float()[:, None, None]
+    return torch.log_softmax(z, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+@dataclass
+class LossConfig:
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    agg: str = "token_mean"  # token_mean | seq_mean | constant
+    constant: float = 1.0  # the normaliser per row of `constant` (Dr. GRPO)
+    kl_coef: float = 0.0
+    mismatch: str = "tis"  # tis | mask | none
+    mismatch_cap: float = 2.0
+    mismatch_bound: float = 0.5
+
+    def __post_init__(self):
+        if self.agg not in AGGREGATIONS:
+            raise ValueError(f"train.loss_agg={self.agg!r}: expected one of {', '.join(AGGREGATIONS)}")
+        if self.mismatch not in MISMATCH_MODES:
+            raise ValueError(f"train.mismatch={self.mismatch!r}: expected one of {', '.join(MISMATCH_MODES)}")
+
+
+@dataclass
+class StepNorm:
+    """Counts of the whole optimizer step (all micro-batches, all processes) the loss divides by."""
+
+    loss_tokens: float
+    rows: float
+
+
+def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor, weights: Tensor,
+              cfg: LossConfig, norm: StepNorm, prox: Tensor | None = None,
+              ref: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """This micro-batch's share of the step loss, and metric sums over its loss tokens.
+
+    logp [B, S] the trainer's log-probs (with gradient); behaviour [B, S] the endpoint's stored
+    log-probs; mask [B, S] 1 on loss tokens; advantages, weights [B]. prox [B, S]: the trainer's
+    log-probs of the sampling policy (no gradient), needed by tis and mask: the PPO ratio is then
+    taken to prox and the train/inference gap prox - behaviour is corrected separately; with
+    mismatch none the ratio is taken to behaviour directly. ref [B, S]: base-model log-probs for KL.
+    Summing the returned loss over the step's micro-batches gives the step's loss.
+    """
+    mask = mask.float()
+    w_tok = mask * weights[:, None]  # [B, S]
+    old = behaviour
+    is_w = torch.ones_like(logp)
+    if cfg.mismatch != "none":
+        if prox is None:
+            raise ValueError(f"mismatch={cfg.mismatch} needs the recomputed log-probs of the sampling policy")
+        old = prox
+        gap = prox - behaviour  # log(pi_train / pi_infer) of the sampling policy
+        if cfg.mismatch == "tis":
+            is_w = torch.exp(gap).clamp(max=cfg.mismatch_cap)
+        else:
+            row_gap = (gap.abs() * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B]
+            w_tok = w_tok * (row_gap <= cfg.mismatch_bound).float()[:, None]
+    ratio = torch.exp(logp - old)
+    a = advantages[:, None]
+    clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
+    per_tok = -torch.minimum(ratio * a, clipped * a) * is_w  # [B, S]
+    kl = None
+    if ref is not None:
+        d = ref - logp
+        kl = torch.exp(d) - d - 1  # k3: unbiased, >= 0
+        per_tok = per_tok + cfg.kl_coef * kl
+    loss = _aggregate(per_tok, w_tok, mask, cfg, norm)
+    with torch.no_grad():
+        r = ratio.detach()
+        stats = {
+            "tokens": mask.sum(),
+            "clip_low": (((r < 1 - cfg.eps_low) & (a < 0)).float() * mask).sum(),
+            "clip_high": (((r > 1 + cfg.eps_high) & (a > 0)).float() * mask).sum(),
+            "ratio": (r * mask).sum(),
+            "kl": (kl.detach() * mask).sum() if kl is not None else torch.zeros(()),
+            "masked_rows": ((w_tok.sum(1) == 0) & (mask.sum(1) > 0) & (weights > 0)).float().sum(),
+        }
+    return loss, stats
+
+
+def _aggregate(per_tok: Tensor, w_tok: Tensor, mask: Tensor, cfg: LossConfig, norm: StepNorm) -> Tensor:
+    if cfg.agg == "token_mean":  # every loss token of the step counts the same
+        return (per_tok * w_tok).sum() / max(norm.loss_tokens, 1.0)
+    if cfg.agg == "seq_mean":  # each row's mean over its tokens, then the mean over the step's rows
+        row = (per_tok * w_tok).sum(1) / mask.sum(1).clamp(min=1)
+        return row.sum() / max(norm.rows, 1.0)
+    return (per_tok * w_tok).sum() / (max(norm.rows, 1.0) * cfg.constant)  # Dr. GRPO
+
+
+def mismatch_stats(prox: Tensor, behaviour: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """Sum and max of |recomputed - stored| log-prob over loss tokens (the train/inference gap)."""
+    d = (prox - behaviour).abs() * mask
+    return {"sum": d.sum(), "max": d.max() if d.numel() else torch.zeros(()), "tokens": mask.sum()}

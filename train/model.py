@@ -1,0 +1,140 @@
+"""The policy: the endpoint's base model with a peft LoRA adapter that vLLM can load.
+
+Round 0 starts a new adapter; round k continues from policy-v<k>, the adapter round k-1 trained.
+Everything that would make an adapter vLLM refuses (a target that is not a linear layer of the
+base, modules_to_save, a rank above the endpoint's limit) or that does not fit (another base
+model, another rank) is refused here, before anything is written.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from collect.config import RunConfig
+from collect.engine.model_store import ModelError, load_model, resolve_model_dir
+
+from .loss import sampled_logprobs
+
+# Layers vLLM's LoRA never loads: embeddings and the output head (its lm_head LoRA is gone).
+REFUSED_TARGETS = ("lm_head", "embed_tokens")
+
+
+class AdapterError(ValueError):
+    """An adapter config or dir that vLLM would refuse or that does not fit the base model."""
+
+
+def base_model_dir(cfg: RunConfig) -> Path:
+    """train.model, else the endpoint's own base (engine.model, else the embedded model)."""
+    return resolve_model_dir(cfg.train.model if cfg.train.model is not None else cfg.engine.model)
+
+
+def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
+    t = cfg.train
+    if t.lora_rank < 1 or t.lora_rank > t.max_lora_rank:
+        raise AdapterError(f"train.lora_rank={t.lora_rank}: must be between 1 and train.max_lora_rank="
+                           f"{t.max_lora_rank} (the endpoint's --max-lora-rank)")
+    if not t.lora_target_modules:
+        raise AdapterError("train.lora_target_modules is empty: name the linear layers to adapt, e.g. q_proj")
+    linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for target in t.lora_target_modules:
+        if target in REFUSED_TARGETS:
+            raise AdapterError(f"train.lora_target_modules: {target!r} is not loadable by vLLM's LoRA; "
+                               "use attention/MLP projections only")
+        if target not in linear:
+            raise AdapterError(f"train.lora_target_modules: the base model has no linear layer named {target!r} "
+                               f"(it has: {', '.join(sorted(linear - set(REFUSED_TARGETS)))})")
+
+
+def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
+    """A previous round's adapter: readable, LoRA, this rank, these targets, this base model's shapes."""
+    from collect.engine.lora import AdapterInvalid, AdapterNotFound, check_adapter
+
+    try:
+        check_adapter(path.name, str(path), model)
+    except (AdapterInvalid, AdapterNotFound) as e:
+        raise AdapterError(f"{path}: {e}") from None
+    ac = json.loads((path / "adapter_config.json").read_text())
+    if ac.get("modules_to_save"):
+        raise AdapterError(f"{path}: modules_to_save={ac['modules_to_save']} (vLLM cannot load it)")
+    if ac.get("r") != cfg.train.lora_rank:
+        raise AdapterError(f"{path}: rank {ac.get('r')}, but train.lora_rank={cfg.train.lora_rank}; "
+                           "continue with the same rank or start a new run")
+    targets = ac.get("target_modules") or []
+    if sorted(targets) != sorted(cfg.train.lora_target_modules):
+        raise AdapterError(f"{path}: targets {sorted(targets)}, but train.lora_target_modules="
+                           f"{sorted(cfg.train.lora_target_modules)}; use the same targets")
+
+
+def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
+    """(peft model with the trainable adapter 'default', tokenizer). init_adapter None: a new one."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    model_dir = base_model_dir(cfg)
+    try:
+        base, tok = load_model(model_dir, device, "float32")
+    except ModelError:
+        raise
+    except Exception as e:  # transformers' own errors for broken dirs
+        raise ModelError(f"{model_dir}: cannot load the base model ({type(e).__name__}: {e})") from None
+    check_lora_config(cfg, base)
+    if init_adapter is not None:
+        check_adapter_dir(cfg, init_adapter, base)
+        model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
+        if cfg.train.lora_dropout != model.peft_config["default"].lora_dropout:
+            model.peft_config["default"].lora_dropout = cfg.train.lora_dropout
+    else:
+        lc = LoraConfig(r=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha,
+                        lora_dropout=cfg.train.lora_dropout, target_modules=list(cfg.train.lora_target_modules),
+                        bias="none", task_type="CAUSAL_LM")
+        model = get_peft_model(base, lc)
+    model.peft_config["default"].base_model_name_or_path = str(model_dir)
+    if cfg.train.grad_checkpointing:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        base.enable_input_require_grads()
+    base.config.use_cache = False
+    model.train()
+    return model, tok
+
+
+class PolicyLogprobs(nn.Module):
+    """The module accelerate wraps (DDP): batch in, sampled-token log-probs and entropy out.
+
+    It calls the decoder for hidden states and scores them chunk by chunk against the frozen
+    lm_head, so the [B, T, V] logits are never built (see loss.sampled_logprobs).
+    """
+
+    def __init__(self, peft_model: nn.Module, chunk: int):
+        super().__init__()
+        self.peft = peft_model
+        self.chunk = chunk
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                temperatures: Tensor) -> tuple[Tensor, Tensor]:
+        causal_lm = self.peft.get_base_model()
+        hidden = causal_lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=position_ids, use_cache=False).last_hidden_state  # [B, T, H]
+        head = causal_lm.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ModelError("lm_head with a bias is not supported by the chunked log-probs")
+        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures, self.chunk)
+
+
+def save_adapter(peft_model: nn.Module, out: Path) -> None:
+    """adapter_config.json + adapter_model.safetensors (peft's standard layout, what vLLM loads)."""
+    peft_model.save_pretrained(str(out), safe_serialization=True)
+    for extra in ("README.md",):
+        (out / extra).unlink(missing_ok=True)
+
+
+def lora_state(peft_model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in peft_model.named_parameters() if v.requires_grad}
+
+
+def set_lora_state(peft_model: nn.Module, state: dict[str, Tensor]) -> None:
+    params = dict(peft_model.named_parameters())
+    with torch.no_grad():
+        for k, v in state.items():
+            params[k].copy_(v)

@@ -1,0 +1,103 @@
+"""Hand a trained adapter to the endpoint as policy-v<k+1>, and check that the name serves.
+
+`POST /v1/load_lora_adapter` with a new name and a new directory every round (never a reload in
+place: vLLM can reuse stale prefix-cache blocks under an old name). The same API on vLLM and
+the local engine. A failed publish leaves the adapter on disk; `make publish` tries again.
+
+`python -m train.publish --config FILE [k=v ...]` publishes round `round`'s adapter.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from pathlib import Path
+
+from collect.config import RunConfig, cli_config
+from collect.endpoint import Endpoint, EndpointError
+from collect.layout import RunLayout, policy_name
+
+log = logging.getLogger("wharf.train")
+
+
+class PublishError(RuntimeError):
+    """The endpoint refused the adapter or does not serve it afterwards; the adapter stays on disk."""
+
+
+def publish(cfg: RunConfig, adapter_dir: Path, name: str) -> list[str]:
+    """Load `adapter_dir` as `name`, unload older policy-v<j> (j < k, the endpoint's slots are few),
+    and check that `name` is listed and answers a completion. Returns the served model names."""
+    ep = Endpoint(cfg.endpoint.url, cfg.endpoint.api_key, cfg.endpoint.model)
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
+    served = ep.models()
+    if name in served:
+        raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
+                           "(stale prefix cache): restart the endpoint or train the next round")
+    keep = _version(name) - 1  # the policy that sampled this round may still be in use
+    for old in served:
+        v = _version(old)
+        if v is not None and v < keep:
+            try:
+                ep.unload_adapter(old)
+            except EndpointError as e:
+                log.warning("could not unload %s: %s", old, e)
+    try:
+        ep.load_adapter(name, adapter_dir)
+    except EndpointError as e:
+        raise PublishError(f"publishing {adapter_dir} as {name!r} failed: {e}; the adapter stays on disk, "
+                           "`make publish` retries") from None
+    return verify(ep, name)
+
+
+def verify(ep: Endpoint, name: str) -> list[str]:
+    served = ep.models()
+    if name not in served:
+        raise PublishError(f"{ep.url} accepted {name!r} but /v1/models does not list it (it lists {served})")
+    status, text = ep.request("POST", "/v1/completions", {"model": name, "prompt": "Hello", "max_tokens": 1,
+                                                          "temperature": 0})
+    if status != 200:
+        raise PublishError(f"{ep.url} lists {name!r} but a completion with it fails ({status}: {text[:300]})")
+    return served
+
+
+def try_publish(cfg: RunConfig, adapter_dir: Path, name: str) -> tuple[bool, str]:
+    """train_round's publish: (published, what happened). No endpoint answering is not an error
+    (a replay trains without one); a refusal is logged with the way to retry."""
+    ep = Endpoint(cfg.endpoint.url, cfg.endpoint.api_key, cfg.endpoint.model)
+    if not ep.healthy():
+        msg = (f"not published: nothing answers at {cfg.endpoint.url} (replay?); the adapter is in {adapter_dir}; "
+               "start the endpoint and run `make publish` to serve it")
+        log.warning(msg)
+        return False, msg
+    try:
+        publish(cfg, adapter_dir, name)
+    except (PublishError, EndpointError) as e:
+        log.error("%s", e)
+        return False, str(e)
+    msg = f"published {adapter_dir} as {name} on {cfg.endpoint.url}"
+    log.info(msg)
+    return True, msg
+
+
+def _version(name: str) -> int | None:
+    m = re.fullmatch(r"policy-v(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cfg = cli_config(argv, "python -m train.publish")
+    adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
+    name = policy_name(cfg.round + 1)
+    try:
+        publish(cfg, adapter, name)
+    except (PublishError, EndpointError) as e:
+        print(f"publish: {e}", file=sys.stderr)
+        return 1
+    print(f"published {adapter} as {name} on {cfg.endpoint.url}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Replay: convert + train from stored collect dirs only (any mix of runs and rounds) into a new
+run dir, with no agent and no endpoint. `make replay JOBS="DIR ..."`, i.e.
+
+    python -m train.replay --config FILE --job DIR [--job DIR ...] [key=value ...]
+
+The new run (`name`, default replay-<UTC time>) gets round 0's convert/ and train/ (a new adapter
+from the base model), rounds/0/train/offpolicy.json (how far off-policy each job is for the
+base model: ratio and mismatch per job) and report.html. Run again with the same name, it
+resumes at the stage where it stopped (the loop's stage markers).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import logging
+import sys
+from pathlib import Path
+
+from collect.config import ConfigError, RunConfig, dump_config, load_config
+from collect.layout import CollectPaths, RunLayout
+
+from .loop import LoopError, stage_errors, run_stage, train_stage, convert_stage, write_report
+
+log = logging.getLogger("wharf.replay")
+
+
+def check_jobs(jobs: list[str]) -> list[str]:
+    """Every job dir must be a finished collect dir; the same dir twice would count twice."""
+    if not jobs:
+        raise LoopError("replay: no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
+    out = []
+    for j in jobs:
+        p = CollectPaths(Path(j))
+        if not p.rollouts.is_file():
+            raise LoopError(f"replay: {j} is not a collect dir (no rollouts.parquet): name "
+                            "runs/<run>/rounds/<k>/collect dirs")
+        resolved = str(p.root.resolve())
+        if resolved in out:
+            raise LoopError(f"replay: {j} is named twice; its rollouts would count twice")
+        out.append(resolved)
+    return out
+
+
+def replay_config(cfg: RunConfig, jobs: list[str]) -> RunConfig:
+    train = dataclasses.replace(cfg.train, publish=False) if hasattr(cfg.train, "publish") else cfg.train
+    return dataclasses.replace(cfg, round=0, convert=dataclasses.replace(cfg.convert, jobs=jobs), train=train)
+
+
+def offpolicy_stage(cfg: RunConfig) -> dict:
+    from collect.engine.model_store import pick_device, resolve_model_dir
+    from train import offpolicy
+
+    rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
+    model_dir = resolve_model_dir(getattr(cfg.train, "model", None) or cfg.engine.model)
+    jobs = offpolicy.write(rnd.convert.root, rnd.train.root / "offpolicy.json", model_dir,
+                           pick_device(getattr(cfg.train, "device", "auto")))
+    for j in jobs:
+        log.info("job %s (%s): %d tokens, mismatch mean %.4f, ratio mean %.3f", j["name"], j["policies"],
+                 j["tokens"], j.get("mismatch_mean", float("nan")), j.get("ratio_mean", float("nan")))
+    return {"jobs": len(jobs)}
+
+
+def run_replay(cfg: RunConfig) -> Path:
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    prev = layout.config
+    if prev.is_file():
+        old = load_config(prev)
+        if sorted(old.convert.jobs) != sorted(cfg.convert.jobs):
+            raise LoopError(f"replay: {layout.root} is a replay of other jobs ({old.convert.jobs}); "
+                            "choose another name=")
+    layout.root.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, layout.config)
+    rnd = layout.round(0)
+    run_stage(rnd, "convert", lambda: convert_stage(cfg))
+    (rnd.train.root).mkdir(parents=True, exist_ok=True)
+    run_stage(rnd, "offpolicy", lambda: offpolicy_stage(cfg))
+    run_stage(rnd, "train", lambda: train_stage(cfg))
+    write_report(layout.root)
+    return layout.root
+
+
+def main(argv: list[str] | None = None) -> int:
+    from collect.__main__ import setup_logging
+
+    p = argparse.ArgumentParser(prog="python -m train.replay")
+    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument("--job", action="append", default=[], help="a stored collect dir (repeat for more)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-4")
+    args = p.parse_args(argv)
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    try:
+        cfg = load_config(args.config, [f"name=replay-{stamp}", *args.overrides])
+        cfg = replay_config(cfg, check_jobs(args.job))
+    except (ConfigError, LoopError) as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 2
+    setup_logging()
+    try:
+        root = run_replay(cfg)
+    except stage_errors() as e:
+        print(f"replay: {e}", file=sys.stderr)
+        return 1
+    print(f"replay: adapter in {RunLayout(root).round(0).train.adapter}; report: {RunLayout(root).report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The run report: runs/<run>/report.html and its PNG plots, rewritten after every round.
+
+`write_report(run_dir)` reads what the stages left in the run dir (train/report/data.py) and
+writes a self-contained page: the plots as files beside it (relative paths), the tables inline,
+no scripts, so it opens from the file system with nothing running.
+`python -m train.report RUN_DIR` (or `--compare LABEL=RUN_DIR ... --out FILE.png`).
+"""
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+
+from collect.layout import RunLayout
+
+from .data import STAGES, RoundData, gather
+from .plots import PLOTS, draw_all
+
+__all__ = ["write_report", "render", "gather"]
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return html.escape(str(v))
+
+
+def _table(head: list[str], rows: list[list]) -> str:
+    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    trs = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><tr>{th}</tr>{trs}</table>"
+
+
+def _round_rows(rounds: list[RoundData]) -> list[list]:
+    return [[r.k, r.policy, r.rollouts, r.mean_reward, r.success_rate, r.groups_with_signal, r.groups_used,
+             r.rows, r.prefix_breaks, r.response_tokens, len(r.steps), r.step_mean("loss"),
+             r.mismatch_mean, *[r.walls.get(s) for s in STAGES]] for r in rounds]
+
+
+def _job_rows(rounds: list[RoundData]) -> list[list]:
+    return [[r.k, j.get("name"), j.get("dir"), j.get("policies"), j.get("tokens"), j.get("mismatch_mean"),
+             j.get("mismatch_max"), j.get("ratio_mean"), j.get("ratio_p95"), j.get("kl")]
+            for r in rounds for j in r.jobs]
+
+
+CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}"
+       "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}img{max-width:100%;display:block}"
+       "figure{margin:1.5em 0}")
+
+
+def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
+    """The page, given the plots' paths relative to it (pure: no I/O)."""
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>wharf run {html.escape(name)}</title>"
+             f"<style>{CSS}</style></head><body><h1>wharf run {html.escape(name)}</h1>"]
+    if not rounds:
+        parts.append("<p>No rounds yet.</p>")
+    else:
+        head = ["round", "policy", "rollouts", "mean reward", "success", "groups w/ signal", "groups used", "rows",
+                "prefix breaks", "tokens/call", "steps", "loss", "mismatch", *[f"{s} s" for s in STAGES]]
+        parts.append("<h2>Rounds</h2>" + _table(head, _round_rows(rounds)))
+        jobs = _job_rows(rounds)
+        if jobs:
+            parts.append("<h2>Jobs (how far off-policy)</h2>" + _table(
+                ["round", "job", "dir", "policies", "tokens", "mismatch mean", "mismatch max", "ratio mean",
+                 "ratio p95", "KL est."], jobs))
+    for key, (title, _, _) in PLOTS.items():
+        if key in images:
+            src = html.escape(images[key])
+            parts.append(f"<figure><h2>{html.escape(title)}</h2><img src='{src}' alt='{html.escape(title)}'></figure>")
+    missing = [t for k, (t, _, _) in PLOTS.items() if k not in images and k != "offpolicy"]
+    if missing:
+        parts.append("<p>Not drawn yet (no data): " + html.escape(", ".join(missing)) + ".</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Rewrite report.html and its plots for the run at `run_dir`; returns the page's path."""
+    layout = RunLayout(Path(run_dir))
+    rounds = gather(layout.root)
+    written = draw_all(rounds, layout.report_assets)
+    images = {k: os.path.relpath(p, layout.root) for k, p in written.items()}
+    for stale in layout.report_assets.glob("*.png"):  # a plot whose data went away
+        if stale not in written.values():
+            stale.unlink()
+    tmp = layout.report.with_suffix(".html.tmp")
+    tmp.write_text(render(layout.root.name, rounds, images))
+    tmp.replace(layout.report)
+    return layout.report

@@ -1,0 +1,182 @@
+"""What the run report shows, gathered from a run dir: one record per round, read defensively.
+
+Each stage's own outputs are the sources (collect's manifest.json, rollouts.parquet and turns,
+convert's stats.json, train's metrics.jsonl and result.json, the loop's stage markers); a
+missing or unreadable file leaves its fields None, so a report can be written after any stage
+of any round, and for a replay run that has no collect dirs of its own.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from collect.layout import RoundLayout, RunLayout
+
+log = logging.getLogger("wharf.report")
+
+STAGES = ("collect", "convert", "train", "publish")
+
+
+@dataclass
+class RoundData:
+    k: int
+    policy: str | None = None
+    rollouts: int = 0
+    mean_reward: float | None = None
+    success_rate: float | None = None
+    success_by_task: dict[str, float] = field(default_factory=dict)
+    groups: int | None = None  # groups in the round
+    groups_with_signal: int | None = None  # groups with both a success and a failure
+    groups_used: int | None = None  # groups convert kept
+    response_tokens: float | None = None  # mean completion tokens per call
+    calls: int | None = None
+    prefix_breaks: int | None = None
+    rows: int | None = None
+    steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl lines
+    mismatch_mean: float | None = None  # first step: |trainer - endpoint| log-prob per token
+    mismatch_max: float | None = None
+    walls: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    jobs: list[dict] = field(default_factory=list)  # replay: off-policy statistics per job
+
+    def step_mean(self, key: str) -> float | None:
+        vals = [s[key] for s in self.steps if _num(s.get(key))]
+        return sum(vals) / len(vals) if vals else None
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("report: %s is unreadable (%s); left out", path, e)
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut by a kill: the step is redone on resume
+    return out
+
+
+def _rollouts(rnd: RoundLayout) -> list[dict]:
+    if not rnd.collect.rollouts.is_file():
+        return []
+    from collect import schema
+
+    try:
+        return schema.read_table(rnd.collect.rollouts, "rollouts").select(
+            ["task_id", "group_id", "reward", "policy"]).to_pylist()
+    except Exception as e:  # a report never stops the loop
+        log.warning("report: %s: %s", rnd.collect.rollouts, e)
+        return []
+
+
+def _turn_lengths(rnd: RoundLayout) -> list[int]:
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from collect import schema
+
+    lengths: list[int] = []
+    for f in schema.shard_files(rnd.collect.turns):
+        try:
+            col = pq.read_table(f, columns=["completion_token_ids"])["completion_token_ids"]
+            lengths += pc.list_value_length(col).fill_null(0).to_pylist()
+        except Exception as e:
+            log.warning("report: %s: %s", f, e)
+    return lengths
+
+
+def collect_fields(rd: RoundData, rnd: RoundLayout) -> None:
+    manifest = read_json(rnd.collect.manifest) or {}
+    rows = _rollouts(rnd)
+    rd.policy = manifest.get("policy") or (rows[0]["policy"] if rows else None)
+    rewards = [r["reward"] for r in rows if r["reward"] is not None]
+    rd.rollouts = len(rows)
+    if rewards:
+        rd.mean_reward = sum(rewards) / len(rewards)
+        rd.success_rate = sum(r > 0 for r in rewards) / len(rewards)
+    by_task: dict[str, list[float]] = {}
+    by_group: dict[str, set] = {}
+    for r in rows:
+        by_task.setdefault(r["task_id"], []).append(1.0 if (r["reward"] or 0) > 0 else 0.0)
+        if r["reward"] is not None:
+            by_group.setdefault(r["group_id"], set()).add(r["reward"])
+    rd.success_by_task = {t: sum(v) / len(v) for t, v in sorted(by_task.items())}
+    if rows:
+        rd.groups = len(by_group)
+        rd.groups_with_signal = sum(len(v) > 1 for v in by_group.values())
+    lengths = _turn_lengths(rnd)
+    if lengths:
+        rd.calls, rd.response_tokens = len(lengths), sum(lengths) / len(lengths)
+    if _num(manifest.get("wall_s")):
+        rd.walls["collect"] = manifest["wall_s"]
+
+
+def convert_fields(rd: RoundData, stats: dict | None) -> None:
+    if not stats:
+        return
+    rd.groups_used = _get(stats, "groups", "used")
+    rd.prefix_breaks = _get(stats, "prefix_breaks", "total")
+    rd.rows = _get(stats, "rows", "count")
+    if _num(stats.get("wall_s")):
+        rd.walls["convert"] = stats["wall_s"]
+
+
+def train_fields(rd: RoundData, rnd: RoundLayout) -> None:
+    rd.steps = read_jsonl(rnd.train.metrics)
+    result = read_json(rnd.train.root / "result.json") or {}
+    first = next((s for s in rd.steps if _num(s.get("mismatch_mean"))), {})
+    rd.mismatch_mean = result.get("mismatch_mean", first.get("mismatch_mean"))
+    rd.mismatch_max = result.get("mismatch_max", first.get("mismatch_max"))
+    if _num(result.get("wall_s")):
+        rd.walls["train"] = result["wall_s"]
+    off = read_json(rnd.train.root / "offpolicy.json")
+    if off:
+        rd.jobs = off.get("jobs", [])
+
+
+def _get(d: dict, *keys):
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d if _num(d) else None
+
+
+def marker_walls(rd: RoundData, rnd: RoundLayout) -> None:
+    """The loop's stage markers hold the wall time of each stage as the loop saw it."""
+    for stage in STAGES:
+        m = read_json(rnd.marker(stage))
+        if m and _num(m.get("wall_s")):
+            rd.walls[stage] = m["wall_s"]
+
+
+def gather(run_dir: str | Path) -> list[RoundData]:
+    layout = RunLayout(Path(run_dir))
+    out = []
+    for k in layout.rounds():
+        rnd = layout.round(k)
+        rd = RoundData(k)
+        collect_fields(rd, rnd)
+        convert_fields(rd, read_json(rnd.convert.stats))
+        train_fields(rd, rnd)
+        marker_walls(rd, rnd)
+        out.append(rd)
+    return out

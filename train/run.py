@@ -1,0 +1,144 @@
+"""Build the accelerate setup for a round and run its steps: resume, metrics, checkpoints."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from collect.config import RunConfig
+
+from . import checkpoint
+from .loss import LossConfig
+from .model import PolicyLogprobs, load_policy, lora_state, set_lora_state
+from .trainer import Trainer
+
+MIXED = ("no", "bf16", "fp16")
+
+
+@dataclass
+class Setup:
+    acc: object
+    peft: torch.nn.Module
+    trainer: Trainer
+    log_with: list[str]
+    checkpoint_every: int
+
+
+def _accelerator(cfg: RunConfig, project_dir: Path):
+    from accelerate import Accelerator
+
+    t = cfg.train
+    if t.mixed_precision not in MIXED:
+        raise ValueError(f"train.mixed_precision={t.mixed_precision!r}: expected one of {', '.join(MIXED)}")
+    if t.device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"train.device={t.device!r}: expected auto, cpu or cuda")
+    if t.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
+    return Accelerator(cpu=t.device == "cpu", mixed_precision=t.mixed_precision,
+                       log_with=list(t.log_with) or None, project_dir=str(project_dir))
+
+
+def build(cfg: RunConfig, init_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
+    from accelerate.utils import set_seed
+
+    acc = _accelerator(cfg, Path(cfg.runs_dir))
+    set_seed(cfg.train.seed)
+    peft_model, _ = load_policy(cfg, init_adapter, device="cpu")
+    policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
+    params = [p for p in peft_model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    warmup = max(1, cfg.train.warmup)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    # The scheduler stays unprepared: accelerate would step it once per process.
+    policy, opt = acc.prepare(policy, opt)
+    trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
+                      kl=cfg.train.kl_coef > 0)
+    return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every)
+
+
+def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
+    state = checkpoint.load(paths.checkpoint)
+    if state is None:
+        return {"step": 0, "skipped": 0, "metrics_bytes": 0, "run_s": 0.0}
+    meta = state["meta"]
+    if meta.get("fingerprint") != fingerprint:
+        raise RuntimeError(f"{paths.checkpoint}: written by another train config or other micro-batches; "
+                           f"delete {paths.root} to start this round's training over")
+    set_lora_state(setup.peft, state["lora"])
+    setup.trainer.opt.load_state_dict(state["optimizer"])
+    setup.trainer.sched.load_state_dict(state["scheduler"])
+    return meta
+
+
+def _prox(setup: Setup, steps, start: int, paths) -> None:
+    """Recompute (step 0) or reload (resume) the sampling policy's log-probs of this process's files."""
+    from safetensors.torch import save_file
+
+    from .stage import load_prox
+
+    tr, acc = setup.trainer, setup.acc
+    if tr.loss_cfg.mismatch == "none":
+        return
+    path = paths.root / f"prox-rank{acc.process_index}.safetensors"
+    if start > 0:
+        tr.prox = {k: v.to(acc.device) for k, v in load_prox(path).items()}
+        return
+    files = sorted({i for s in steps for i in s.for_rank(acc.process_index, acc.num_processes)})
+    tr.compute_prox(files)
+    tmp = path.with_suffix(".tmp")
+    save_file({str(k): v.cpu().contiguous() for k, v in tr.prox.items()}, str(tmp))
+    tmp.replace(path)
+
+
+def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> dict:
+    from tqdm import tqdm
+
+    acc, tr = setup.acc, setup.trainer
+    paths.root.mkdir(parents=True, exist_ok=True)
+    meta = _resume(setup, paths, fingerprint)
+    start, skipped, run_s = meta["step"], meta["skipped"], meta.get("run_s", 0.0)
+    _prox(setup, steps, start, paths)
+    if setup.log_with:
+        acc.init_trackers("wharf-train", config=fingerprint["train"])
+    metrics_f = None
+    if acc.is_main_process:
+        metrics_f = open(paths.metrics, "a+b")
+        metrics_f.truncate(meta["metrics_bytes"])  # lines of steps after the checkpoint are redone
+    bar = tqdm(total=len(steps), initial=start, desc="train", unit="step", disable=not (progress and acc.is_main_process))
+    first_mm: dict = {k: meta[k] for k in ("mismatch_mean", "mismatch_max") if k in meta}
+    t_run = time.monotonic()
+    for n in range(start, len(steps)):
+        m = tr.step(steps[n], first=n == 0)
+        skipped += m["skipped"]
+        if n == 0 and "mismatch_mean" in m:
+            first_mm = {"mismatch_mean": m["mismatch_mean"], "mismatch_max": m["mismatch_max"]}
+        m = {"step": n + 1, "epoch": steps[n].epoch, **m}
+        if metrics_f is not None:
+            metrics_f.write((json.dumps(m) + "\n").encode())
+            metrics_f.flush()
+        if setup.log_with:
+            acc.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=n + 1)
+        bar.update(1)
+        bar.set_postfix(loss=f"{m['loss']:.4f}", clip=f"{m['clip_low'] + m['clip_high']:.3f}", gnorm=f"{m['grad_norm']:.3f}")
+        every = setup.checkpoint_every
+        if every and (n + 1) % every == 0 and n + 1 < len(steps):
+            _checkpoint(setup, paths, n + 1, skipped, fingerprint, metrics_f,
+                        run_s + time.monotonic() - t_run, first_mm)
+    bar.close()
+    if metrics_f is not None:
+        metrics_f.close()
+    return {"skipped": skipped, "wall_s": run_s + time.monotonic() - t_run, **first_mm}
+
+
+def _checkpoint(setup: Setup, paths, step: int, skipped: int, fingerprint: dict, metrics_f, run_s: float,
+                first_mm: dict) -> None:
+    acc = setup.acc
+    if acc.is_main_process:
+        meta = {"skipped": skipped, "metrics_bytes": metrics_f.tell(), "fingerprint": fingerprint,
+                "run_s": run_s, **first_mm}
+        checkpoint.save(paths.checkpoint, step, lora_state(setup.peft), setup.trainer.opt.state_dict(),
+                        setup.trainer.sched.state_dict(), meta)
+    acc.wait_for_everyone()

@@ -1,0 +1,164 @@
+"""`train_round(cfg)`: round k's micro-batches -> rounds/<k>/train/adapter (policy-v<k+1>).
+
+Reads only convert's micro-batches (convert.records), writes metrics.jsonl per optimizer step,
+checkpoints atomically (a killed run resumes where it stopped and ends with the same adapter),
+and publishes the adapter to the endpoint when one answers.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from collect.config import RunConfig, to_dict
+from collect.layout import RunLayout, policy_name
+from convert.records import BatchFormatError, load_micro_batch, read_index
+
+from .loss import LossConfig
+from .plan import plan_steps
+
+log = logging.getLogger("wharf.train")
+RESULT = "result.json"
+
+
+class TrainError(RuntimeError):
+    """Training cannot start or go on; the message says what to do."""
+
+
+@dataclass
+class TrainResult:
+    round: int
+    policy: str  # the name the adapter is published under (policy-v<k+1>)
+    adapter: str
+    steps: int
+    skipped_steps: int
+    loss_tokens: int
+    mismatch_mean: float | None  # |recomputed - stored| log-prob at the first step
+    mismatch_max: float | None
+    wall_s: float
+    published: bool = False
+    publish_message: str = ""
+
+
+def convert_dir(cfg: RunConfig) -> Path:
+    if cfg.convert.out_dir:
+        return Path(cfg.convert.out_dir)
+    return RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).convert.root
+
+
+def ensure_converted(cfg: RunConfig, progress: bool) -> Path:
+    d = convert_dir(cfg)
+    if (d / "index.json").is_file():
+        return d
+    try:
+        from convert.stage import convert_round
+    except ImportError:
+        raise TrainError(f"{d}: no micro-batches (index.json), and this checkout has no convert stage "
+                         "(convert.stage) to make them: run convert on this round first") from None
+    log.info("no micro-batches in %s: running convert first", d)
+    convert_round(cfg, progress=progress)
+    return d
+
+
+def init_adapter(cfg: RunConfig) -> Path | None:
+    """Round 0: a new adapter. Round k: policy-v<k>, the adapter round k-1 trained."""
+    if cfg.round == 0:
+        return None
+    prev = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round - 1).train.adapter
+    if not (prev / "adapter_config.json").is_file():
+        raise TrainError(f"round {cfg.round} continues from {policy_name(cfg.round)}, but {prev} holds no adapter: "
+                         f"train round {cfg.round - 1} first")
+    return prev
+
+
+def loss_config(cfg: RunConfig, max_seq_len: int) -> LossConfig:
+    t = cfg.train
+    return LossConfig(eps_low=t.eps_low, eps_high=t.eps_high, agg=t.loss_agg,
+                      constant=t.loss_constant or float(max_seq_len), kl_coef=t.kl_coef,
+                      mismatch=t.mismatch, mismatch_cap=t.mismatch_cap, mismatch_bound=t.mismatch_bound)
+
+
+def load_batches(d: Path):
+    """The index and every micro-batch, checked before anything is written."""
+    index = read_index(d)
+    if not index.files or index.loss_tokens == 0:
+        raise TrainError(f"{d}: no rows with loss tokens (every group without signal?): nothing to train on")
+    batches = []
+    for f in index.files:
+        mb = load_micro_batch(d / f.file)
+        if tuple(mb.shape) != (f.rows, f.seq_len):
+            raise BatchFormatError(f"{d / f.file}: shape {tuple(mb.shape)}, index.json says "
+                                   f"({f.rows}, {f.seq_len}); re-run convert")
+        batches.append(mb)
+    return index, batches
+
+
+def train_round(cfg: RunConfig, progress: bool = True) -> TrainResult:
+    paths = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train
+    done = paths.root / RESULT
+    if done.is_file() and (paths.adapter / "adapter_config.json").is_file():
+        result = TrainResult(**json.loads(done.read_text()))
+        log.info("round %d is already trained: %s", cfg.round, result.adapter)
+    else:
+        d = ensure_converted(cfg, progress)
+        index, batches = load_batches(d)
+        result = _train(cfg, paths, index, batches, progress)
+    if cfg.train.publish and not result.published and _is_main():
+        from .publish import try_publish
+
+        result.published, result.publish_message = try_publish(cfg, Path(result.adapter), result.policy)
+        _write_json(done, asdict(result))
+    return result
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult:
+    from .run import build, run_steps
+
+    steps = plan_steps(index, cfg.train.rows_per_step, cfg.train.tokens_per_step, cfg.train.epochs, cfg.train.seed)
+    setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg, max(f.seq_len for f in index.files)))
+    fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
+    summary = run_steps(setup, steps, paths, fingerprint, progress)
+    result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=str(paths.adapter),
+                         steps=len(steps), skipped_steps=summary["skipped"], loss_tokens=index.loss_tokens,
+                         mismatch_mean=summary.get("mismatch_mean"), mismatch_max=summary.get("mismatch_max"),
+                         wall_s=round(summary["wall_s"], 1))
+    if setup.acc.is_main_process:
+        _save_final(setup, paths)
+        _write_json(paths.root / RESULT, asdict(result))
+        shutil.rmtree(paths.checkpoint, ignore_errors=True)
+        for prox in paths.root.glob("prox-rank*.safetensors"):
+            prox.unlink()
+    setup.acc.wait_for_everyone()
+    setup.acc.end_training()
+    return result
+
+
+def _save_final(setup, paths) -> None:
+    from .model import save_adapter
+
+    tmp = paths.root / ".adapter.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_adapter(setup.peft, tmp)
+    shutil.rmtree(paths.adapter, ignore_errors=True)
+    os.replace(tmp, paths.adapter)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+
+
+def load_prox(path: Path) -> dict[int, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {int(k): v for k, v in load_file(str(path)).items()} if path.is_file() else {}
