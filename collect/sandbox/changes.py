@@ -25,7 +25,7 @@ TEST_DIRS = {"tests", "test", "testing"}
 GRADER_MODULES = {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "swebench"}
 BUILD_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
 
-Tree = dict[str, tuple[bytes, bool]]  # relative path -> (content, executable)
+Tree = dict[str, tuple[bytes, bool] | None]  # relative path -> (content, executable), None: a dir
 
 
 @dataclass
@@ -64,7 +64,11 @@ def read_dir(root: Path) -> Tree:
     tree: Tree = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if path.is_file() and not path.is_symlink() and path.name not in BUILD_FILES:
+        if path.is_symlink() or path.name in BUILD_FILES:
+            continue
+        if path.is_dir():
+            tree[rel] = None
+        elif path.is_file():
             tree[rel] = (path.read_bytes(), bool(path.stat().st_mode & 0o111))
     return tree
 
@@ -80,7 +84,9 @@ def read_tar(data: bytes) -> tuple[Tree, list[str]]:
                 continue
             if m.isfile():
                 tree[rel.as_posix()] = (tf.extractfile(m).read(), bool(m.mode & 0o111))
-            elif not m.isdir():
+            elif m.isdir():
+                tree[rel.as_posix()] = None
+            else:
                 other.append(rel.as_posix())
     return tree, other
 
@@ -92,7 +98,7 @@ def merge(pristine: Tree, agent: Tree, others: list[str], test_names: set[str]) 
     for rel in others:
         out.set_aside[rel] = "not a regular file"
     for rel, item in agent.items():
-        if pristine.get(rel) == item:
+        if rel in pristine and pristine[rel] == item:
             continue
         if PurePosixPath(rel).parts[0] == ".git":
             out.set_aside[".git"] = "git metadata"
@@ -102,7 +108,8 @@ def merge(pristine: Tree, agent: Tree, others: list[str], test_names: set[str]) 
             out.set_aside[rel] = why
         else:
             out.tree[rel] = item
-            out.changed.append(rel)
+            if item is not None:  # a new dir is listed by what is in it
+                out.changed.append(rel)
     for rel in pristine:
         if rel not in agent and PurePosixPath(rel).parts[0] != ".git":  # shipped git metadata stays
             why = why_protected(rel, test_names, shadow, new=False)
@@ -110,15 +117,21 @@ def merge(pristine: Tree, agent: Tree, others: list[str], test_names: set[str]) 
                 out.set_aside[rel] = f"deleted, restored: {why}"
             else:
                 del out.tree[rel]
-                out.deleted.append(rel)
+                if pristine[rel] is not None:
+                    out.deleted.append(rel)
     return out
 
 
 def write_tar(tree: Tree) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tf:
-        for rel, (data, executable) in sorted(tree.items()):
+        for rel, item in sorted(tree.items()):
             info = tarfile.TarInfo(rel)
+            if item is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tf.addfile(info)
+                continue
+            data, executable = item
             info.size, info.mode = len(data), 0o755 if executable else 0o644
             tf.addfile(info, io.BytesIO(data))
     return buf.getvalue()

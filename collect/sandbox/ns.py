@@ -177,12 +177,18 @@ class Sandbox:
         names = [n for n in ("mnt", "pid", "net", "ipc", "uts", "user") if pid or n != "pid"]
         ns = [f"--{'mount' if n == 'mnt' else n}=/proc/self/fd/{self._fds[n]}" for n in names]
         outer = f"--user=/proc/self/fd/{self._fds['outer']}"
+        # Entering a user namespace gives a full capability set, bounding set included: drop it
+        # all inside, so that the command (root in the sandbox) runs with none.
         cmd = [*self._as_host_uid(), "nsenter", outer, "--preserve-credentials", "--",
                "nsenter", *ns, "--preserve-credentials", "--", *_DROP,
                "/usr/bin/env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
-        if self.cgroup is not None and pid:
-            cmd = ["sh", "-c", f'{self._cg_join()}exec "$@"', "sh", *cmd]
         return cmd, [self._fds[n] for n in (*names, "outer")]
+
+    def join_cgroup(self) -> None:
+        """preexec_fn of a joining process: into the sandbox's pids cgroup before it forks."""
+        if self.cgroup is not None:
+            with open(self.cgroup / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
 
     def _as_host_uid(self) -> list[str]:
         if self.host_uid is None:
