@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -29,6 +30,27 @@ needs_bwrap = pytest.mark.skipif(
 def pytest_sessionstart(session):
     if IN_CI and shutil.which("bwrap") is None:
         raise pytest.UsageError("CI is set but bwrap is missing: install bubblewrap (make setup does it)")
+
+
+def readme_ci_skips(text: str) -> int:
+    """The number of tests the README says a CI run skips (its `CI skips: N` line)."""
+    m = re.search(r"CI skips: (\d+)", text)
+    if m is None:
+        raise ValueError("README.md: no `CI skips: N` line (how many tests a CI run may skip)")
+    return int(m.group(1))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI, a run that skipped more (or fewer) tests than the README says fails."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not IN_CI or reporter is None or session.config.option.collectonly:
+        return
+    skipped = len(reporter.stats.get("skipped", []))
+    expected = readme_ci_skips((REPO / "README.md").read_text())
+    if skipped != expected:
+        reporter.write_line(f"CI: {skipped} tests skipped, README.md says {expected} (CI skips: N): "
+                            "a part a test needs is missing, or the README is out of date", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:
