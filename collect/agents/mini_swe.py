@@ -16,6 +16,7 @@ The sandbox must expose the venv's path (BwrapEnvironment does: host dirs are bo
 """
 from __future__ import annotations
 
+import os
 import importlib.util
 import shlex
 import shutil
@@ -38,7 +39,8 @@ class LocalMiniSweAgentOptions(MiniSweAgentOptions):
 
 def mini_cli() -> Path:
     """The mini-swe-agent CLI next to this interpreter (the venv), else on PATH."""
-    here = Path(sys.executable).parent / "mini-swe-agent"
+    # real path: a sandbox shows the venv at its real path only
+    here = Path(os.path.realpath(Path(sys.executable).parent)) / "mini-swe-agent"
     found = here if here.exists() else (Path(p) if (p := shutil.which("mini-swe-agent")) else None)
     if found is None:
         raise FileNotFoundError("mini-swe-agent CLI not found: pip install mini-swe-agent into the project venv")

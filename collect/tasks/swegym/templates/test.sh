@@ -11,7 +11,10 @@ BASE_COMMIT=@@BASE_COMMIT@@
 TEST_FILES=(@@TEST_FILES@@)
 export WHARF_TEST_TIMEOUT="${WHARF_TEST_TIMEOUT:-@@TEST_TIMEOUT@@}"
 # The repo may belong to another user than the verifier: trust it without touching ~/.gitconfig.
-export GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*'
+# Nor run anything the agent put in .git/config (fsmonitor, hooks) when we call git.
+export GIT_CONFIG_COUNT=3 GIT_CONFIG_KEY_0=safe.directory GIT_CONFIG_VALUE_0='*' \
+    GIT_CONFIG_KEY_1=core.fsmonitor GIT_CONFIG_VALUE_1=false GIT_CONFIG_KEY_2=core.hooksPath GIT_CONFIG_VALUE_2=/dev/null
+unset PYTEST_ADDOPTS PYTEST_PLUGINS
 mkdir -p "$VERIFIER_DIR"
 : > "$LOG"
 
