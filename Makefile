@@ -26,11 +26,13 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }
-	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator.
+	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator;
+	@# chromium: the run report's headless check.
 	@missing=""; command -v bwrap >/dev/null || missing=" bubblewrap"; command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then echo "setup: installing$$missing (Debian packages)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || \
-		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped; without wrk bench/proxy uses Python load"; fi
+		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped (a CI run fails); without wrk bench/proxy uses Python load"; fi
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
