@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,20 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 class ConfigError(ValueError):
     """A config file or override that does not fit the schema."""
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as users write it: `2e-4` is a float (PyYAML's YAML 1.1 rules want `2.0e-4`)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."))
+
+
+def _yaml(text: str):
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader: no arbitrary objects
 
 
 _EXPECTED = {
@@ -95,7 +110,7 @@ def parse_override(text: str) -> dict:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override '{text}': empty key")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = _yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override '{text}': value is not valid YAML ({e})") from None
     for part in reversed(key.split(".")):
@@ -109,7 +124,7 @@ def read_yaml(path: str | Path) -> dict:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = _yaml(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):

@@ -70,3 +70,10 @@ def test_resolved_config_round_trips(tmp_path):
     cfg = load_config("configs/default.yaml", ["collect.tasks=[a,b]"])
     dump_config(cfg, tmp_path / "c.yaml")
     assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_exponent_floats_are_floats(tmp_path):
+    (tmp_path / "c.yaml").write_text("train:\n  lr: 1e-5\n")
+    assert load_config(tmp_path / "c.yaml").train.lr == 1e-5
+    assert load_config(None, ["train.lr=2e-4"]).train.lr == 2e-4
+    assert load_config(None, ["name=1e3x"]).name == "1e3x"
