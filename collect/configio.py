@@ -22,9 +22,16 @@ class ConfigError(ValueError):
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML as users write it: `2e-4` is a float (PyYAML's YAML 1.1 rules want `2.0e-4`)."""
+    """YAML as users write it (YAML 1.2's scalars): `2e-4` is a float (PyYAML's 1.1 rules want
+    `2.0e-4`)."""
 
 
+# ... and only true/false are booleans: `mixed_precision=no` (accelerate's spelling) stays a string.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"),

@@ -77,3 +77,9 @@ def test_exponent_floats_are_floats(tmp_path):
     assert load_config(tmp_path / "c.yaml").train.lr == 1e-5
     assert load_config(None, ["train.lr=2e-4"]).train.lr == 2e-4
     assert load_config(None, ["name=1e3x"]).name == "1e3x"
+
+
+def test_only_true_and_false_are_booleans():
+    cfg = load_config(None, ["train.mixed_precision=no", "endpoint.launch=false"])
+    assert cfg.train.mixed_precision == "no" and cfg.endpoint.launch is False
+    assert load_config(None, ["endpoint.launch=no"]).endpoint.launch is False  # a bool field still reads no
