@@ -113,6 +113,7 @@ test-fast: setup agents
 bench: setup
 	$(PY) -m bench.engine
 	$(PY) -m bench.proxy
+	$(PY) -m bench.sandbox
 
 clean:
 	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules

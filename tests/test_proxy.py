@@ -503,3 +503,13 @@ def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, 
         state = requests.get(f"{p.url}/admin/rollouts/twice", headers=ADMIN).json()
         assert (state["n_turns"], state["n_errors"]) == (2, 0)
         assert close_rollout(p, "twice")["n_turns"] == 2
+
+
+def test_run_files_holding_keys_or_calls_are_the_owners_only(proxy):
+    opened = open_rollout(proxy)
+    client = openai.OpenAI(base_url=opened["base_url"], api_key=opened["api_key"])
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    files = [proxy.proxy.wal_dir / "rollouts.jsonl", *proxy.proxy.wal_dir.glob("seg-*.jsonl")]
+    assert len(files) >= 2
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o600, f

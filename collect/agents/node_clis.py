@@ -9,10 +9,12 @@ cannot use switched off.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
-BIN_DIR = NODE_DIR / "node_modules" / ".bin"
+# real path: the sandbox shows node_modules only there (it may be a link, e.g. in a worktree)
+BIN_DIR = Path(os.path.realpath(NODE_DIR / "node_modules")) / ".bin"
 # The sandbox's PATH (collect/sandbox/bwrap.py) with the CLIs in front.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # npm package of each CLI, for versions and error messages.

@@ -74,7 +74,8 @@ class RolloutRegistry:
                 for rid, r in self.by_id.items():
                     r.next_turn = last_turn.get(rid, -1) + 1
                     r.n_turns, r.n_errors = counts.get(rid, (0, 0))
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # holds every rollout's key: the owner's only
+        os.fchmod(self._fd, 0o600)  # a file made before by an older version
 
     def shutdown(self) -> None:
         if self._fd is not None:

@@ -52,7 +52,8 @@ class SegmentLog:
 
     def _open_current(self) -> None:
         path = self.dir / f"seg-{self.current:08d}.jsonl"
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # holds the calls' bodies: the owner's only
+        os.fchmod(self.fd, 0o600)  # a file made before by an older version
 
     def append(self, line: bytes) -> None:
         write_all(self.fd, line)

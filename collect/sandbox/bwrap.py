@@ -279,7 +279,7 @@ class BwrapEnvironment(BaseEnvironment):
         pid = pid and self._sandbox.alive  # a frozen sandbox is read without its pid namespace
         cmd, fds = self._sandbox.join_argv(argv, full_env, cwd or self.workdir, pid=pid)
         proc = await asyncio.create_subprocess_exec(
-            *cmd, pass_fds=fds, preexec_fn=self._sandbox.join_cgroup if pid else None,
+            *cmd, pass_fds=fds,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # one process group to kill on timeout or cancel

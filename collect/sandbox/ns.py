@@ -182,13 +182,11 @@ class Sandbox:
         cmd = [*self._as_host_uid(), "nsenter", outer, "--preserve-credentials", "--",
                "nsenter", *ns, "--preserve-credentials", "--", *_DROP,
                "/usr/bin/env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
+        if self.cgroup is not None and pid:
+            # into the pids cgroup before anything forks (a shell: a Python preexec_fn would
+            # make every exec fork the whole harbor process)
+            cmd = ["sh", "-c", f'{self._cg_join()}exec "$@"', "sh", *cmd]
         return cmd, [self._fds[n] for n in (*names, "outer")]
-
-    def join_cgroup(self) -> None:
-        """preexec_fn of a joining process: into the sandbox's pids cgroup before it forks."""
-        if self.cgroup is not None:
-            with open(self.cgroup / "cgroup.procs", "w") as f:
-                f.write(str(os.getpid()))
 
     def _as_host_uid(self) -> list[str]:
         if self.host_uid is None:
