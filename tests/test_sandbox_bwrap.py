@@ -218,8 +218,13 @@ def test_the_boundary(tmp_path):
             for ns in ("user", "pid", "net", "ipc", "uts", "mnt"):
                 inside = (await env.exec(f"readlink /proc/self/ns/{ns}")).stdout.strip()
                 assert inside != os.readlink(f"/proc/self/ns/{ns}"), ns
-            r = await env.exec(f"ls {REPO} {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow")
+            r = await env.exec(f"ls {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow {REPO / 'collect/config.py'}")
             assert r.return_code != 0 and not r.stdout
+            # the repo dir holds only the path down to the agent CLIs bound at their real path
+            # (collect/agents/node/node_modules, when `make agents` installed them): no source
+            r = await env.exec(f"ls {REPO} {REPO / 'collect'} {REPO / 'collect/agents'}")
+            assert set(r.stdout.split()) <= {f"{REPO}:", "collect", f"{REPO / 'collect'}:", "agents",
+                                             f"{REPO / 'collect/agents'}:", "node"}, r.stdout
             ifaces = (await env.exec("awk 'NR > 2 {print $1}' /proc/net/dev")).stdout.split()
             assert ifaces == ["lo:"], "loopback only"
             # the agent's python (the venv) runs; the project's own package is not importable
