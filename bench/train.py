@@ -4,6 +4,8 @@
 with LoRA r16 on every linear projection, one row of `--seq` tokens:
 - the loss path alone: hidden states -> sampled-token log-probs -> backward to the hidden
   states (naive: one [1, T, V] float32 log_softmax; chunked: train.loss.sampled_logprobs);
+  its memory from one process per path, its time from both paths run alternately in one
+  process (other load on the machine then slows both alike);
 - the whole step (decoder forward + loss + backward), naive and chunked, each with and
   without activation checkpointing of the decoder layers.
 Each variant runs in its own process so its peak memory (max RSS on the CPU, allocator peak on
@@ -19,7 +21,10 @@ import subprocess
 import sys
 import time
 
-VARIANTS = ["loss-naive", "loss-chunked", "step-naive", "step-chunked", "step-naive-ckpt", "step-chunked-ckpt"]
+from collect import envdefaults
+
+VARIANTS = ["loss-naive", "loss-chunked", "loss-time", "step-naive", "step-chunked", "step-naive-ckpt",
+            "step-chunked-ckpt"]
 
 
 def _rss_mb() -> float:
@@ -47,7 +52,9 @@ def _model(device: str, ckpt: bool):
                                                          "up_proj", "down_proj"], task_type="CAUSAL_LM")
     peft = get_peft_model(model, lc)
     if ckpt:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        from train.model import enable_activation_checkpointing
+
+        enable_activation_checkpointing(model)
     model.config.use_cache = False
     peft.train()
     return peft
@@ -89,6 +96,29 @@ def _loss_path(variant: str, seq: int, chunk: int, device: str, repeats: int) ->
         hidden.grad = None
         del lp
     return {"s": sorted(times[1:])[len(times[1:]) // 2], "peak_mb": _peak_mb(device, base)}
+
+
+def _loss_time(seq: int, chunk: int, device: str, repeats: int) -> dict:
+    """Both loss paths timed alternately in one process, so load from other work hits both alike."""
+    import torch
+
+    from train.loss import naive_logprobs, sampled_logprobs
+
+    weight = torch.randn(49152, 576, device=device) * 0.05
+    ids, _, _, temps = _inputs(seq, device)
+    hidden = (torch.randn(1, seq - 1, 576, device=device) * 2).requires_grad_(True)
+    paths = {"naive": lambda: naive_logprobs(hidden, weight, ids[:, 1:], temps),
+             "chunked": lambda: sampled_logprobs(hidden, weight, ids[:, 1:], temps, chunk)[0]}
+    times: dict[str, list[float]] = {k: [] for k in paths}
+    for r in range(repeats + 1):
+        for name, fn in paths.items():
+            t0 = time.perf_counter()
+            fn().mean().backward()
+            _sync(device)
+            if r:  # the first round warms up
+                times[name].append(time.perf_counter() - t0)
+            hidden.grad = None
+    return {f"{k}_s": sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
 def _step(variant: str, seq: int, chunk: int, device: str, repeats: int) -> dict:
@@ -143,28 +173,35 @@ def child(args) -> None:
     import torch
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    fn = _loss_path if args.child.startswith("loss") else _step
-    out = fn(args.child, args.seq, args.chunk, device, args.repeats if args.child.startswith("loss") else args.step_repeats)
+    if args.child == "loss-time":
+        out = _loss_time(args.seq, args.chunk, device, args.repeats)
+    else:
+        fn = _loss_path if args.child.startswith("loss") else _step
+        out = fn(args.child, args.seq, args.chunk, device, args.repeats if args.child.startswith("loss") else args.step_repeats)
     print(json.dumps({"variant": args.child, "device": device, **out}))
 
 
 def run_all(args) -> list[dict]:
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "1048576", "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = envdefaults.child_env(MALLOC_MMAP_THRESHOLD_="1048576")
     rows = []
-    for v in VARIANTS:
+    for v in [v for v in VARIANTS if v.startswith(args.only or "")]:
         cmd = [sys.executable, "-m", "bench.train", "--child", v, "--seq", str(args.seq), "--chunk", str(args.chunk),
                "--device", args.device, "--repeats", str(args.repeats), "--step-repeats", str(args.step_repeats)]
         r = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if r.returncode != 0:
             sys.exit(f"bench.train: {v} failed:\n{r.stderr[-3000:]}")
         rows.append(json.loads(r.stdout.strip().splitlines()[-1]))
-        print(f"  {v}: {rows[-1]['s']:.2f} s, peak +{rows[-1]['peak_mb']:.0f} MiB", file=sys.stderr)
+        print(f"  {v}: {json.dumps(rows[-1])}", file=sys.stderr)
     return rows
 
 
 def table(rows: list[dict], seq: int) -> str:
     by = {r["variant"]: r for r in rows}
-    ref = {"loss": by["loss-naive"], "step": by["step-naive"]}
+    if "loss-time" in by:  # the interleaved timing replaces the one-path-per-process timing
+        for name in ("naive", "chunked"):
+            by[f"loss-{name}"]["s"] = by["loss-time"][f"{name}_s"]
+    rows = [r for r in rows if r["variant"] != "loss-time"]
+    ref = {k: by[f"{k}-naive"] for k in ("loss", "step") if f"{k}-naive" in by}
     lines = [f"seq {seq} tokens, device {rows[0]['device']}; memory = peak above what the process held before",
              "| variant | tokens/s | peak memory (MiB) | memory vs naive | time vs naive |", "|---|---|---|---|---|"]
     for r in rows:
@@ -181,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--repeats", type=int, default=3, help="timed runs of the loss path (median)")
     p.add_argument("--step-repeats", type=int, default=1, help="timed runs of each whole step (median)")
+    p.add_argument("--only", choices=["loss", "step"], help="run only the loss path or only the whole step")
     p.add_argument("--child", choices=VARIANTS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:

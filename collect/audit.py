@@ -1,5 +1,6 @@
 """Check a collected round against the agents' own records: for every rollout, one turns row per
-model call in the agent's trajectory, and completion ids that decode to the assistant text.
+model call in the agent's own log (collect/agents/logs.py: the minimal agent, mini-swe-agent,
+claude-code, codex, ATIF), the same answers, and completion ids that decode to the assistant text.
 
 `python -m collect.audit runs/<run>/rounds/<k>/collect [--tokenizer DIR]` prints one line per
 rollout that disagrees and a summary; exit code 1 when any does.
@@ -13,36 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collect import envdefaults, schema
+from collect.agents.logs import compare, read_agent_log
 from collect.layout import CollectPaths
 
-# Where agents keep their own record of the conversation, relative to the trial's agent/ dir.
-_MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1)
-_MINI_SWE = "mini-swe-agent.trajectory.json"  # mini-swe-agent's native trajectory
-
-
-def assistant_texts(agent_dir: Path) -> list[str] | None:
-    """The assistant messages an agent recorded, in call order; None when it left no record we read."""
-    native = agent_dir / _MINI_SWE
-    if native.is_file():
-        # Every model call leaves its raw response in some message's `extra`: on the assistant
-        # message, or on the user message that rejected a malformed or cut-off answer.
-        texts = []
-        for m in json.loads(native.read_text()).get("messages", []):
-            response = (m.get("extra") or {}).get("response")
-            if isinstance(response, dict) and response.get("choices"):
-                texts.append(response["choices"][0]["message"].get("content") or "")
-            elif m.get("role") == "assistant":
-                texts.append(m.get("content") or "")
-        return texts
-    own = agent_dir / _MINIMAL
-    if own.is_file():
-        data = json.loads(own.read_text())
-        if isinstance(data, dict) and "calls" in data:
-            # a call that failed has no assistant text, but it reached the proxy: keep its place
-            return [c.get("assistant") for c in data["calls"]]
-        if isinstance(data, list):  # a flat list of {assistant: ...} (test agents)
-            return [c.get("assistant") for c in data]
-    return None
+def _tool_calls(row: dict) -> bool:
+    """Whether the recorded answer holds a tool call (its ids then decode to more than the text)."""
+    resp = json.loads(row["response"]) if row.get("response") else {}
+    if row["api"] == "anthropic":
+        return any(b.get("type") == "tool_use" for b in resp.get("content") or ())
+    if row["api"] == "responses":
+        return any(it.get("type") != "message" for it in resp.get("output") or ())
+    return bool(((resp.get("choices") or [{}])[0].get("message") or {}).get("tool_calls"))
 
 
 @dataclass
@@ -68,30 +50,28 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
     report = AuditReport()
     for r in rollouts:
         rid = r["rollout_id"]
-        texts = assistant_texts(paths.root / r["trial_dir"] / "agent")
-        if texts is None:
+        log = read_agent_log(paths.root / r["trial_dir"] / "agent")
+        if log is None:
             report.skipped.append(rid)
             continue
         report.checked += 1
         rows = sorted(by_rollout.get(rid, []), key=lambda t: t["turn"])
         if [t["turn"] for t in rows] != list(range(len(rows))):
             report.problems.append(f"{rid}: turn numbers {[t['turn'] for t in rows]} are not 0..n-1")
-        if len(rows) != len(texts):
-            report.problems.append(f"{rid}: {len(rows)} turns rows but {len(texts)} model calls in the agent's trajectory")
-            continue
         if r["n_turns"] != len(rows):
             report.problems.append(f"{rid}: rollouts.n_turns={r['n_turns']} but {len(rows)} turns rows")
-        for t, text in zip(rows, texts):
-            if text is None or t["status"] != "ok":
+        found = compare(rows, log, rid)
+        report.problems += found
+        if found or decode is None:
+            continue
+        matched = rows if log.counts_errors else [t for t in rows if t["status"] == "ok"]
+        for t, call in zip(matched, log.calls):
+            if call.text is None or t["status"] != "ok" or _tool_calls(t):
                 continue
-            content = json.loads(t["response"])["choices"][0]["message"].get("content") or ""
-            if content != text:
-                report.problems.append(f"{rid} turn {t['turn']}: recorded response differs from the agent's text")
-            if decode is not None:
-                decoded = decode(t["completion_token_ids"])
-                if decoded not in (text + eot, text):
-                    report.problems.append(
-                        f"{rid} turn {t['turn']}: completion ids decode to {decoded[:80]!r}, agent saw {text[:80]!r}")
+            decoded = decode(t["completion_token_ids"])
+            if decoded not in (call.text + eot, call.text):
+                report.problems.append(
+                    f"{rid} turn {t['turn']}: completion ids decode to {decoded[:80]!r}, agent saw {call.text[:80]!r}")
     return report
 
 

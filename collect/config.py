@@ -93,6 +93,9 @@ class ProxyConfig:
     wal_fsync: bool = False
     # Base of the URLs handed to agents (e.g. http://host-ip:8200 when host is 0.0.0.0).
     public_url: str | None = None
+    # The upstream's context window, to cap an agent's max_tokens to the room its prompt leaves;
+    # None: learned from the upstream's /tokenize (vLLM and the local engine report it).
+    max_model_len: Positive | None = None
 
 
 @dataclass
@@ -137,6 +140,9 @@ class ConvertConfig:
     # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
     max_tokens_per_batch: int = 16384
     pad_multiple: int = 16  # padded length rounded up to a multiple of this
+    # A row joins a micro-batch only if at most this share of it would be padding (1.0: fill
+    # every micro-batch up to the budget whatever the lengths).
+    max_row_padding: float = 0.25
     seed: int = 0  # same seed, same micro-batches in the same order
     # Bad input (corrupt shard, foreign file, log-prob length mismatch): false stops with an
     # error and writes nothing; true skips it and lists it in stats.json.

@@ -53,6 +53,10 @@ class CollectPaths:
     def harbor(self) -> Path:
         return self.root / "harbor"
 
+    def trial(self, rollout_id: str) -> Path:
+        """A rollout's harbor trial dir (harbor names it by the trial name, our rollout id)."""
+        return self.harbor / rollout_id
+
     @property
     def logs(self) -> Path:
         return self.root / "logs"

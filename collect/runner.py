@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 from tqdm import tqdm
 
 from collect import endpoint, schema
@@ -113,13 +114,13 @@ class Round:
             except Exception as e:  # harbor itself failed: not the policy's fault
                 log.exception("trial %s crashed in harbor", rollout_id)
                 result, crash = None, f"{type(e).__name__}: {e}"
-            closed = await admin.close(rollout_id)
-            if result is None:
-                outcome = Outcome("infra_error", None, {}, crash)
+            (n_turns, n_errors), close_error = await self._close(admin, rollout_id)
+            if result is None or close_error:
+                outcome = Outcome("infra_error", None, {}, crash or close_error)
             else:
-                outcome = classify(result, upstream_errors=closed.n_errors)
-            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, closed.n_turns,
-                       started, str(Path("harbor") / rollout_id))
+                outcome = classify(result, upstream_errors=n_errors)
+            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, n_turns,
+                       started, str(self.paths.trial(rollout_id).relative_to(self.paths.root)))
             async with self._lock:
                 summary.rows.append(row)
                 # The whole table, atomically, after each trial: a killed round loses no finished rollout.
@@ -128,6 +129,17 @@ class Round:
                 failed = sum(1 for r in summary.rows if r.status != "ok")
                 mean = summary.mean_reward
                 bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
+
+    @staticmethod
+    async def _close(admin: ProxyAdmin, rollout_id: str) -> tuple[tuple[int, int], str | None]:
+        """(turns, upstream errors) of a closed rollout; a close that fails (e.g. a call the agent
+        gave up on still running upstream past the admin timeout) costs this rollout, not the round."""
+        try:
+            closed = await admin.close(rollout_id)
+        except (ServiceError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.warning("closing rollout %s on the proxy failed: %s", rollout_id, e)
+            return (0, 0), f"proxy close failed: {type(e).__name__}: {e}"
+        return (closed.n_turns, closed.n_errors), None
 
     def plan(self) -> tuple[list, list[PlannedRollout], list[RolloutRow], list[PlannedRollout]]:
         """Tasks, planned rollouts, rows already finished, and the rollouts still to run."""

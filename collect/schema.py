@@ -1,4 +1,4 @@
-"""The parquet contract between collect and convert (shared/design.md): turns and rollouts.
+"""The parquet contract between collect and convert: turns and rollouts.
 
 Every file carries `schema_version` and `table` in its metadata. Readers refuse files they do
 not know, naming the file; writers publish atomically (temp file + rename) so a reader never
@@ -120,8 +120,9 @@ def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
     return path
 
 
-def read_table(path: str | Path, name: str) -> pa.Table:
-    """Read one of our files, refusing foreign, corrupt or newer files with a message naming it."""
+def read_table(path: str | Path, name: str, columns: list[str] | None = None) -> pa.Table:
+    """Read one of our files, refusing foreign, corrupt or newer files with a message naming it.
+    `columns`: only these (convert skips the request/response JSON, often the bulk of a shard)."""
     path = Path(path)
     try:
         pf = pq.ParquetFile(path)
@@ -141,14 +142,15 @@ def read_table(path: str | Path, name: str) -> pa.Table:
             f"{path}: schema_version {version.decode()} is not one this wharf reads "
             f"({sorted(KNOWN_VERSIONS)}); upgrade wharf to read it"
         )
-    try:
-        out = pf.read()
-    except (pa.ArrowException, OSError) as e:
-        raise SchemaError(f"{path}: corrupt parquet data ({e})") from None
-    missing = [f.name for f in TABLES[name] if f.name not in out.column_names]
+    wanted = columns or [f.name for f in TABLES[name]]
+    missing = [c for c in wanted if c not in pf.schema_arrow.names]
     if missing:
         raise SchemaError(f"{path}: missing columns {missing}")
-    return out.select([f.name for f in TABLES[name]])
+    try:
+        out = pf.read(columns=wanted)
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaError(f"{path}: corrupt parquet data ({e})") from None
+    return out.select(wanted)
 
 
 def _replaced(files: list[Path]) -> set[str]:

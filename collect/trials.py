@@ -51,6 +51,8 @@ def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
     kwargs = {}
     if cc.agent in _URL_KWARG:
         kwargs[_URL_KWARG[cc.agent]] = ep.base_url
+    if cc.agent == "terminus-2":  # it calls litellm in harbor's own process: no sandbox env, so the key here
+        kwargs["llm_kwargs"] = {"api_key": ep.api_key}
     if cc.agent.startswith(_OWN_AGENTS):
         kwargs.update(base_url=ep.base_url, api_key=ep.api_key)
     kwargs.update(cc.agent_kwargs)
@@ -68,9 +70,16 @@ def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
     )
 
 
-def environment_config(cc: CollectConfig) -> EnvironmentConfig:
+# Our sandbox: it has no network but the addresses it is told to forward.
+_BWRAP = "collect.sandbox.bwrap:BwrapEnvironment"
+
+
+def environment_config(cc: CollectConfig, ep: RolloutRoute | None = None) -> EnvironmentConfig:
     ref = {"import_path": cc.environment} if _is_import_path(cc.environment) else {"type": cc.environment}
-    return EnvironmentConfig(**ref, kwargs=dict(cc.environment_kwargs))
+    kwargs = dict(cc.environment_kwargs)
+    if ep is not None and cc.environment == _BWRAP:
+        kwargs.setdefault("forward", [ep.base_url])  # the rollout's route is its only way out
+    return EnvironmentConfig(**ref, kwargs=kwargs)
 
 
 class TrialSetupError(ValueError):
@@ -101,7 +110,7 @@ def trial_config(cc: CollectConfig, task_path: Path, trial_name: str, trials_dir
         trial_name=trial_name,
         trials_dir=trials_dir,
         agent=agent_config(cc, ep),
-        environment=environment_config(cc),
+        environment=environment_config(cc, ep),
         verifier=VerifierConfig(override_timeout_sec=cc.verifier_timeout_s),
     )
 

@@ -2,12 +2,16 @@
 collect dirs -> micro-batches, index.json and stats.json (make convert)."""
 from __future__ import annotations
 
-import logging
-import sys
+from collect import envdefaults
 
-from collect.config import cli_config
-from convert.reader import ConvertInputError
-from convert.stage import convert_round
+envdefaults.apply()  # before torch loads
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from collect.config import cli_config  # noqa: E402
+from convert.reader import ConvertInputError  # noqa: E402
+from convert.stage import convert_round  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

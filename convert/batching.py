@@ -20,19 +20,24 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def plan_batches(lengths: np.ndarray, max_tokens: int, pad_multiple: int = 1, seed: int = 0) -> list[np.ndarray]:
-    """Row lengths -> micro-batches as arrays of row indices, in training order. A row longer than
-    `max_tokens` alone is a micro-batch of one (it cannot be split)."""
+def plan_batches(lengths: np.ndarray, max_tokens: int, pad_multiple: int = 1, seed: int = 0,
+                 max_row_padding: float = 1.0) -> list[np.ndarray]:
+    """Row lengths -> micro-batches as arrays of row indices, in training order. A row joins a
+    micro-batch while the batch fits `max_tokens` and the row is at least (1 - max_row_padding)
+    of the batch's padded length (padding is compute thrown away: a few more, smaller batches
+    are cheaper than one half empty). A row longer than `max_tokens` is a micro-batch alone."""
     lengths = np.asarray(lengths, np.int64)
     rng = np.random.default_rng(seed)
     perm = rng.permutation(len(lengths))
     order = perm[np.argsort(-lengths[perm], kind="stable")]
+    neg_sorted = -lengths[order]  # ascending, for searchsorted
     batches, i = [], 0
     while i < len(order):
         t = round_up(int(lengths[order[i]]), pad_multiple)  # the longest of what is left
-        k = max(1, max_tokens // max(t, 1))
-        batches.append(order[i:i + k])
-        i += k
+        end = i + max(1, max_tokens // max(t, 1))
+        end = min(end, max(i + 1, int(np.searchsorted(neg_sorted, -(1 - max_row_padding) * t, side="right"))))
+        batches.append(order[i:end])
+        i = end
     return [batches[j] for j in rng.permutation(len(batches))]
 
 

@@ -57,6 +57,9 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
         if not calls[1]:
             left_out["no_turns"] += 1
             continue
+        if (r.get("n_turns") or 0) > job.turn_rows[rid]:
+            left_out["missing_turns"] += 1  # calls the proxy answered are not in any shard read
+            continue
         reward = r["reward"]
         if reward is None:
             if null_reward is None:
@@ -110,6 +113,7 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
             ri = len(out.rollouts)
             out.rollouts.append({"rollout_id": c.rollout["rollout_id"], "job": c.job.job_id, "dir": str(c.job.dir),
                                  "group_id": g, "task_id": c.rollout["task_id"], "status": c.rollout["status"],
+                                 "policy": c.rollout.get("policy"),
                                  "reward": c.reward, "advantage": float(adv), "rows": len(c.rows),
                                  "row_turns": [r.turns for r in c.rows]})  # which calls each row holds
             for row in c.rows:

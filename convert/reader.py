@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,10 @@ from collect.layout import CollectPaths
 from convert.rows import Call
 
 log = logging.getLogger("convert")
+
+# What convert needs of a turns shard (request and response JSON are most of its bytes).
+COLUMNS = ["rollout_id", "turn", "sampling", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
+           "finish_reason", "status"]
 
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
 
@@ -45,6 +50,7 @@ class Job:
     orphan_rollouts: list[str] = field(default_factory=list)
     no_temperature: int = 0
     unflushed_wal: int = 0  # WAL segments left by a proxy that never folded them into shards
+    turn_rows: Counter = field(default_factory=Counter)  # rollout_id -> turns rows read (ok or error)
     # rollout_id -> (file index, list of Call) in turn order
     calls: dict[str, tuple[int, list[Call]]] = field(default_factory=dict)
 
@@ -113,7 +119,7 @@ def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = Fal
     files = schema.shard_files(paths.turns)
     for f in tqdm(files, desc=f"convert read {paths.root}", unit="shard", disable=not progress or len(files) < 2):
         try:
-            table = schema.read_table(f, "turns")
+            table = schema.read_table(f, "turns", COLUMNS)
         except schema.SchemaError as e:
             _bad(job, skip_bad, f, str(e).removeprefix(f"{f}: "))
             continue
@@ -133,6 +139,7 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
     ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
     job.turns_error += int((~ok).sum())
     rids = table["rollout_id"].to_pylist()
+    job.turn_rows.update(rids)
     turns = table["turn"].to_numpy()
     n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
     n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 import numpy as np
+import orjson
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
@@ -178,7 +179,7 @@ def load_micro_batch(path: Path) -> MicroBatch:
 
 def write_index(index: BatchIndex, path: Path) -> None:
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(index), indent=1))
+    tmp.write_bytes(orjson.dumps(asdict(index), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     os.replace(tmp, path)
 
 

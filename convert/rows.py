@@ -12,6 +12,7 @@ Only numpy slices and comparisons: no per-token Python loop (bench/convert.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -57,8 +58,8 @@ class Row:
     def __len__(self) -> int:
         return self.length
 
-    @property
-    def trainable(self) -> int:
+    @cached_property
+    def trainable(self) -> int:  # read once `length` is final
         return sum(max(0, min(len(lp), self.length - s)) for s, lp in self.spans)
 
     def fill(self, ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray) -> None:

@@ -5,7 +5,6 @@ bad input or an interruption never leaves a half-written convert dir behind.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -14,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import orjson
 from tqdm import tqdm
 
 from collect.config import RunConfig
@@ -38,6 +38,8 @@ def check_settings(cfg: RunConfig) -> None:
     for key in ("max_seq_len", "max_tokens_per_batch", "pad_multiple"):
         if getattr(c, key) < 1:
             raise ConvertInputError(f"convert.{key} must be >= 1, got {getattr(c, key)}")
+    if not 0 <= c.max_row_padding <= 1:
+        raise ConvertInputError(f"convert.max_row_padding must be in [0, 1], got {c.max_row_padding}")
 
 
 def job_dirs(cfg: RunConfig) -> list[Path]:
@@ -55,7 +57,7 @@ def out_paths(cfg: RunConfig) -> ConvertPaths:
 def _write_batches(built: Built, cfg: RunConfig, tmp: Path, progress: bool) -> tuple[list[BatchFile], dict]:
     c = cfg.convert
     lengths = np.array([len(r) for r in built.rows], np.int64)
-    plan = batching.plan_batches(lengths, c.max_tokens_per_batch, c.pad_multiple, c.seed)
+    plan = batching.plan_batches(lengths, c.max_tokens_per_batch, c.pad_multiple, c.seed, c.max_row_padding)
     adv, w = np.array(built.advantages), np.array(built.weights)
     ri, gi = np.array(built.rollout_index), np.array(built.group_index)
     files = []
@@ -99,8 +101,10 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
             raise ConvertInputError(f"{j.dir}: job {j.job_id} is also {seen[j.job_id]}: the same job twice "
                                     f"would count its rollouts twice")
         seen[j.job_id] = j.dir
+    t_read = time.perf_counter()
     opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions)
     built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
+    t_build = time.perf_counter()
     out.root.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.root.with_name(f".{out.root.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
@@ -109,12 +113,14 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
         stats = {**built.stats, "batches": pad, "jobs_read": [str(d) for d in dirs],
                  "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
                                                          "overlong", "length_completions", "max_tokens_per_batch",
-                                                         "pad_multiple", "seed", "skip_bad")},
-                 "wall_s": round(time.perf_counter() - t0, 3)}
+                                                         "max_row_padding", "pad_multiple", "seed", "skip_bad")},
+                 "wall_s": round(time.perf_counter() - t0, 3),
+                 "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
+                              "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
                                jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
                     tmp / "index.json")
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=1))
+        (tmp / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

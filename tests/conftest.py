@@ -1,6 +1,9 @@
 """Shared fixtures. `engine_url`: one real local engine (SmolLM2-135M on the CPU) per test session."""
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -14,6 +17,40 @@ from collect.endpoint import Endpoint
 REPO = Path(__file__).resolve().parents[1]
 
 envdefaults.apply()
+
+
+# With CI set, a part a test needs that is missing fails the run instead of skipping it: a CI
+# that cannot run the sandbox must not go quietly green.
+IN_CI = bool(os.environ.get("CI"))
+needs_bwrap = pytest.mark.skipif(
+    shutil.which("bwrap") is None and not IN_CI, reason="bubblewrap (bwrap) is not installed"
+)
+
+
+def pytest_sessionstart(session):
+    if IN_CI and shutil.which("bwrap") is None:
+        raise pytest.UsageError("CI is set but bwrap is missing: install bubblewrap (make setup does it)")
+
+
+def readme_ci_skips(text: str) -> int:
+    """The number of tests the README says a CI run skips (its `CI skips: N` line)."""
+    m = re.search(r"CI skips: (\d+)", text)
+    if m is None:
+        raise ValueError("README.md: no `CI skips: N` line (how many tests a CI run may skip)")
+    return int(m.group(1))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI, a run that skipped more (or fewer) tests than the README says fails."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if not IN_CI or reporter is None or session.config.option.collectonly:
+        return
+    skipped = len(reporter.stats.get("skipped", []))
+    expected = readme_ci_skips((REPO / "README.md").read_text())
+    if skipped != expected:
+        reporter.write_line(f"CI: {skipped} tests skipped, README.md says {expected} (CI skips: N): "
+                            "a part a test needs is missing, or the README is out of date", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:

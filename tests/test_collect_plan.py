@@ -114,3 +114,24 @@ def test_rollout_seed_depends_on_round_task_and_attempt_only(tmp_path):
     assert len(set(seeds)) == 4 and seeds == [rollout_seed(0, 0, p) for p in planned]
     assert seeds != [rollout_seed(0, 1, p) for p in planned] != [rollout_seed(1, 0, p) for p in planned]
     assert rollout_seed(None, 0, planned[0]) is None
+
+
+def test_a_failed_close_costs_the_rollout_not_the_round():
+    import asyncio
+
+    from collect.proxy_client import ServiceError
+    from collect.runner import Round
+
+    class Admin:
+        def __init__(self, fail):
+            self.fail = fail
+
+        async def close(self, rollout_id):
+            if self.fail:
+                raise asyncio.TimeoutError()
+            raise ServiceError("proxy POST /admin/rollouts/r1/close: HTTP 404: unknown rollout")
+
+    (counts, error) = asyncio.run(Round._close(Admin(True), "r1"))
+    assert counts == (0, 0) and error.startswith("proxy close failed: TimeoutError")
+    (counts, error) = asyncio.run(Round._close(Admin(False), "r1"))
+    assert "HTTP 404" in error

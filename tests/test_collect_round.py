@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect import schema
 from collect.config import load_config
 from collect.runner import Round

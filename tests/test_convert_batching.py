@@ -15,15 +15,16 @@ from convert.rows import Row
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(1, 300), min_size=1, max_size=80), st.integers(64, 1024), st.sampled_from([1, 8, 16]),
-       st.integers(0, 3))
-def test_every_row_once_under_the_budget(lengths, budget, multiple, seed):
+       st.integers(0, 3), st.sampled_from([0.0, 0.25, 1.0]))
+def test_every_row_once_under_the_budget(lengths, budget, multiple, seed, max_pad):
     lengths = np.array(lengths)
-    plan = batching.plan_batches(lengths, budget, multiple, seed)
+    plan = batching.plan_batches(lengths, budget, multiple, seed, max_pad)
     assert sorted(np.concatenate(plan).tolist()) == list(range(len(lengths)))
     for b in plan:
         t = batching.round_up(int(lengths[b].max()), multiple)
         assert len(b) * t <= budget or len(b) == 1  # a row over the budget goes alone
-    again = batching.plan_batches(lengths, budget, multiple, seed)
+        assert (lengths[b] >= (1 - max_pad) * t).all() or len(b) == 1
+    again = batching.plan_batches(lengths, budget, multiple, seed, max_pad)
     assert all(np.array_equal(a, b) for a, b in zip(plan, again)) and len(plan) == len(again)
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from collect import schema
-from collect.audit import assistant_texts
+from collect.agents.logs import read_agent_log
 from collect.config import load_config
 from collect.engine.model_store import resolve_model_dir
+from collect.layout import CollectPaths
 from conftest import free_port
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round
@@ -42,16 +42,12 @@ def check_decodes(convert_dir: Path, tok) -> int:
             got.setdefault(int(mb.rollout_index[i]), []).append(texts)
     checked = 0
     for ri, r in enumerate(index.rollouts):
-        agent = assistant_texts(_trial_dir(r) / "agent")
+        trial = CollectPaths(Path(r["dir"])).trial(r["rollout_id"])
+        agent = [c.text for c in read_agent_log(trial / "agent").calls]  # the agent's own record
         want = [[agent[t] for t in turns] for turns in r["row_turns"]]
         assert sorted(got[ri]) == sorted(want), r["rollout_id"]
         checked += sum(len(w) for w in want)
     return checked
-
-
-def _trial_dir(r: dict) -> Path:
-    rows = schema.read_table(Path(r["dir"]) / "rollouts.parquet", "rollouts").to_pylist()
-    return Path(r["dir"]) / next(x["trial_dir"] for x in rows if x["rollout_id"] == r["rollout_id"])
 
 
 @pytest.mark.slow

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.convert import make_job
 from collect import schema
 from collect.config import load_config
 from collect.layout import CollectPaths
+from collect.testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round
@@ -173,3 +173,25 @@ def test_cli(jobs, tmp_path):
     out = subprocess.run(run + [f"convert.jobs=[{missing}]", f"convert.out_dir={tmp_path / 'out2'}"],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 1 and f"{missing}/rollouts.parquet" in out.stderr and "nothing written" in out.stderr
+
+
+def test_a_rollout_missing_recorded_calls_is_left_out(jobs, tmp_path):
+    job = copy_job(jobs, tmp_path)
+    shard = next(f for f in schema.shard_files(CollectPaths(job).turns)
+                 if "r00005" in schema.read_table(f, "turns")["rollout_id"].to_pylist())
+    t = [r for r in schema.read_table(shard, "turns").to_pylist() if not (r["rollout_id"] == "r00005" and r["turn"] == 1)]
+    schema.write_table(shard, "turns", t)
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    assert stats["jobs"][0]["left_out"]["missing_turns"] == 1
+    assert "r00005" not in {r["rollout_id"] for r in read_index(tmp_path / "out").rollouts}
+
+
+def test_a_job_without_signal_writes_an_empty_index(jobs, tmp_path):
+    job = copy_job(jobs, tmp_path)
+    rows = schema.read_table(CollectPaths(job).rollouts, "rollouts").to_pylist()
+    schema.write_table(CollectPaths(job).rollouts, "rollouts", [{**r, "reward": 1.0} for r in rows])
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    index = read_index(tmp_path / "out")
+    assert index.files == [] and index.loss_tokens == 0 and stats["rows"]["count"] == 0
+    assert stats["groups"] == {"used": 0, "dropped": {"all_equal": 2}}
+    assert stats["rollouts"]["left_out"] == {"group_all_equal": 16}

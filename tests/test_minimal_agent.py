@@ -102,7 +102,7 @@ async def run_trial(task: str, tmp_path: Path, base_url: str, **kwargs):
             kwargs={"base_url": base_url, "api_key": "k", **kwargs},
         ),
         environment=EnvironmentConfig(
-            import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"state_dir": str(tmp_path / "state")}
+            import_path="collect.sandbox.bwrap:BwrapEnvironment"
         ),
     )
     result = await (await Trial.create(cfg)).run()
@@ -203,8 +203,8 @@ def test_mini_swe_agent_runs_offline_from_the_venv(tmp_path, monkeypatch):
                     model_name="openai/smollm2-135m",
                     kwargs={"base_url": url, "api_key": "k", "step_limit": 4, "max_tokens": 64},
                 ),
-                environment=EnvironmentConfig(
-                    import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"state_dir": str(tmp_path / "state")}
+                environment=EnvironmentConfig(  # the endpoint is the sandbox's one way out
+                    import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"forward": [url]}
                 ),
             )
             return server, await (await Trial.create(cfg)).run()

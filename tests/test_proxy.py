@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
-from bench.vllm_stub import StubServer
+from collect.testing.vllm_stub import StubServer
 from collect.config import load_config
 from collect.proxy.server import BackgroundProxy
 from collect.proxy.wal import read_records
@@ -483,3 +483,23 @@ def test_second_proxy_on_the_same_dir_is_refused(proxy, stub):
     cfg = make_cfg(proxy.proxy.out_dir.parent, stub.url)
     with pytest.raises(RuntimeError, match="in use by another proxy"):
         BackgroundProxy(cfg).start()
+
+
+def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, stub):
+    from collect import schema
+    cfg = make_cfg(tmp_path, stub.url)
+    with BackgroundProxy(cfg) as p:
+        url = f"{open_rollout(p, 'twice')['base_url']}/chat/completions"
+        for _ in range(2):
+            assert requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).ok
+            p.call(p.proxy.store.flush())
+        turns = p.proxy.out_dir
+    # A compaction killed between writing its shard and deleting the two it replaces.
+    parts = schema.shard_files(turns)
+    assert len(parts) == 2
+    schema.write_table(turns / "part-zz-compact.parquet", "turns", read_dir(turns, "turns"),
+                       {"replaces": json.dumps([f.name for f in parts])})
+    with BackgroundProxy(cfg) as p:
+        state = requests.get(f"{p.url}/admin/rollouts/twice", headers=ADMIN).json()
+        assert (state["n_turns"], state["n_errors"]) == (2, 0)
+        assert close_rollout(p, "twice")["n_turns"] == 2

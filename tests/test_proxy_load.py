@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from bench.proxy import admin, chat_body, free_port, run_load, start_proxy, start_stub, stop
+from collect.testing.proxy_load import admin, chat_body, free_port, run_load, start_proxy, start_stub, stop
 from collect.schema import read_dir
 
 

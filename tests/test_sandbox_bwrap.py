@@ -1,7 +1,9 @@
-"""BwrapEnvironment on its own: exec, env, cwd, timeout, transfers, persistence, stop()."""
+"""BwrapEnvironment on its own: exec, env, cwd, timeout, transfers, persistence, stop(), the
+boundary (namespaces, no capability, no host path beyond the allowed ones) and the two phases."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import time
@@ -11,9 +13,11 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from collect.sandbox.bwrap import MARKER, BwrapEnvironment, SandboxTimeoutError
+from collect.sandbox.bwrap import BwrapEnvironment, SandboxTimeoutError
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+from tests.conftest import needs_bwrap
+
+pytestmark = needs_bwrap
 
 
 def make_env(tmp_path: Path, files: dict[str, str] | None = None, **kwargs) -> BwrapEnvironment:
@@ -24,18 +28,12 @@ def make_env(tmp_path: Path, files: dict[str, str] | None = None, **kwargs) -> B
         (env_dir / name).write_text(text)
     paths = TrialPaths(trial_dir=tmp_path / "trial")
     paths.mkdir()
-    mounts = [
-        {"type": "bind", "source": str(paths.agent_dir), "target": "/logs/agent"},
-        {"type": "bind", "source": str(paths.verifier_dir), "target": "/logs/verifier"},
-    ]
     return BwrapEnvironment(
         environment_dir=env_dir,
         environment_name="t",
         session_id="t__env",
         trial_paths=paths,
         task_env_config=EnvironmentConfig(),
-        mounts=mounts,
-        state_dir=str(tmp_path / "state"),
         **kwargs,
     )
 
@@ -63,10 +61,11 @@ def test_exec_cwd_env_files_and_persistence(tmp_path):
             # exit code and stderr kept apart
             r = await env.exec("echo out; echo err >&2; exit 3")
             assert (r.return_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
-            # writes persist across execs, in the workdir and elsewhere in the sandbox root
-            await env.exec("sed -i 's/a - b/a + b/' calc.py && mkdir -p /opt2 && echo 1 > /opt2/f && echo h > ~/h")
-            r = await env.exec("cat calc.py /opt2/f ~/h")
+            # writes persist across execs, in the workdir, /tmp and HOME; the root is read-only
+            await env.exec("sed -i 's/a - b/a + b/' calc.py && mkdir -p /tmp/d && echo 1 > /tmp/d/f && echo h > ~/h")
+            r = await env.exec("cat calc.py /tmp/d/f ~/h")
             assert "a + b" in r.stdout and r.stdout.endswith("1\nh\n")
+            assert (await env.exec("mkdir /opt2")).return_code != 0
             # the host's dirs are read-only in the sandbox; the host is untouched
             r = await env.exec("touch /usr/wharf_should_fail")
             assert r.return_code != 0 and not Path("/usr/wharf_should_fail").exists()
@@ -82,21 +81,25 @@ def test_exec_cwd_env_files_and_persistence(tmp_path):
     run(go())
 
 
-def test_logs_are_binds_onto_the_trial_dir(tmp_path):
+def test_agent_logs_are_downloaded_and_no_state_is_left(tmp_path):
     env = make_env(tmp_path)
 
     async def go():
         await env.start(force_build=False)
+        host_dir = env._sandbox.dir
         try:
-            await env.exec("echo 1.0 > /logs/verifier/reward.txt && echo hi > /logs/agent/a.log")
+            await env.exec("echo hi > /logs/agent/a.log")
+            # no verifier dir in the agent phase: a reward cannot be planted there
+            r = await env.exec("mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt")
+            assert r.return_code != 0
+            await env.download_dir("/logs/agent", tmp_path / "trial" / "agent")
         finally:
             await env.stop(delete=True)
+        assert not host_dir.exists(), "stop() leaves no state behind"
 
     run(go())
-    assert (tmp_path / "trial" / "verifier" / "reward.txt").read_text() == "1.0\n"
     assert (tmp_path / "trial" / "agent" / "a.log").read_text() == "hi\n"
-    assert not any((tmp_path / "state").iterdir()), "stop(delete=True) leaves no state behind"
-    assert env.capabilities.mounted
+    assert not env.capabilities.mounted
 
 
 def test_upload_download_file_and_dir(tmp_path):
@@ -113,8 +116,8 @@ def test_upload_download_file_and_dir(tmp_path):
         await env.start(force_build=False)
         try:
             await env.upload_dir(src, "/tests")
-            await env.upload_file(single, "/deep/new/dir/one.txt")
-            r = await env.exec("/tests/a.sh && cat /tests/sub/b.txt /deep/new/dir/one.txt")
+            await env.upload_file(single, "/tmp/deep/new/dir/one.txt")
+            r = await env.exec("/tests/a.sh && cat /tests/sub/b.txt /tmp/deep/new/dir/one.txt")
             assert r.return_code == 0 and r.stdout == "a\nb\none\n", r.stderr
             # a relative target lands in the workdir
             await env.upload_file(single, "rel.txt")
@@ -151,8 +154,11 @@ def test_timeout_raises_and_kills_the_command(tmp_path):
             with pytest.raises(SandboxTimeoutError, match="timed out after 1"):
                 await env.exec("sleep 30; echo done > /app/late", timeout_sec=1)
             assert time.monotonic() - t0 < 10
-            await asyncio.sleep(0.2)
-            assert _sandbox_pids(env._id) == [], "the timed-out command's processes are gone"
+            for _ in range(50):  # killed at once; reaped by the sandbox's init soon after
+                if len(_sandbox_pids(env)) == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(_sandbox_pids(env)) == 1, "the timed-out command's processes are gone"
             assert (await env.exec("ls /app")).stdout is None
             # a timeout is a RuntimeError, as harbor's docker environment raises
             assert issubclass(SandboxTimeoutError, RuntimeError)
@@ -162,13 +168,17 @@ def test_timeout_raises_and_kills_the_command(tmp_path):
     run(go())
 
 
-def _sandbox_pids(env_id: str) -> list[int]:
-    needle = f"{MARKER}={env_id}".encode()
+def _sandbox_pids(env: BwrapEnvironment) -> list[int]:
+    """Host pids of the processes in env's pid namespace."""
+    try:
+        ns = os.readlink(f"/proc/{env._sandbox.init_pid}/ns/pid")
+    except (OSError, AttributeError, TypeError):
+        return []
     pids = []
     for n in os.listdir("/proc"):
         if n.isdigit():
             try:
-                if needle in Path(f"/proc/{n}/environ").read_bytes().split(b"\0"):
+                if os.readlink(f"/proc/{n}/ns/pid") == ns:
                     pids.append(int(n))
             except OSError:
                 pass
@@ -184,31 +194,86 @@ def test_daemons_survive_execs_and_stop_kills_them(tmp_path):
         r = await env.exec("setsid sleep 300 >/dev/null 2>&1 < /dev/null & echo started")
         assert r.stdout.strip() == "started"
         await asyncio.sleep(0.3)
-        assert _sandbox_pids(env._id), "the daemon outlives the exec that started it"
+        assert len(_sandbox_pids(env)) >= 2, "the daemon outlives the exec that started it"
         assert (await env.exec("pgrep -x sleep >/dev/null && echo alive")).stdout.strip() == "alive"
-        await env.stop(delete=False)
-        assert _sandbox_pids(env._id) == []
+        init = env._sandbox.init_pid
         await env.stop(delete=True)
+        assert not Path(f"/proc/{init}").exists()
 
     run(go())
 
 
-def test_no_network_policy_cuts_the_network(tmp_path):
-    from harbor.models.task.config import NetworkMode, NetworkPolicy
-
+def test_the_boundary(tmp_path):
+    """Own namespaces, no capability, no host process, no host path beyond the allowed ones."""
     env = make_env(tmp_path)
+    secret = Path(os.path.expanduser("~")) / ".wharf-test-secret"
 
     async def go():
         await env.start(force_build=False)
         try:
-            ifaces = "awk 'NR > 2 {print $1}' /proc/net/dev"
-            assert len((await env.exec(ifaces)).stdout.split()) > 1  # the host's network by default
-            await env.set_network_policy(NetworkPolicy(network_mode=NetworkMode.NO_NETWORK))
-            assert (await env.exec(ifaces)).stdout.split() == ["lo:"]
+            r = await env.exec("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; ps -e --no-headers | wc -l")
+            lines = r.stdout.split()
+            assert lines[1] == "0000000000000000" and lines[3] == "0000000000000000" and lines[5] == "1"
+            assert int(lines[6]) <= 4, "only the sandbox's own processes are visible"
+            for ns in ("user", "pid", "net", "ipc", "uts", "mnt"):
+                inside = (await env.exec(f"readlink /proc/self/ns/{ns}")).stdout.strip()
+                assert inside != os.readlink(f"/proc/self/ns/{ns}"), ns
+            r = await env.exec(f"ls {REPO} {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow")
+            assert r.return_code != 0 and not r.stdout
+            ifaces = (await env.exec("awk 'NR > 2 {print $1}' /proc/net/dev")).stdout.split()
+            assert ifaces == ["lo:"], "loopback only"
+            # the agent's python (the venv) runs; the project's own package is not importable
+            r = await env.exec('"$WHARF_PYTHON" -c "import pytest; print(1)"; "$WHARF_PYTHON" -c "import collect"')
+            assert r.stdout.strip() == "1" and "ModuleNotFoundError" in r.stderr
+            # the writable dirs are size-limited (a full disk stays in the sandbox)
+            r = await env.exec("head -c 400M /dev/zero > /tmp/big; echo rc=$?")
+            assert "No space left" in r.stderr and "rc=1" in r.stdout
+            # no nested user namespace, no way to regain privileges
+            assert (await env.exec("unshare -U true")).return_code != 0
+        finally:
+            await env.stop(delete=True)
+
+    secret.write_text("s")
+    try:
+        run(go())
+    finally:
+        secret.unlink()
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_verification_gets_a_clean_copy_plus_the_agents_change(tmp_path):
+    env = make_env(tmp_path, {"calc.py": "def add(a, b):\n    return a - b\n"})
+    tests = tmp_path / "task" / "tests"
+    tests.mkdir()
+    (tests / "test_calc.py").write_text("from calc import add\n\ndef test_add():\n    assert add(1, 2) == 3\n")
+
+    async def go():
+        await env.start(force_build=False)
+        try:
+            await env.exec("sed -i 's/a - b/a + b/' calc.py; echo 'x' > conftest.py; echo hack > test_calc.py; "
+                           "mkdir -p sub && echo 1 > sub/x.pth; echo junk > /tmp/junk; echo x > pytest.py; "
+                           "ln -s /etc/passwd link; setsid sleep 300 >/dev/null 2>&1 </dev/null &")
+            agent_init = env._sandbox.init_pid
+            assert env.phase == "agent"
+            await env.upload_dir(tests, "/tests")
+            assert env.phase == "verifier" and not Path(f"/proc/{agent_init}").exists()
+            r = await env.exec("ls -A /app /tmp; cat /app/calc.py /tests/test_calc.py; git status --short; pgrep sleep")
+            assert "a + b" in r.stdout and "assert add(1, 2) == 3" in r.stdout
+            for gone in ("conftest.py", "pytest.py", "junk", "link"):
+                assert gone not in r.stdout.split(), gone
+            assert (await env.exec("ls -A /app/sub")).stdout is None, "the .pth file stays out"
+            assert " M calc.py" in r.stdout and "sleep" not in r.stdout
+            await env.exec("echo 1 > /logs/verifier/reward.txt")
+            await env.download_dir("/logs/verifier", tmp_path / "trial" / "verifier")
         finally:
             await env.stop(delete=True)
 
     run(go())
+    report = json.loads((tmp_path / "trial" / "verifier" / "agent_change.json").read_text())
+    assert report["changed"] == ["calc.py"]
+    assert set(report["set_aside"]) == {"conftest.py", "test_calc.py", "sub/x.pth", "pytest.py", "link"}
 
 
 def test_missing_bwrap_is_a_clear_error(tmp_path, monkeypatch):

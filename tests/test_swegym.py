@@ -111,6 +111,19 @@ def test_agent_edits_to_the_tests_are_undone(tasks, tmp_path):
     assert r["reward"] == 0.0 and r["f2p_passed"] == 0 and r["log_ok"] == 1
 
 
+def test_agent_test_config_is_reset(tasks, tmp_path):
+    # A conftest.py that marks every test passed, a pytest.ini deselecting the failing test and a
+    # git hook config: all undone before the tests run, so the unfixed repo still gets 0.0.
+    conftest = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\n"
+                "def pytest_runtest_makereport(item, call):\n    rep = (yield).get_result()\n    rep.outcome = 'passed'\n")
+    tamper = (f"printf %s {shlex.quote(conftest)} > conftest.py; cp conftest.py tests/conftest.py; "
+              "printf '[pytest]\\naddopts = -p no:python\\n' > pytest.ini; "
+              "git config core.fsmonitor 'touch /tmp/wharf-fsmonitor-ran; false'")
+    r = _verify(tasks / "facebookresearch__hydra-90001", tmp_path, prepare=tamper)
+    assert r["reward"] == 0.0 and r["f2p_passed"] == 0 and r["log_ok"] == 1, r
+    assert not Path("/tmp/wharf-fsmonitor-ran").exists()
+
+
 def test_cli_limit_ids_and_parquet(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -258,7 +271,8 @@ def test_real_harbor_trials_in_bwrap_oracle_1_nop_0(tmp_path, monkeypatch, iid):
     (task,), _ = convert(rows, tmp_path / "tasks", ids=[iid])
     _toy_repo(task / "environment")
     toml = (task / "task.toml").read_text()
-    venv_path = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"  # pytest, as in the image
+    # pytest, as in the image (the venv's real path: the sandbox shows no symlinked alias of it)
+    venv_path = f"{os.path.realpath(Path(sys.executable).parent)}:/usr/local/bin:/usr/bin:/bin"
     (task / "task.toml").write_text(toml.replace("[verifier]\n", f'[verifier]\nenv = {{ PATH = "{venv_path}" }}\n'))
     oracle = _trial(task, "oracle", tmp_path / "oracle")
     assert (oracle["reward"], oracle["log_ok"]) == (1.0, 1), oracle

@@ -3,6 +3,7 @@ reference solution 1.0 and an untouched repo 0.0 on every task."""
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import shutil
 import tomllib
@@ -82,3 +83,41 @@ def test_oracle_solves_every_task_and_nop_none(tmp_path, monkeypatch):
     verifier = tmp_path / "oracle" / "trials" / "sed-add__oracle" / "verifier"
     assert ">>>>> Test Exit Code: 0" in (verifier / "test_output.log").read_text()
     assert json.loads((verifier / "grading.json").read_text())["resolved"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", ["conftest.py", "pytest.ini", "pytest.py", "sitecustomize.py"])
+def test_grade_pytest_ignores_planted_test_config_outside_the_sandbox(tmp_path, plant):
+    """Where no sandbox sets the agent's test config aside (Docker), the grader itself ignores
+    conftest.py and ini files and keeps the workdir off the front of sys.path."""
+    import json
+    import subprocess
+    import sys
+
+    from collect.sandbox.bwrap import TASK_TOOLS
+    from tests.fixtures.redteam import PASS_ALL_CONFTEST
+
+    task = TOY / "fix-sum-to"
+    work, vdir = tmp_path / "app", tmp_path / "verifier"
+    shutil.copytree(task / "environment", work)
+    vdir.mkdir()
+    (work / plant).write_text({
+        "conftest.py": PASS_ALL_CONFTEST,
+        "pytest.ini": "[pytest]\naddopts = --deselect test_task.py::test_sum_to\n",
+        "pytest.py": "import sys\nprint('PASSED test_task.py::test_sum_to')\nsys.exit(0)\n",
+        "sitecustomize.py": "import os\nos.environ['PYTEST_ADDOPTS'] = '--deselect test_task.py::test_sum_to'\n",
+    }[plant])
+    env = {**os.environ, "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
+           "WHARF_VERIFIER_DIR": str(vdir), "PYTHONPATH": str(work)}
+    p = subprocess.run(["bash", str(TASK_TOOLS / "grade_pytest.sh"), str(work), "test_task.py"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    reward = json.loads((vdir / "reward.json").read_text())
+    assert reward["reward"] == 0.0 and reward["f2p_total"] == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    # and the unplanted, fixed task still grades 1
+    (work / plant).unlink()
+    (work / "mathutil.py").write_text((work / "mathutil.py").read_text().replace("range(1, n)", "range(1, n + 1)"))
+    vdir2 = tmp_path / "verifier2"
+    vdir2.mkdir()
+    subprocess.run(["bash", str(TASK_TOOLS / "grade_pytest.sh"), str(work), "test_task.py"],
+                   env={**env, "WHARF_VERIFIER_DIR": str(vdir2)}, timeout=120)
+    assert json.loads((vdir2 / "reward.json").read_text())["reward"] == 1.0

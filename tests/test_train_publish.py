@@ -43,3 +43,28 @@ def test_train_publishes_policy_v1_to_the_engine(tmp_path, engine_url, capsys):
     with pytest.raises(PublishError, match="no adapter to publish"):
         publish_mod.publish(cfg, tmp_path / "missing", "policy-v9")
     ep.unload_adapter("policy-v1")  # the engine is shared by the session's other tests
+
+
+@pytest.mark.gpu
+def test_train_publishes_policy_v1_to_vllm(tmp_path):
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs CUDA and vllm")
+    from collect.endpoint import launch
+    from collect.engine.model_store import embedded_model_dir
+
+    model = str(embedded_model_dir())  # vLLM serves the same converted base the trainer loads
+    cfg = run_config(tmp_path, "train.lr=0.01", "train.publish=true", "train.device=cuda",
+                     "endpoint.kind=vllm", "endpoint.url=http://127.0.0.1:9530", f"endpoint.model={model}",
+                     "endpoint.vllm_args=[--enable-lora,--max-lora-rank=64,--max-loras=4,"
+                     "--logprobs-mode=processed_logprobs,--max-model-len=2048,--gpu-memory-utilization=0.3]")
+    write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0), [1.0, -1.0, 1.0, -1.0], 1.0)
+    with launch(cfg, log_dir=tmp_path) as ep:
+        result = train_round(cfg, progress=False)
+        assert result.published, result.publish_message
+        assert "policy-v1" in ep.models()
+        base, tuned = logprobs(ep, model), logprobs(ep, "policy-v1")
+        assert max(abs(a - b) for a, b in zip(base, tuned)) > 1e-3, (base, tuned)

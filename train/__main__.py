@@ -1,15 +1,19 @@
 """`python -m train --config FILE [key=value ...]`: train round `round` and publish its adapter."""
 from __future__ import annotations
 
-import logging
-import sys
+from collect import envdefaults
 
-from collect.config import cli_config
-from collect.engine.model_store import ModelError
-from convert.records import BatchFormatError
+envdefaults.apply()  # before torch loads
 
-from .model import AdapterError
-from .stage import TrainError, train_round
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+from collect.config import cli_config  # noqa: E402
+from collect.engine.model_store import ModelError  # noqa: E402
+from convert.records import BatchFormatError  # noqa: E402
+
+from .model import AdapterError  # noqa: E402
+from .stage import TrainError, train_round  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

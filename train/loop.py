@@ -212,6 +212,9 @@ def stage_errors() -> tuple[type, ...]:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
+    from collect import envdefaults
+
+    envdefaults.apply()  # before torch loads (this module imports it lazily)
     from collect.__main__ import setup_logging
     from collect.config import cli_config
 

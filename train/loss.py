@@ -31,11 +31,11 @@ class _SampledLogprobs(torch.autograd.Function):
         for s in range(0, targets.shape[1], chunk):
             h = hidden[:, s:s + chunk].float()  # [B, c, H]
             y = targets[:, s:s + chunk]  # [B, c]
-            z = (h @ w.T) * inv_t  # [B, c, V], one chunk only
+            z = (h @ w.T).mul_(inv_t)  # [B, c, V], one chunk only
             lse = torch.logsumexp(z, dim=-1)  # [B, c]
             logp[:, s:s + chunk] = z.gather(-1, y[..., None]).squeeze(-1) - lse
-            p = torch.softmax(z, dim=-1)
-            entropy[:, s:s + chunk] = lse - (p * z).sum(-1)
+            p = (z - lse[..., None]).exp_()  # softmax, reusing lse
+            entropy[:, s:s + chunk] = lse - torch.einsum("bcv,bcv->bc", p, z)
             if need_grad:
                 grad_h[:, s:s + chunk] = (w[y] - p @ w) * inv_t  # d log p(y) / d h
             del z, p

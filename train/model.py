@@ -92,11 +92,20 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
         model = get_peft_model(base, lc)
     model.peft_config["default"].base_model_name_or_path = str(model_dir)
     if cfg.train.grad_checkpointing:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(base)
         base.enable_input_require_grads()
     base.config.use_cache = False
     model.train()
     return model, tok
+
+
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward (transformers renamed the call in v5)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 class PolicyLogprobs(nn.Module):

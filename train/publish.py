@@ -13,6 +13,7 @@ import re
 import sys
 from pathlib import Path
 
+from collect import envdefaults
 from collect.config import RunConfig, cli_config
 from collect.endpoint import Endpoint, EndpointError
 from collect.layout import RunLayout, policy_name
@@ -86,6 +87,7 @@ def _version(name: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    envdefaults.apply()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = cli_config(argv, "python -m train.publish")
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter

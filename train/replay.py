@@ -81,6 +81,9 @@ def run_replay(cfg: RunConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from collect import envdefaults
+
+    envdefaults.apply()  # before torch loads (this module imports it lazily)
     from collect.__main__ import setup_logging
 
     p = argparse.ArgumentParser(prog="python -m train.replay")

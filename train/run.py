@@ -75,22 +75,33 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
 
 def _prox(setup: Setup, steps, start: int, paths) -> None:
     """Recompute (step 0) or reload (resume) the sampling policy's log-probs of this process's files."""
-    from safetensors.torch import save_file
-
     from .stage import load_prox
 
     tr, acc = setup.trainer, setup.acc
     if tr.loss_cfg.mismatch == "none":
         return
-    path = paths.root / f"prox-rank{acc.process_index}.safetensors"
     if start > 0:
-        tr.prox = {k: v.to(acc.device) for k, v in load_prox(path).items()}
+        tr.prox = {k: v.to(acc.device) for k, v in load_prox(_prox_path(setup, paths)).items()}
         return
-    files = sorted({i for s in steps for i in s.for_rank(acc.process_index, acc.num_processes)})
-    tr.compute_prox(files)
-    tmp = path.with_suffix(".tmp")
-    save_file({str(k): v.cpu().contiguous() for k, v in tr.prox.items()}, str(tmp))
-    tmp.replace(path)
+    mine = lambda s: s.for_rank(acc.process_index, acc.num_processes)  # noqa: E731
+    files = {i for s in steps for i in mine(s)}
+    if not tr.stochastic and steps:
+        files -= set(mine(steps[0]))  # step 0 runs at the sampling policy: its own log-probs are prox
+    tr.compute_prox(sorted(files))
+
+
+def _prox_path(setup: Setup, paths) -> Path:
+    return paths.root / f"prox-rank{setup.acc.process_index}.safetensors"
+
+
+def _save_prox(setup: Setup, paths) -> None:
+    from safetensors.torch import save_file
+
+    if setup.trainer.prox:
+        path = _prox_path(setup, paths)
+        tmp = path.with_suffix(".tmp")
+        save_file({str(k): v.cpu().contiguous() for k, v in setup.trainer.prox.items()}, str(tmp))
+        tmp.replace(path)
 
 
 def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> dict:
@@ -136,6 +147,8 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
 def _checkpoint(setup: Setup, paths, step: int, skipped: int, fingerprint: dict, metrics_f, run_s: float,
                 first_mm: dict) -> None:
     acc = setup.acc
+    _save_prox(setup, paths)  # every process its own, before `latest` names the checkpoint
+    acc.wait_for_everyone()
     if acc.is_main_process:
         meta = {"skipped": skipped, "metrics_bytes": metrics_f.tell(), "fingerprint": fingerprint,
                 "run_s": run_s, **first_mm}

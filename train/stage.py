@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -54,6 +55,13 @@ def convert_dir(cfg: RunConfig) -> Path:
 def ensure_converted(cfg: RunConfig, progress: bool) -> Path:
     d = convert_dir(cfg)
     if (d / "index.json").is_file():
+        return d
+    if not _is_main():  # under accelerate launch only the first process converts
+        deadline = time.monotonic() + 3600
+        while not (d / "index.json").is_file():
+            if time.monotonic() > deadline:
+                raise TrainError(f"{d}: the first process did not finish convert within an hour")
+            time.sleep(1)
         return d
     try:
         from convert.stage import convert_round

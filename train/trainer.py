@@ -38,6 +38,8 @@ class Trainer:
         self.max_grad_norm = max_grad_norm
         self.kl = kl
         self.prox: dict[int, torch.Tensor] = {}
+        # dropout: a training forward is not the sampling policy, so prox is always precomputed
+        self.stochastic = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in peft_model.modules())
         self.params = [p for p in peft_model.parameters() if p.requires_grad]
 
     def logprobs(self, mb: MicroBatch, grad: bool, adapter: bool = True):
@@ -74,24 +76,28 @@ class Trainer:
                 mb = replace(mb, weights=torch.zeros_like(mb.weights))
             sync = j == len(mine) - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(self.policy):
-                stats = self._micro(mb, i, norm, world, first and not dummy)
+                stats = self._micro(mb, i, norm, world, first, dummy)
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0) + v.detach().float()
         return self._finish(sums, t0, step)
 
-    def _micro(self, mb: MicroBatch, i: int, norm: StepNorm, world: int, first: bool) -> dict:
+    def _micro(self, mb: MicroBatch, i: int, norm: StepNorm, world: int, first: bool, dummy: bool) -> dict:
         s = shifted(mb)
         logp, entropy = self.logprobs(mb, grad=True)
         ref = self.logprobs(mb, grad=False, adapter=False)[0] if self.kl else None
         prox = self.prox.get(i)
-        if prox is None and self.loss_cfg.mismatch != "none":
-            prox = logp.detach()  # not precomputed: only valid before the first update
+        if dummy:
+            prox = logp.detach()  # zero weights: any value will do
+        elif prox is None and self.loss_cfg.mismatch != "none":
+            if not first or self.stochastic:
+                raise RuntimeError(f"micro-batch {i}: no recomputed log-probs of the sampling policy")
+            prox = self.prox[i] = logp.detach()  # the first step runs at the sampling policy
         loss, stats = grpo_loss(logp, s["behaviour"], s["mask"], mb.advantages, mb.weights, self.loss_cfg,
                                 norm, prox=prox, ref=ref)
         self.acc.backward(loss * world)
         stats = {**stats, "loss": loss.detach(), "entropy": (entropy * s["mask"]).sum()}
-        if first:  # the train/inference gap at the sampling policy, before any update
-            mm = mismatch_stats(logp.detach(), s["behaviour"], s["mask"])
+        if first and not dummy:  # the train/inference gap at the sampling policy, before any update
+            mm = mismatch_stats(logp.detach() if prox is None else prox, s["behaviour"], s["mask"])
             stats.update(mismatch_sum=mm["sum"], mismatch_max=mm["max"], mismatch_tokens=mm["tokens"])
         return stats
 

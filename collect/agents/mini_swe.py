@@ -9,13 +9,14 @@ Load it by import path `collect.agents.mini_swe:LocalMiniSweAgent` with the mode
 `openai/<served name>`. Extra kwargs on top of harbor's mini-swe-agent options:
   base_url, api_key   the endpoint (else OPENAI_BASE_URL / OPENAI_API_KEY from the agent env)
   textbased           True (default): mini_textbased.yaml with the litellm_textbased model class
-                      (```mswea_bash_command blocks, no tool calling; notes/agents.md);
+                      (```mswea_bash_command blocks, no tool calling);
                       False: mini.yaml with tool calls
   step_limit          model calls at most (0: unlimited)
 The sandbox must expose the venv's path (BwrapEnvironment does: host dirs are bound read-only).
 """
 from __future__ import annotations
 
+import os
 import importlib.util
 import shlex
 import shutil
@@ -38,7 +39,8 @@ class LocalMiniSweAgentOptions(MiniSweAgentOptions):
 
 def mini_cli() -> Path:
     """The mini-swe-agent CLI next to this interpreter (the venv), else on PATH."""
-    here = Path(sys.executable).parent / "mini-swe-agent"
+    # real path: a sandbox shows the venv at its real path only
+    here = Path(os.path.realpath(Path(sys.executable).parent)) / "mini-swe-agent"
     found = here if here.exists() else (Path(p) if (p := shutil.which("mini-swe-agent")) else None)
     if found is None:
         raise FileNotFoundError("mini-swe-agent CLI not found: pip install mini-swe-agent into the project venv")

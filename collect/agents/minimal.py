@@ -5,7 +5,8 @@ ask the model, pull one shell command out of the answer, run it, show the output
 until the model says DONE or the turn limit is reached. The prompt is short and carries one
 worked example; the command extraction is lenient (a fenced block with any tag, even unclosed,
 a `$ cmd` line, or a line that starts with a common command), because a 135M model rarely
-follows a format exactly (it fails mini-swe-agent's format in 0 of 28 runs; notes/agents.md).
+follows a format exactly (behind mini-swe-agent it solved 0 of 28 runs, nearly all ended by three
+format errors in a row).
 
 Load it by import path `collect.agents.minimal:MinimalAgent`. kwargs (AgentConfig.kwargs):
 base_url (else OPENAI_BASE_URL), api_key (else OPENAI_API_KEY, else "EMPTY"), max_turns,
@@ -126,22 +127,8 @@ class MinimalAgent(BaseAgent):
         api_key = self.options.api_key or self._get_env("OPENAI_API_KEY") or "EMPTY"
         return base_url, api_key
 
-    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
-        import openai
-
-        base_url, api_key = self._endpoint()
-        if not self.model_name:
-            raise ValueError(f"{self.name()}: no model: set AgentConfig.model_name")
-        client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.options.request_timeout_sec
-        )
-        opts = self.options
-        messages: list[dict[str, str]] = [
-            {"role": "system", "content": SYSTEM},
-            *EXAMPLE,
-            {"role": "user", "content": f"Task: {instruction.strip()}"},
-        ]
-        traj: dict[str, Any] = {
+    def _trajectory(self, instruction: str, base_url: str) -> dict[str, Any]:
+        return {
             "format": TRAJECTORY_FORMAT,
             "agent": self.name(),
             "version": self.version(),
@@ -151,31 +138,71 @@ class MinimalAgent(BaseAgent):
             "calls": [],
             "stop_reason": None,
         }
+
+    async def _ask(self, client, messages: list[dict], turn: int, traj: dict,
+                   context: AgentContext) -> tuple[str, dict]:
+        """One model call, recorded in the trajectory (its token counts in the context)."""
+        import openai
+
+        opts = self.options
+        request: dict[str, Any] = {"model": self.model_name, "messages": list(messages), "max_tokens": opts.max_tokens}
+        if opts.temperature is not None:
+            request["temperature"] = opts.temperature
+        call: dict[str, Any] = {"turn": turn, "messages": request["messages"], "started_at": time.time()}
+        traj["calls"].append(call)
+        try:
+            response = await client.chat.completions.create(**request)
+        except openai.OpenAIError as e:
+            call["error"] = f"{type(e).__name__}: {e}"
+            traj["stop_reason"] = "endpoint_error"
+            raise RuntimeError(f"{self.name()}: model call {turn} to {traj['base_url']} failed: {e}") from e
+        choice = response.choices[0]
+        text = choice.message.content or ""
+        call.update(assistant=text, finish_reason=choice.finish_reason, ended_at=time.time())
+        if response.usage is not None:
+            call["usage"] = response.usage.model_dump()
+            context.n_input_tokens += response.usage.prompt_tokens or 0
+            context.n_output_tokens += response.usage.completion_tokens or 0
+        return text, call
+
+    async def _act(self, environment: BaseEnvironment, command: str, call: dict) -> str:
+        """Run the command in the sandbox; the observation the model is shown next."""
+        opts = self.options
+        call["command"] = command
+        try:
+            result = await environment.exec(command, timeout_sec=opts.command_timeout_sec)
+            obs = observation(result.return_code, result.stdout, result.stderr, opts.max_output_chars)
+            call["exit_code"] = result.return_code
+        except RuntimeError as e:  # the sandbox raises on a command timeout
+            if "timed out" not in str(e):
+                raise
+            obs = observation(None, None, None, opts.max_output_chars)
+            call["exit_code"] = None
+        call["observation"] = obs
+        return obs
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        import openai
+
+        base_url, api_key = self._endpoint()
+        if not self.model_name:
+            raise ValueError(f"{self.name()}: no model: set AgentConfig.model_name")
+        client = openai.AsyncOpenAI(
+            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.options.request_timeout_sec
+        )
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": SYSTEM},
+            *EXAMPLE,
+            {"role": "user", "content": f"Task: {instruction.strip()}"},
+        ]
+        traj = self._trajectory(instruction, base_url)
         context.n_input_tokens = context.n_input_tokens or 0
         context.n_output_tokens = context.n_output_tokens or 0
         try:
-            for turn in range(opts.max_turns):
-                request: dict[str, Any] = {"model": self.model_name, "messages": list(messages), "max_tokens": opts.max_tokens}
-                if opts.temperature is not None:
-                    request["temperature"] = opts.temperature
-                call: dict[str, Any] = {"turn": turn, "messages": request["messages"], "started_at": time.time()}
-                traj["calls"].append(call)
-                try:
-                    response = await client.chat.completions.create(**request)
-                except openai.OpenAIError as e:
-                    call["error"] = f"{type(e).__name__}: {e}"
-                    traj["stop_reason"] = "endpoint_error"
-                    raise RuntimeError(f"{self.name()}: model call {turn} to {base_url} failed: {e}") from e
-                choice = response.choices[0]
-                text = choice.message.content or ""
-                call.update(assistant=text, finish_reason=choice.finish_reason, ended_at=time.time())
-                if response.usage is not None:
-                    call["usage"] = response.usage.model_dump()
-                    context.n_input_tokens += response.usage.prompt_tokens or 0
-                    context.n_output_tokens += response.usage.completion_tokens or 0
+            for turn in range(self.options.max_turns):
+                text, call = await self._ask(client, messages, turn, traj, context)
                 messages.append({"role": "assistant", "content": text})
                 self._write(traj)
-
                 command = extract_command(text)
                 if command is None:
                     if is_done(text):
@@ -183,18 +210,7 @@ class MinimalAgent(BaseAgent):
                         break
                     messages.append({"role": "user", "content": NO_COMMAND})
                     continue
-                call["command"] = command
-                try:
-                    result = await environment.exec(command, timeout_sec=opts.command_timeout_sec)
-                    obs = observation(result.return_code, result.stdout, result.stderr, opts.max_output_chars)
-                    call["exit_code"] = result.return_code
-                except RuntimeError as e:  # the sandbox raises on a command timeout
-                    if "timed out" not in str(e):
-                        raise
-                    obs = observation(None, None, None, opts.max_output_chars)
-                    call["exit_code"] = None
-                call["observation"] = obs
-                messages.append({"role": "user", "content": obs})
+                messages.append({"role": "user", "content": await self._act(environment, command, call)})
                 self._write(traj)
                 if is_done(text.replace(command, "")):
                     traj["stop_reason"] = "done"

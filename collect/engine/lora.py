@@ -24,7 +24,8 @@ class AdapterInvalid(Exception):
 
 
 def check_adapter(name: str, path: str, base_model) -> None:
-    """Refuse what vLLM refuses (see shared/notes/vllm.md) and what does not fit the base model."""
+    """Refuse what vLLM's /v1/load_lora_adapter refuses (a missing dir: 404; bias, DoRA, a bad
+    config: 500) and what does not fit the base model."""
     d = Path(path)
     cfg_path = d / "adapter_config.json"
     if not d.is_dir() or not cfg_path.is_file():

@@ -136,17 +136,18 @@ async def errors_middleware(request: web.Request, handler):
         return internal(f"{type(e).__name__}: {e}").response()
 
 
+ROUTES = (  # method, path, Engine handler
+    ("POST", "/v1/chat/completions", "chat"), ("POST", "/v1/completions", "completions"),
+    ("POST", "/tokenize", "tokenize"), ("POST", "/detokenize", "detokenize"), ("GET", "/v1/models", "models"),
+    ("GET", "/health", "health"), ("GET", "/stats", "stats"),
+    ("POST", "/v1/load_lora_adapter", "load_lora"), ("POST", "/v1/unload_lora_adapter", "unload_lora"),
+)
+
+
 def make_app(engine: Engine) -> web.Application:
     app = web.Application(middlewares=[errors_middleware], client_max_size=256 * 1024 * 1024)
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_post("/v1/completions", engine.completions)
-    app.router.add_post("/tokenize", engine.tokenize)
-    app.router.add_post("/detokenize", engine.detokenize)
-    app.router.add_get("/v1/models", engine.models)
-    app.router.add_get("/health", engine.health)
-    app.router.add_get("/stats", engine.stats)
-    app.router.add_post("/v1/load_lora_adapter", engine.load_lora)
-    app.router.add_post("/v1/unload_lora_adapter", engine.unload_lora)
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, getattr(engine, handler))
 
     async def lifecycle(app):
         engine.core.batcher.start()

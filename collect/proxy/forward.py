@@ -12,16 +12,24 @@ import aiohttp
 
 from collect.config import RunConfig
 from collect.proxy import jsonx
+from collect.proxy.dialects import NOTES
 from collect.proxy.errors import JSON, UpstreamFailure
 from collect.proxy.rollouts import Rollout
 from collect.proxy.upstreams import UpstreamPool
 
+# Tokens a chat template adds around the messages' JSON bytes (which bound their own tokens).
+_TEMPLATE_SLACK = 512
+_UNKNOWN = -1  # an upstream whose /tokenize reports no max_model_len
+
 
 def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | None,
-                   full: bool = False) -> tuple[bytes, dict]:
+                   full: bool = False, room: int | None = None) -> tuple[bytes, dict]:
     """The body sent upstream, and what the row keeps as `sampling` (the whole body when `full`:
-    a translated call's chat messages exist nowhere else)."""
+    a translated call's chat messages exist nowhere else). `room`: the tokens the context leaves
+    after the prompt, a cap on max_tokens (an agent asking 64k of a 32k model still gets an answer).
+    A dialect's notes (what its translation left out) go into `sampling`, never upstream."""
     up = dict(req)
+    notes = up.pop(NOTES, None)
     up["model"] = rollout.policy
     up["temperature"] = rollout.temperature
     up["top_p"] = rollout.top_p
@@ -37,12 +45,23 @@ def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | Non
     up.pop("max_completion_tokens", None)
     if max_tokens is not None:
         limits.append(max_tokens)
+    if limits and room is not None and room >= 1:
+        limits.append(room)
     if limits:
         up["max_tokens"] = min(limits)
     if req.get("stream"):
         up["stream_options"] = {**(req.get("stream_options") or {}), "include_usage": True}
-    sampling = up if full else {k: v for k, v in up.items() if k not in ("messages", "tools")}
+    sampling = dict(up) if full else {k: v for k, v in up.items() if k not in ("messages", "tools")}
+    if notes:
+        sampling[NOTES] = notes
     return jsonx.dumps(up), sampling
+
+
+def requested_max_tokens(req: dict, cap: int | None) -> int | None:
+    """The max_tokens a call will ask upstream before the context cap (None: the upstream decides)."""
+    limits = [v for v in (req.get("max_tokens"), req.get("max_completion_tokens"), cap)
+              if isinstance(v, int) and not isinstance(v, bool)]
+    return min(limits) if limits else None
 
 
 async def http_failure(resp: aiohttp.ClientResponse) -> UpstreamFailure:
@@ -68,6 +87,8 @@ class Forwarder:
         self._timeout = aiohttp.ClientTimeout(total=self.timeout_s)
         self.headers = {"Content-Type": JSON, "Authorization": f"Bearer {cfg.endpoint.api_key}"}
         self.session: aiohttp.ClientSession | None = None
+        self.config_max_model_len = cfg.proxy.max_model_len
+        self.max_model_len: dict[str, int] = {}  # per upstream url, as its /tokenize reported
 
     def timed_out(self, where: str = "upstream") -> UpstreamFailure:
         return UpstreamFailure(504, f"{where} timed out after {self.timeout_s:g} s", "timeout")
@@ -120,15 +141,48 @@ class Forwarder:
             raise UpstreamFailure(502, f"upstream answer is not valid JSON ({e})", "bad_json") from None
         return data
 
-    async def count_tokens(self, rollout_id: str, body: dict) -> int | None:
-        """The upstream's /tokenize count (vLLM and the local engine have it); None when it gives none."""
+    async def tokenize(self, rollout_id: str, body: dict) -> dict:
+        """The upstream's /tokenize answer ({count, max_model_len, ...}; vLLM and the local engine
+        have it); {} when it gives none. A max_model_len it reports is remembered per upstream."""
         up = self.pool.order(rollout_id)[0]
         try:
             async with self.session.post(up.base + "/tokenize", data=jsonx.dumps(body), headers=self.headers,
                                          timeout=aiohttp.ClientTimeout(total=10)) as resp:
                 if resp.status == 200:
-                    n = (await resp.json()).get("count")
-                    return n if isinstance(n, int) else None
+                    out = await resp.json()
+                    if isinstance(out, dict):
+                        if isinstance(out.get("max_model_len"), int):
+                            self.max_model_len[up.url] = out["max_model_len"]
+                        return out
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             pass
-        return None
+        return {}
+
+    async def count_tokens(self, rollout_id: str, body: dict) -> int | None:
+        """The upstream's /tokenize count; None when it gives none."""
+        n = (await self.tokenize(rollout_id, body)).get("count")
+        return n if isinstance(n, int) else None
+
+    async def context_room(self, rollout_id: str, chat: dict, policy: str, want: int | None) -> int | None:
+        """Tokens the upstream's context leaves after this call's prompt, when asking `want` might not
+        fit; None when it surely fits, or nothing says how long the context is. /tokenize is asked only
+        when the prompt's bytes (a bound on its tokens) plus `want` could pass the window."""
+        if want is None:
+            return None
+        url = self.pool.order(rollout_id)[0].url
+        limit = self.config_max_model_len or self.max_model_len.get(url)
+        if limit == _UNKNOWN:  # this upstream's /tokenize tells no context length: do not ask per call
+            return None
+        if limit is not None:
+            bound = len(jsonx.dumps([chat.get("messages"), chat.get("tools")])) + _TEMPLATE_SLACK
+            if bound + want <= limit:
+                return None
+        body = {"model": policy, "messages": chat.get("messages"), "add_generation_prompt": True}
+        if chat.get("tools"):
+            body["tools"] = chat["tools"]
+        out = await self.tokenize(rollout_id, body)
+        limit = self.config_max_model_len or out.get("max_model_len")
+        if not isinstance(out.get("count"), int) or not isinstance(limit, int):
+            self.max_model_len.setdefault(url, _UNKNOWN)
+            return None
+        return limit - out["count"]

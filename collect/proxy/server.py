@@ -30,7 +30,7 @@ from collect.proxy.dialects import DialectError
 from collect.proxy.dialects import anthropic as anthropic_dialect
 from collect.proxy.dialects import responses as responses_dialect
 from collect.proxy.errors import Reject, UpstreamFailure, reject_response
-from collect.proxy.forward import Forwarder, forced_request
+from collect.proxy.forward import Forwarder, forced_request, requested_max_tokens
 from collect.proxy.metrics import Metrics
 from collect.proxy.recorder import FullReply, Recorder, StreamReply
 from collect.proxy.rollouts import Rollout, RolloutRegistry
@@ -183,13 +183,18 @@ class RecordingProxy:
             rollout, raw, req, chat_req = await self._read_call(request, dialect)
         except Reject as e:
             return reject_response(self.metrics, e, dialect)
+        cap = self.cfg.sampling.max_tokens
+        room = await self.forward.context_room(rollout.rollout_id, chat_req, rollout.policy,
+                                               requested_max_tokens(chat_req, cap))
+        if rollout.state != "open":  # closed while the prompt was measured
+            return reject_response(self.metrics, Reject(403, f"rollout '{rollout.rollout_id}' is closed",
+                                                        "closed_rollout", "permission_error"), dialect)
         turn = rollout.next_turn
         rollout.next_turn += 1
         rollout.inflight += 1
         rollout.idle.clear()
         request_id = uuid.uuid4().hex
-        upstream, sampling = forced_request(chat_req, rollout, turn, self.cfg.sampling.max_tokens,
-                                            full=dialect is not None)
+        upstream, sampling = forced_request(chat_req, rollout, turn, cap, full=dialect is not None, room=room)
         row = TurnRow(rollout_id=rollout.rollout_id, turn=turn, request_id=request_id,
                       api=dialect.NAME if dialect is not None else "chat", policy=rollout.policy,
                       started_at=started, ended_at=None, request=raw.decode("utf-8", "replace"), response=None,

@@ -1,40 +1,40 @@
-"""A harbor environment on bubblewrap: a per-trial filesystem without Docker.
+"""A harbor environment on bubblewrap: one isolated sandbox per trial, without Docker.
 
 Load it by import path: `collect.sandbox.bwrap:BwrapEnvironment`.
 
-Layout. Every trial gets a host state dir whose `root/` is bound as the sandbox's `/`, so
-everything written outside the read-only host dirs (workdir, /tests, /solution, /tmp, HOME,
-/installed-agent, even `mkdir /foo`) persists from one exec to the next. The host's top-level
-dirs (/usr, /etc, /work, /root, ...) are bound on top read-only, one by one: that gives the
-agent the host's tools and lets the verifier use the project venv (WHARF_PYTHON), while a
-bind of `/` itself would leave no place for new mount points. /logs/{agent,verifier,
-artifacts} are binds onto the trial dir (harbor's `mounts`), so logs need no download.
+The boundary (details in ns.py): each trial runs in a long-lived sandbox with its own user,
+pid, mount, IPC, UTS and network namespaces, as an unprivileged host uid of its own, with no
+capability; every exec joins it (so daemons such as tmux survive between execs). It sees the
+host's system dirs and the agent's install read-only and nothing else of the host: not the
+project, the datasets, the runs dir or /root. Its writable dirs (workdir, /tmp, HOME, /logs/agent,
+/logs/artifacts, /installed-agent, /solution) are size-limited tmpfs mounts; a pids cgroup bounds
+fork bombs. Its only way out is `forward`: each listed loopback address (the rollout's proxy
+route) is reachable at the same address inside, through a Unix socket, and nothing else is.
 
-Each exec is a fresh `bwrap` process sharing the host's network (the agent must reach the
-recording proxy on 127.0.0.1) and its pid namespace: agents keep daemons (tmux) alive across
-execs, which --unshare-pid/--die-with-parent would kill. So every process started here carries
-WHARF_SANDBOX_ID in its environment, and stop() kills whatever still carries it.
+Two phases. The agent phase ends when the verifier uploads the tests (upload_dir to /tests):
+every agent process is killed at once (the pid namespace goes), the agent's change to the
+workdir is read out and laid over a clean copy of environment/ with test files and test
+configuration set aside (changes.py), and the verifier gets a fresh sandbox holding that copy,
+the tests, and an empty /logs/verifier. Nothing the agent left anywhere else reaches it. The
+agent never sees tests/ or solution/ (the oracle agent uploads its own solution).
 
-Not a security boundary against a hostile agent: it runs as the invoking user, sees the host's
-files read-only and the network. Transfers go through the sandbox (tar over a pipe) so a
-symlink an agent planted resolves inside the sandbox, never on the host.
+Logs are not bind mounts (capabilities.mounted is False): harbor downloads /logs/agent and
+/logs/verifier through the sandbox, so a symlink an agent planted resolves inside it.
 
-What it cannot do: build a Dockerfile (tasks ship their files in environment/, copied into the
-workdir), switch users (`user` is accepted and ignored), limit CPU or memory.
+What it cannot do: build a Dockerfile (tasks ship their files in environment/), switch users
+(`user` is ignored), give an agent the internet.
 """
 from __future__ import annotations
 
 import asyncio
 import io
+import json
 import os
 import shlex
 import shutil
 import signal
 import sys
 import tarfile
-import tempfile
-import time
-import uuid
 from pathlib import Path, PurePosixPath
 
 from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
@@ -42,25 +42,24 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from collect import envdefaults
+from collect.sandbox import changes
+from collect.sandbox.ns import Sandbox, Spec, minimal_expose
+from collect.sandbox.relay import Relay, parse_forward
 
 DEFAULT_WORKDIR = "/app"
 HOME = "/home/agent"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-MARKER = "WHARF_SANDBOX_ID"
-# Host top-level entries never bound: kernel filesystems get fresh instances, and /tmp and
-# /home belong to the sandbox.
-_NEVER_BIND = {"proc", "dev", "sys", "tmp", "home", "lost+found"}
-# Sandbox-owned top-level dirs, created in the sandbox root; a host dir of the same name is hidden.
-_OWN_DIRS = ("tests", "solution", "installed-agent", "logs", "tmp", "home")
-# Files of a docker build spec: we cannot build them, and they do not belong in the workdir.
-_BUILD_FILES = {"Dockerfile", "docker-compose.yaml", "docker-compose.yml", ".dockerignore"}
+TESTS_DIR = "/tests"
+AGENT_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/agent", "/logs/artifacts", "/installed-agent", "/solution")
+VERIFIER_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/verifier", "/logs/artifacts", TESTS_DIR)
+TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
+# The npm-installed agent CLIs (make agents), shown read-only like the venv when present.
+_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",)
+                   if p.is_dir()]
 
 
 class SandboxTimeoutError(RuntimeError):
     """An exec ran past its timeout (a RuntimeError, as harbor's docker environment raises)."""
-
-
-TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
 
 
 def bwrap_path() -> str | None:
@@ -69,27 +68,30 @@ def bwrap_path() -> str | None:
 
 class BwrapEnvironment(BaseEnvironment):
     """kwargs (TrialEnvironmentConfig.kwargs):
-    state_dir   where per-trial state dirs go (default: the system temp dir)
-    hide        host top-level dirs not to expose, e.g. ["mnt", "srv"]
-    git_init    commit the initial workdir as a git repo so agents/graders can diff (default True)
+    forward     loopback addresses reachable inside, at the same address: "127.0.0.1:8200", or a
+                route URL (http://127.0.0.1:8200/rollout/<id>/v1) to let only that route through
+    expose      more host paths to show read-only (the agent's install beyond the venv)
+    disk_mb     size of each writable tmpfs dir (default 256)
+    pids_max    processes at most in the sandbox (default 512)
+    git_init    commit the initial workdir as a git repo so agents can diff (default True)
     python      the interpreter exported as WHARF_PYTHON (default: harbor's own, i.e. the venv)
+    state_dir   where the host-side dir of each sandbox goes (default: the system temp dir; it
+                must be traversable by other uids)
     """
 
-    def __init__(
-        self,
-        *args,
-        state_dir: str | None = None,
-        hide: list[str] | None = None,
-        git_init: bool = True,
-        python: str | None = None,
-        **kwargs,
-    ):
-        self._state_parent = Path(state_dir or tempfile.gettempdir())
-        self._hide = set(hide or [])
+    def __init__(self, *args, forward: list[str] | None = None, expose: list[str] | None = None,
+                 disk_mb: int = 256, pids_max: int = 512, git_init: bool = True,
+                 python: str | None = None, state_dir: str | None = None, **kwargs):
+        self._forward = [parse_forward(f) for f in forward or []]
+        self._expose = list(expose or [])
+        self._disk = disk_mb << 20
+        self._pids_max = pids_max
         self._git_init = git_init
-        self._python = python or sys.executable
-        self._id = uuid.uuid4().hex
-        self._state: Path | None = None
+        self._python = _visible_path(python or sys.executable)
+        self._state_parent = state_dir
+        self._sandbox: Sandbox | None = None
+        self._relays: list[Relay] = []
+        self._phase = "agent"
         self._no_network = False
         super().__init__(*args, **kwargs)
         self._no_network = self._network_disabled
@@ -102,8 +104,7 @@ class BwrapEnvironment(BaseEnvironment):
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
-        # Each exec is a new bwrap process, so a network policy can change between any two.
-        return EnvironmentCapabilities(mounted=True, disable_internet=True, dynamic_network_policy=True)
+        return EnvironmentCapabilities(mounted=False, disable_internet=True, dynamic_network_policy=False)
 
     @classmethod
     def preflight(cls) -> None:
@@ -126,66 +127,26 @@ class BwrapEnvironment(BaseEnvironment):
         return self.task_env_config.workdir or DEFAULT_WORKDIR
 
     @property
-    def state_dir(self) -> Path:
-        if self._state is None:
-            raise RuntimeError(f"{self.session_id}: the sandbox is not started (call start() first)")
-        return self._state
+    def phase(self) -> str:
+        """'agent' until the tests are uploaded, then 'verifier'."""
+        return self._phase
 
     async def start(self, force_build: bool) -> None:
-        self._state_parent.mkdir(parents=True, exist_ok=True)
-        self._state = Path(tempfile.mkdtemp(prefix=f"wharf-bwrap-{self.environment_name[:40]}-", dir=self._state_parent))
-        root = self._state / "root"
-        for d in (*_OWN_DIRS, HOME.lstrip("/"), self.workdir.lstrip("/")):
-            (root / d).mkdir(parents=True, exist_ok=True)
-        (root / "tmp").chmod(0o1777)
-        for name in self._host_entries():
-            if os.path.islink(f"/{name}"):  # merged-/usr links such as /bin -> usr/bin
-                os.symlink(os.readlink(f"/{name}"), root / name)
-        for mount in self._mounts:
-            Path(mount["source"]).mkdir(parents=True, exist_ok=True)
         if (self.environment_dir / "Dockerfile").exists():
             self.logger.warning(
                 f"{self.environment_dir}/Dockerfile is not built by the bwrap sandbox: "
                 "the task runs on the host's tools with environment/'s files in the workdir"
             )
-        if self.environment_dir.is_dir():
-            # Fresh dir, nothing an agent planted yet: a host-side copy is safe here.
-            shutil.copytree(
-                self.environment_dir,
-                root / self.workdir.lstrip("/"),
-                symlinks=True,
-                dirs_exist_ok=True,
-                ignore=lambda _d, names: [n for n in names if n in _BUILD_FILES],
-            )
-        if self._git_init and shutil.which("git"):
-            r = await self.exec(
-                "[ -d .git ] || { git init -q && git add -A && "
-                "git -c user.name=wharf -c user.email=wharf@localhost commit -q --allow-empty -m initial; }",
-                cwd=self.workdir,
-                timeout_sec=120,
-            )
-            if r.return_code != 0:
-                raise RuntimeError(f"{self.session_id}: git init of {self.workdir} failed: {r.stderr or r.stdout}")
+        await self._open("agent")
+        await self._fill_workdir(self._pristine())
 
     async def stop(self, delete: bool):
-        killed = await asyncio.to_thread(self._kill_leftovers)
-        if killed:
-            self.logger.debug(f"{self.session_id}: killed {killed} leftover process(es)")
-        if delete and self._state is not None:
-            await asyncio.to_thread(shutil.rmtree, self._state, True)
-            self._state = None
+        await self._close()
 
-    async def exec(
-        self,
-        command: str,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_sec: int | None = None,
-        user: str | int | None = None,
-    ) -> ExecResult:
-        rc, out, err = await self._run(
-            ["bash", "-c", command], cwd=cwd, env=self._merge_env(env), timeout_sec=timeout_sec, stream=True
-        )
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        rc, out, err = await self._run(["bash", "-c", command], cwd=cwd, env=self._merge_env(env),
+                                       timeout_sec=timeout_sec, stream=True)
         return ExecResult(
             stdout=out.decode(errors="replace") if out else None,
             stderr=err.decode(errors="replace") if err else None,
@@ -202,16 +163,13 @@ class BwrapEnvironment(BaseEnvironment):
         source = Path(source_dir)
         if not source.is_dir():
             raise FileNotFoundError(f"upload_dir: {source} is not a directory")
+        if self._abs(target_dir) == PurePosixPath(TESTS_DIR) and self._phase == "agent":
+            await self._enter_verification()
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             for child in sorted(source.iterdir()):
                 tf.add(child, arcname=child.name)
-        target = shlex.quote(str(self._abs(target_dir)))
-        await self._checked(
-            ["sh", "-c", f"mkdir -p {target} && tar -xpf - -C {target}"],
-            f"upload {source} -> {target_dir}",
-            stdin=buf.getvalue(),
-        )
+        await self._untar(buf.getvalue(), str(self._abs(target_dir)), f"upload {source} -> {target_dir}")
 
     async def download_file(self, source_path: str, target_path: Path | str):
         data = await self._checked(["cat", "--", str(self._abs(source_path))], f"download {source_path}")
@@ -220,25 +178,79 @@ class BwrapEnvironment(BaseEnvironment):
         target.write_bytes(data)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str):
-        data = await self._checked(
-            ["tar", "-cf", "-", "-C", str(self._abs(source_dir)), "."], f"download {source_dir}"
-        )
-        target = Path(target_dir)
-        target.mkdir(parents=True, exist_ok=True)
-        skipped: list[str] = []
+        if self._phase == "verifier" and self._abs(source_dir) == PurePosixPath("/logs/verifier"):
+            await self._sandbox.freeze()  # nothing the tests started may write once it is read
+        data = await self._checked(["tar", "-cf", "-", "-C", str(self._abs(source_dir)), "."],
+                                   f"download {source_dir}")
+        _extract_safely(data, Path(target_dir), self.logger, source_dir)
 
-        def safe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-            # One link pointing outside (e.g. to /tests/x) must not lose the whole directory.
-            try:
-                return transfer_tar_filter(member, dest)
-            except tarfile.FilterError:
-                skipped.append(member.name)
-                return None
+    # ---- phases ------------------------------------------------------------------------
 
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-            tf.extractall(path=target, filter=safe)
-        if skipped:
-            self.logger.warning(f"download {source_dir}: skipped links/paths leaving the dir: {skipped[:10]}")
+    async def _open(self, phase: str) -> None:
+        self._phase = phase
+        dirs = AGENT_DIRS if phase == "agent" else VERIFIER_DIRS
+        expose = [sys.prefix, sys.base_prefix, self._python, *_AGENT_INSTALLS, *self._expose]
+        if phase == "verifier":
+            expose.append(str(TASK_TOOLS))
+        forwards: dict[int, str] = {}
+        sb = Sandbox(Spec(writable=[self.workdir, *dirs], expose=minimal_expose(expose),
+                          python=os.path.realpath(self._python), tmpfs_bytes=self._disk,
+                          pids_max=self._pids_max, forwards=forwards), parent=self._state_parent)
+        if phase == "agent" and not self._no_network:
+            for host, port, prefix in self._forward:
+                relay = Relay(sb.dir / "sock" / f"{port}.sock", host, port, prefix)
+                await relay.start()
+                self._relays.append(relay)
+                forwards[port] = str(relay.path)
+        self._sandbox = sb
+        await sb.start()
+
+    async def _close(self) -> None:
+        for relay in self._relays:
+            await relay.stop()
+        self._relays.clear()
+        if self._sandbox is not None:
+            await self._sandbox.stop()
+            self._sandbox = None
+
+    async def _enter_verification(self) -> None:
+        """End the agent phase: kill every agent process, keep only its change to the workdir,
+        and give the verifier a fresh sandbox with a clean copy plus that change."""
+        sb = self._sandbox
+        await sb.freeze()
+        data = await self._checked(["tar", "-cf", "-", "--exclude=./.git", "-C", self.workdir, "."],
+                                   "read the agent's workdir", pid=False)
+        await self._close()
+        agent, others = changes.read_tar(data)
+        tests = self.environment_dir.parent / "tests"
+        test_names = {p.name for p in tests.rglob("*") if p.is_file()} if tests.is_dir() else set()
+        merged = changes.merge(self._pristine(), agent, others, test_names)
+        if merged.set_aside:
+            self.logger.info(f"{self.session_id}: set aside from the agent's change: {merged.set_aside}")
+        await self._open("verifier")
+        await self._fill_workdir(self._pristine(), then=merged.tree)
+        report = json.dumps({"changed": merged.changed, "deleted": merged.deleted, "set_aside": merged.set_aside},
+                            indent=1).encode()
+        await self._checked(["sh", "-c", "cat > /logs/verifier/agent_change.json"], "write agent_change.json", stdin=report)
+
+    def _pristine(self) -> changes.Tree:
+        return changes.read_dir(self.environment_dir) if self.environment_dir.is_dir() else {}
+
+    async def _fill_workdir(self, tree: changes.Tree, then: changes.Tree | None = None) -> None:
+        """Put `tree` in the workdir and commit it as git's initial state; then, uncommitted,
+        replace it with `then` (so `git diff` in the verifier shows the agent's change)."""
+        await self._untar(changes.write_tar(tree), self.workdir, "fill the workdir")
+        if self._git_init and shutil.which("git"):
+            r = await self.exec(
+                "[ -d .git ] || { git init -q && git add -A && "
+                "git -c user.name=wharf -c user.email=wharf@localhost commit -q --allow-empty -m initial; }",
+                cwd=self.workdir, timeout_sec=120)
+            if r.return_code != 0:
+                raise RuntimeError(f"{self.session_id}: git init of {self.workdir} failed: {r.stderr or r.stdout}")
+        if then is not None:
+            await self._checked(["find", self.workdir, "-mindepth", "1", "-maxdepth", "1", "!", "-name", ".git",
+                                 "-exec", "rm", "-rf", "{}", "+"], "clear the workdir")
+            await self._untar(changes.write_tar(then), self.workdir, "lay the agent's change over the workdir")
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -246,76 +258,30 @@ class BwrapEnvironment(BaseEnvironment):
         p = PurePosixPath(path)
         return p if p.is_absolute() else PurePosixPath(self.workdir) / p
 
-    def _host_entries(self) -> list[str]:
-        hidden = _NEVER_BIND | set(_OWN_DIRS) | self._hide | {PurePosixPath(self.workdir).parts[1]}
-        hidden |= {PurePosixPath(m["target"]).parts[1] for m in self._mounts if m.get("target")}
-        return sorted(n for n in os.listdir("/") if n not in hidden)
-
-    def _project_paths(self) -> list[str]:
-        bound = set(self._host_entries())
-        paths = {os.path.realpath(p) for p in (TASK_TOOLS.parents[1], sys.prefix, Path(self._python).parent.parent)}
-        paths = {p for p in paths if PurePosixPath(p).parts[1] not in bound}
-        # a path inside another one comes with it
-        return sorted(p for p in paths if not any(p != q and p.startswith(q + "/") for q in paths))
-
-    def _bwrap_args(self, cwd: str) -> list[str]:
-        args = [bwrap_path() or "bwrap", "--bind", str(self.state_dir / "root"), "/"]
-        for name in self._host_entries():
-            host = f"/{name}"
-            if os.path.islink(host):
-                continue  # made once in start(): the root persists, and bwrap refuses an existing link
-            if os.path.isdir(host) or os.path.isfile(host):
-                args += ["--ro-bind", host, host]
-        args += ["--proc", "/proc", "--dev", "/dev", "--ro-bind-try", "/sys", "/sys"]
-        # The project and its venv must be visible (WHARF_PYTHON, WHARF_TASK_TOOLS, the mini CLI)
-        # even when they live under a top-level dir the sandbox owns, e.g. a clone in /tmp.
-        for path in self._project_paths():
-            args += ["--ro-bind", path, path]
-        for mount in self._mounts:
-            if mount.get("type", "bind") != "bind" or not mount.get("source") or not mount.get("target"):
-                continue
-            flag = "--ro-bind" if mount.get("read_only") else "--bind"
-            args += [flag, str(mount["source"]), str(mount["target"])]
-        if self._no_network:
-            args.append("--unshare-net")
-        return args + ["--chdir", cwd, "--"]
+    async def _untar(self, data: bytes, target: str, what: str) -> None:
+        q = shlex.quote(target)
+        await self._checked(["sh", "-c", f"mkdir -p {q} && tar -xpf - -C {q}"], what, stdin=data)
 
     def _base_env(self) -> dict[str, str]:
-        env = {
-            "PATH": DEFAULT_PATH,
-            "HOME": HOME,
-            "USER": "root",
-            "LANG": "C.UTF-8",
-            "TERM": "xterm",
-            "TMPDIR": "/tmp",
-            # The project venv (swebench, pytest) for verifiers that grade with it, and our
-            # grading tools (grading.py, testlog.sh), so task dirs need not carry copies.
-            "WHARF_PYTHON": self._python,
-            "WHARF_TASK_TOOLS": str(TASK_TOOLS),
-        }
-        for key in envdefaults.DEFAULTS:
-            if key in os.environ:
-                env[key] = os.environ[key]
+        env = {"PATH": DEFAULT_PATH, "HOME": HOME, "USER": "root", "LANG": "C.UTF-8", "TERM": "xterm",
+               "TMPDIR": "/tmp", "WHARF_PYTHON": self._python}
+        if self._phase == "verifier":  # grading tools (grading.py, testlog.sh), for verifiers only
+            env["WHARF_TASK_TOOLS"] = str(TASK_TOOLS)
+        env.update({k: os.environ[k] for k in envdefaults.DEFAULTS if k in os.environ})
         return env
 
-    async def _run(
-        self,
-        argv: list[str],
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_sec: float | None = None,
-        stdin: bytes | None = None,
-        stream: bool = False,
-    ) -> tuple[int, bytes, bytes]:
-        full_env = {**self._base_env(), **(env or {}), MARKER: self._id}
+    async def _run(self, argv: list[str], *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: float | None = None, stdin: bytes | None = None, stream: bool = False,
+                   pid: bool = True) -> tuple[int, bytes, bytes]:
+        if self._sandbox is None:
+            raise RuntimeError(f"{self.session_id}: the sandbox is not started (call start() first)")
+        full_env = {**self._base_env(), **(env or {})}
+        pid = pid and self._sandbox.alive  # a frozen sandbox is read without its pid namespace
+        cmd, fds = self._sandbox.join_argv(argv, full_env, cwd or self.workdir, pid=pid)
         proc = await asyncio.create_subprocess_exec(
-            *self._bwrap_args(cwd or self.workdir),
-            *argv,
+            *cmd, pass_fds=fds, preexec_fn=self._sandbox.join_cgroup if pid else None,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=full_env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # one process group to kill on timeout or cancel
         )
         callback = self._output_callback() if stream else None
@@ -344,56 +310,50 @@ class BwrapEnvironment(BaseEnvironment):
         try:
             rc = await asyncio.wait_for(run_all(), timeout=timeout_sec) if timeout_sec else await run_all()
         except asyncio.TimeoutError:
-            await self._kill_group(proc)
+            await _kill_group(proc)
             raise SandboxTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
         except BaseException:
-            await self._kill_group(proc)
+            await _kill_group(proc)
             raise
         return rc, b"".join(chunks["stdout"]), b"".join(chunks["stderr"])
 
-    async def _checked(self, argv: list[str], what: str, stdin: bytes | None = None) -> bytes:
-        rc, out, err = await self._run(argv, cwd="/", stdin=stdin, timeout_sec=600)
+    async def _checked(self, argv: list[str], what: str, stdin: bytes | None = None, pid: bool = True) -> bytes:
+        rc, out, err = await self._run(argv, cwd="/", stdin=stdin, timeout_sec=600, pid=pid)
         if rc != 0:
             raise RuntimeError(f"{self.session_id}: {what} failed (exit {rc}): {err.decode(errors='replace').strip()}")
         return out
 
-    @staticmethod
-    async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            await asyncio.wait_for(proc.wait(), timeout=10)
-        except asyncio.TimeoutError:
-            pass
 
-    def _kill_leftovers(self) -> int:
-        """SIGKILL every process whose environment carries this sandbox's id, until none is left."""
-        needle = f"{MARKER}={self._id}".encode()
-        killed = 0
-        for _ in range(20):
-            found = [pid for pid in _pids() if _has_env(pid, needle)]
-            if not found:
-                break
-            for pid in found:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed += 1
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)  # let the kernel tear them down before looking again
-        return killed
+def _visible_path(path: str) -> str:
+    """path with its dir resolved (the sandbox binds real paths), the file name kept (a venv's
+    bin/python must stay the venv's, not the base interpreter it links to)."""
+    return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
 
 
-def _pids() -> list[int]:
-    me = os.getpid()
-    return [int(n) for n in os.listdir("/proc") if n.isdigit() and int(n) != me]
-
-
-def _has_env(pid: int, needle: bytes) -> bool:
+async def _kill_group(proc: asyncio.subprocess.Process) -> None:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return needle in f.read().split(b"\0")
-    except OSError:  # gone, or not ours to read
-        return False
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        await asyncio.wait_for(proc.wait(), timeout=10)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _extract_safely(data: bytes, target: Path, logger, source: str) -> None:
+    """Extract a tar the sandbox made; links or paths leaving the dir are skipped, not followed."""
+    target.mkdir(parents=True, exist_ok=True)
+    skipped: list[str] = []
+
+    def safe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        try:
+            return transfer_tar_filter(member, dest)
+        except tarfile.FilterError:
+            skipped.append(member.name)
+            return None
+
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        tf.extractall(path=target, filter=safe)
+    if skipped:
+        logger.warning(f"download {source}: skipped links/paths leaving the dir: {skipped[:10]}")

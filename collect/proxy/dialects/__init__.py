@@ -3,18 +3,43 @@
 vLLM's own /v1/messages and /v1/responses return no token ids, so the proxy speaks chat upstream
 and translates both ways here. Each dialect module is pure (no HTTP) and offers:
 `NAME`, `to_chat(req) -> chat body`, `from_chat(chat answer, req) -> answer in the dialect`,
-`error_body(status, message) -> dict`, and `Stream(req)` (on `ChatStream` below): `feed(chat chunk)
+`error_body(status, message) -> dict` (worded as the real API words it where clients key on the
+text), and `Stream(req)` (on `ChatStream` below): `feed(chat chunk)
 -> bytes` for what may go out now, `tail() -> bytes` for the rest once the row is durable, `final()`
 (the assembled answer the row stores), `error(status, message) -> bytes`.
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
+
+# A key `to_chat` may add to the chat body: what the translation left out (e.g. {"dropped_tools":
+# ["web_search"]}). The proxy takes it out before the body goes upstream and keeps it in the row.
+NOTES = "wharf_notes"
 
 
 class DialectError(ValueError):
     """The agent's request cannot be translated: answered 400, never recorded."""
+
+
+# vLLM's (and the local engine's) context errors, old and new wordings.
+_CTX_LIMIT = re.compile(r"maximum context length is (\d+) tokens")
+_CTX_INPUT = re.compile(r"(?:request has|resulted in) (\d+) (?:input )?tokens|\((\d+) in the messages")
+_CTX_MAX_TOKENS = re.compile(r"(?:too large: (\d+))|, (\d+) in the completion\)")
+
+
+def context_overflow(message: str) -> dict | None:
+    """{limit, input, max_tokens (None when the prompt alone is too long)} from an upstream error
+    about the context window; None for any other error."""
+    m = _CTX_LIMIT.search(message or "")
+    if not m:
+        return None
+    inp = _CTX_INPUT.search(message)
+    mt = _CTX_MAX_TOKENS.search(message)
+    n_in = int(next(g for g in inp.groups() if g)) if inp else None
+    n_max = int(next(g for g in mt.groups() if g)) if mt else None
+    return {"limit": int(m.group(1)), "input": n_in, "max_tokens": n_max}
 
 
 def join_text(parts, where: str, text_types=("text",)) -> str:

@@ -4,6 +4,10 @@ Request: system (string or text blocks), messages with text / image / tool_use /
 blocks, tools (input_schema), tool_choice, max_tokens, stop_sequences, stream. Sampling knobs
 (temperature, top_p, top_k) are dropped: the proxy forces its own. Thinking blocks in the history
 are dropped (the chat templates drop earlier reasoning anyway; the token ids keep what was said).
+What claude-code adds is accepted: `system` messages inside `messages` (the mid-conversation-system
+beta: leading ones join the system prompt, later ones stay system messages in place), `thinking`,
+`output_config`, `context_management`, `metadata`, cache_control marks (all ignored: the upstream
+has no use for them), and server tools (web_search, ...: dropped, counted in the row's notes).
 Answer: a `message` with text and tool_use blocks, or the SSE event sequence of the real API.
 """
 from __future__ import annotations
@@ -11,7 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from collect.proxy.dialects import ChatStream, DialectError, is_int, join_text, parse_args, sse, suffix
+from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, parse_args,
+                                    sse, suffix)
 from collect.proxy.jsonx import dumps
 
 NAME = "anthropic"
@@ -22,6 +27,17 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 
 
 def error_body(status: int, message: str) -> dict:
+    """The real API's error shape; a context overflow in the real API's words, which claude-code
+    keys on ("prompt is too long: ..." compacts the conversation, "input length and `max_tokens`
+    exceed context limit: ..." retries with a smaller max_tokens)."""
+    over = context_overflow(message)
+    if over is not None and over["input"] is not None:
+        status = 400
+        if over["max_tokens"] is not None and over["input"] < over["limit"]:
+            message = (f"input length and `max_tokens` exceed context limit: {over['input']} + {over['max_tokens']} > "
+                       f"{over['limit']}, decrease input length or `max_tokens` and try again")
+        else:
+            message = f"prompt is too long: {over['input']} tokens > {over['limit']} maximum"
     return {"type": "error", "error": {"type": _ERROR_TYPES.get(status, "api_error"), "message": message}}
 
 
@@ -46,15 +62,19 @@ def _tool_result_text(content, where: str) -> str:
     return join_text(content, where)
 
 
+def _blocks(content: list, where: str):
+    """(where, type, block) for each block of a message's content list."""
+    if not isinstance(content, list):
+        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
+    for j, b in enumerate(content):
+        yield f"{where}.content[{j}]", (b.get("type") if isinstance(b, dict) else None), b
+
+
 def _user(content, where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    if not isinstance(content, list):
-        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
     tools, parts = [], []
-    for j, b in enumerate(content):
-        w = f"{where}.content[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+    for w, t, b in _blocks(content, where):
         if t == "text":
             if not isinstance(b.get("text"), str):
                 raise DialectError(f"{w}: text block without a 'text' string")
@@ -81,12 +101,8 @@ def _user(content, where: str) -> list[dict]:
 def _assistant(content, where: str) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
-    if not isinstance(content, list):
-        raise DialectError(f"{where}.content: expected a string or a list of content blocks")
     texts, calls = [], []
-    for j, b in enumerate(content):
-        w = f"{where}.content[{j}]"
-        t = b.get("type") if isinstance(b, dict) else None
+    for w, t, b in _blocks(content, where):
         if t == "text":
             texts.append(str(b.get("text", "")))
         elif t == "tool_use":
@@ -95,8 +111,8 @@ def _assistant(content, where: str) -> dict:
             calls.append({"id": b["id"], "type": "function",
                           "function": {"name": b["name"],
                                        "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False)}})
-        elif t in ("thinking", "redacted_thinking"):
-            continue
+        elif t in ("thinking", "redacted_thinking", "server_tool_use") or str(t).endswith("_tool_result"):
+            continue  # reasoning, and server-tool traffic the proxy never produced
         else:
             raise DialectError(f"{w}: content block type {t!r} is not supported in an assistant message")
     msg = {"role": "assistant", "content": "\n\n".join(texts) if texts or not calls else None}
@@ -105,7 +121,9 @@ def _assistant(content, where: str) -> dict:
     return msg
 
 
-def _tools(tools) -> list[dict]:
+def _tools(tools, dropped: list) -> list[dict]:
+    """Client tools as chat functions; server tools (typed web_search_20250305, ...) the upstream
+    cannot run go to `dropped`."""
     if not isinstance(tools, list):
         raise DialectError("'tools' must be a list")
     out = []
@@ -113,8 +131,8 @@ def _tools(tools) -> list[dict]:
         if not isinstance(t, dict):
             raise DialectError(f"tools[{j}]: expected an object")
         if t.get("type") not in (None, "custom"):
-            raise DialectError(f"tools[{j}]: server tool type {t.get('type')!r} is not supported "
-                               "(only client tools with name and input_schema)")
+            dropped.append(str(t.get("type")))
+            continue
         if not isinstance(t.get("name"), str) or not isinstance(t.get("input_schema"), dict):
             raise DialectError(f"tools[{j}]: a tool needs 'name' (string) and 'input_schema' (object)")
         fn = {"name": t["name"], "parameters": t["input_schema"]}
@@ -151,9 +169,8 @@ def to_chat(req) -> dict:
         raise DialectError("'messages' must be a non-empty list")
     if not is_int(req.get("max_tokens")) or req["max_tokens"] < 1:
         raise DialectError("'max_tokens' is required: a positive integer")
+    system = [join_text(req["system"], "system")] if req.get("system") else []
     out = []
-    if req.get("system"):
-        out.append({"role": "system", "content": join_text(req["system"], "system")})
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"
         role = m.get("role") if isinstance(m, dict) else None
@@ -161,13 +178,26 @@ def to_chat(req) -> dict:
             out += _user(m.get("content"), where)
         elif role == "assistant":
             out.append(_assistant(m.get("content"), where))
+        elif role == "system":
+            text = join_text(m.get("content") or "", f"{where}.content")
+            if out:  # mid-conversation: in place, as the real API reads it
+                out.append({"role": "system", "content": text})
+            else:  # before any turn: part of the one system prompt chat templates expect first
+                system.append(text)
         else:
-            raise DialectError(f"{where}.role: expected 'user' or 'assistant', got {role!r}")
+            raise DialectError(f"{where}.role: expected 'user', 'assistant' or 'system', got {role!r}")
+    if system:
+        out.insert(0, {"role": "system", "content": "\n\n".join(system)})
     chat = {"messages": out, "max_tokens": req["max_tokens"]}
+    dropped: list[str] = []
     if req.get("tools"):
-        chat["tools"] = _tools(req["tools"])
-        if req.get("tool_choice") is not None:
+        chat["tools"] = _tools(req["tools"], dropped)
+        if not chat["tools"]:
+            del chat["tools"]
+        elif req.get("tool_choice") is not None:
             _tool_choice(req["tool_choice"], chat)
+    if dropped:
+        chat[NOTES] = {"dropped_tools": dropped}
     stops = req.get("stop_sequences")
     if stops:
         if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):

@@ -2,15 +2,22 @@
 
 Stateless: the full conversation comes in `input` (codex sends it with store=false), so
 `previous_response_id` and item references are refused. Input items: messages (input_text /
-output_text parts), function_call, function_call_output; reasoning items are dropped. Tools of
-type function only. Answer: a `response` object with message and function_call output items,
-or the SSE event sequence (response.created ... response.completed).
+output_text parts), function_call, function_call_output, custom_tool_call(_output); reasoning and
+hosted-tool items are dropped. Tools: functions; `namespace` groups (codex's multi_agent_v1) are
+flattened to functions named as their members (prefixed `<namespace>.` only on a clash) and their
+calls go back with `namespace` set, as codex reads them; `custom` (freeform) tools become functions
+of one string `input` and go back as custom_tool_call; hosted tools (web_search, file_search, ...)
+that the upstream cannot run are dropped and counted in the row's notes. Answer: a `response`
+object with message and function_call output items, or the SSE event sequence (response.created
+... response.completed).
 """
 from __future__ import annotations
 
+import json
 import time
 
-from collect.proxy.dialects import ChatStream, DialectError, is_int, join_text, sse, suffix
+from collect.proxy.dialects import NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, sse, suffix
+from collect.proxy.dialects.responses_tools import call_item, chat_name, chat_tools, tool_choice, tool_map
 from collect.proxy.jsonx import dumps
 
 NAME = "responses"
@@ -20,7 +27,15 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
 
 
+# OpenAI's own words for a prompt over the context window; codex keys on the code.
+_CONTEXT_CODE = "context_length_exceeded"
+_CONTEXT_MESSAGE = "Your input exceeds the context window of this model. Please adjust your input and try again."
+
+
 def error_body(status: int, message: str) -> dict:
+    if context_overflow(message) is not None:
+        return {"error": {"message": _CONTEXT_MESSAGE, "type": "invalid_request_error", "param": "input",
+                          "code": _CONTEXT_CODE}}
     return {"error": {"message": message, "type": _ERROR_TYPES.get(status, "server_error"), "param": None,
                       "code": status}}
 
@@ -46,7 +61,21 @@ def _content(content, where: str):
     return parts
 
 
-def _items(items: list, out: list) -> None:
+def _call(out: list, call: dict) -> None:
+    last = out[-1] if out else None
+    # Consecutive calls (and the text before them) are one assistant turn in chat.
+    if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), (str, type(None))):
+        last.setdefault("tool_calls", []).append(call)
+    else:
+        out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+# Items of hosted tools and of client state the upstream never saw: nothing for the model to read.
+_SKIPPED_ITEMS = ("reasoning", "web_search_call", "file_search_call", "image_generation_call", "code_interpreter_call",
+                  "compaction", "compaction_summary", "tool_search_call", "tool_search_output")
+
+
+def _items(items: list, out: list, tmap: dict) -> None:
     for i, it in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(it, dict):
@@ -61,21 +90,22 @@ def _items(items: list, out: list) -> None:
         elif t == "function_call":
             if not isinstance(it.get("call_id"), str) or not isinstance(it.get("name"), str):
                 raise DialectError(f"{where}: function_call needs 'call_id' and 'name' strings")
-            call = {"id": it["call_id"], "type": "function",
-                    "function": {"name": it["name"], "arguments": it.get("arguments") or "{}"}}
-            last = out[-1] if out else None
-            # Consecutive calls (and the text before them) are one assistant turn in chat.
-            if last is not None and last["role"] == "assistant" and isinstance(last.get("content"), (str, type(None))):
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif t == "function_call_output":
+            _call(out, {"id": it["call_id"], "type": "function",
+                        "function": {"name": chat_name(it["name"], it.get("namespace"), tmap),
+                                     "arguments": it.get("arguments") or "{}"}})
+        elif t == "custom_tool_call":
+            if not isinstance(it.get("call_id"), str) or not isinstance(it.get("name"), str):
+                raise DialectError(f"{where}: custom_tool_call needs 'call_id' and 'name' strings")
+            args = json.dumps({"input": str(it.get("input") or "")}, ensure_ascii=False)
+            _call(out, {"id": it["call_id"], "type": "function",
+                        "function": {"name": chat_name(it["name"], it.get("namespace"), tmap), "arguments": args}})
+        elif t in ("function_call_output", "custom_tool_call_output"):
             if not isinstance(it.get("call_id"), str):
                 raise DialectError(f"{where}: function_call_output needs a 'call_id' string")
             output = it.get("output")
             text = output if isinstance(output, str) else join_text(output or [], f"{where}.output", _TEXT_PARTS)
             out.append({"role": "tool", "tool_call_id": it["call_id"], "content": text})
-        elif t == "reasoning":
+        elif t in _SKIPPED_ITEMS:
             continue
         elif t == "item_reference":
             raise DialectError(f"{where}: item_reference needs stored responses; the proxy is stateless, "
@@ -83,31 +113,6 @@ def _items(items: list, out: list) -> None:
         else:
             raise DialectError(f"{where}: input item type {t!r} is not supported "
                                "(message, function_call, function_call_output, reasoning)")
-
-
-def _tools(tools) -> list[dict]:
-    if not isinstance(tools, list):
-        raise DialectError("'tools' must be a list")
-    out = []
-    for j, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else type(t).__name__
-            raise DialectError(f"tools[{j}]: tool type {kind!r} is not supported (only type 'function')")
-        if not isinstance(t.get("name"), str):
-            raise DialectError(f"tools[{j}]: a function tool needs a 'name' string")
-        fn = {"name": t["name"], "parameters": t.get("parameters") or {"type": "object", "properties": {}}}
-        if t.get("description"):
-            fn["description"] = t["description"]
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def _tool_choice(tc):
-    if tc in ("auto", "none", "required"):
-        return tc
-    if isinstance(tc, dict) and tc.get("type") == "function" and isinstance(tc.get("name"), str):
-        return {"type": "function", "function": {"name": tc["name"]}}
-    raise DialectError(f"tool_choice {tc!r}: expected auto, none, required or {{\"type\": \"function\", \"name\": ...}}")
 
 
 def to_chat(req) -> dict:
@@ -120,6 +125,7 @@ def to_chat(req) -> dict:
     if req.get("conversation"):
         raise DialectError("'conversation' is not supported: the recording proxy is stateless")
     inp = req.get("input")
+    tmap = tool_map(req)
     out: list[dict] = []
     if req.get("instructions"):
         if not isinstance(req["instructions"], str):
@@ -128,7 +134,7 @@ def to_chat(req) -> dict:
     if isinstance(inp, str):
         out.append({"role": "user", "content": inp})
     elif isinstance(inp, list):
-        _items(inp, out)
+        _items(inp, out, tmap)
     else:
         raise DialectError("'input' is required: a string or a list of input items")
     # Instructions plus leading developer messages: one system message (templates expect one).
@@ -138,10 +144,15 @@ def to_chat(req) -> dict:
     if not any(m["role"] != "system" for m in out):
         raise DialectError("'input' holds no message for the model to answer")
     chat: dict = {"messages": out}
+    dropped: list[str] = []
     if req.get("tools"):
-        chat["tools"] = _tools(req["tools"])
-        if req.get("tool_choice") is not None:
-            chat["tool_choice"] = _tool_choice(req["tool_choice"])
+        chat["tools"] = chat_tools(req["tools"], tmap, dropped)
+        if not chat["tools"]:
+            del chat["tools"]
+        elif req.get("tool_choice") is not None:
+            chat["tool_choice"] = tool_choice(req["tool_choice"], tmap)
+    if dropped:
+        chat[NOTES] = {"dropped_tools": dropped}
     if isinstance(req.get("parallel_tool_calls"), bool) and "tools" in chat:
         chat["parallel_tool_calls"] = req["parallel_tool_calls"]
     mot = req.get("max_output_tokens")
@@ -192,23 +203,19 @@ def _msg_item(sfx: str, i: int, text: str, status: str) -> dict:
             "content": [_text_part(text)] if status != "in_progress" else []}
 
 
-def _fc_item(sfx: str, i: int, call_id: str, name: str, arguments: str, status: str) -> dict:
-    return {"id": f"fc_{sfx}_{i}", "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments}
-
-
 def from_chat(data: dict, req: dict) -> dict:
     """A chat completion (vLLM's raw answer) as the Responses object the agent gets."""
     c0 = data["choices"][0]
     msg = c0.get("message") or {}
     sfx = suffix(data.get("id"))
+    tmap = tool_map(req)
     output = []
     if msg.get("content"):
         output.append(_msg_item(sfx, len(output), msg["content"], "completed"))
     for tc in msg.get("tool_calls") or ():
         fn = tc.get("function") or {}
-        output.append(_fc_item(sfx, len(output), tc.get("id") or f"call_{sfx}_{len(output)}", fn.get("name", ""),
-                               fn.get("arguments") or "{}", "completed"))
+        output.append(call_item(sfx, len(output), tc.get("id") or f"call_{sfx}_{len(output)}", fn.get("name", ""),
+                               fn.get("arguments") or "{}", "completed", tmap))
     u = data.get("usage") or {}
     status, incomplete = _end(c0.get("finish_reason"))
     return _response(sfx, int(data.get("created") or time.time()), req, req.get("model") or data.get("model"),
@@ -228,6 +235,7 @@ class Stream(ChatStream):
     def __init__(self, req: dict):
         super().__init__(req)
         self.seq = 0
+        self.tmap = tool_map(req)
         self.sfx = ""
         self.created = int(time.time())
 
@@ -250,7 +258,10 @@ class Stream(ChatStream):
     def _item(self, it: dict, status: str) -> dict:
         if it["type"] == "message":
             return _msg_item(self.sfx, it["index"], "".join(it["text"]), status)
-        return _fc_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status)
+        return call_item(self.sfx, it["index"], it["call_id"], it["name"], "".join(it["args"]), status, self.tmap)
+
+    def _custom(self, it: dict) -> bool:
+        return bool((self.tmap.get(it["name"]) or {}).get("custom"))
 
     def _tool_block(self, tc: dict, k: int) -> dict:
         return {"type": "function_call", "call_id": tc.get("id") or f"call_{self.sfx}_{k}"}
@@ -267,7 +278,8 @@ class Stream(ChatStream):
                        "output_index": it["index"], "content_index": 0, "delta": piece, "logprobs": []})
 
     def _on_args(self, out: list, it: dict, piece: str) -> None:
-        if it is self.open:  # a closed item's arguments went out whole in its done events
+        # A closed item's arguments went out whole in its done events; a custom call's input only there.
+        if it is self.open and not self._custom(it):
             self._ev(out, {"type": "response.function_call_arguments.delta",
                            "item_id": f"fc_{self.sfx}_{it['index']}", "output_index": it["index"], "delta": piece})
 
@@ -282,6 +294,8 @@ class Stream(ChatStream):
             self._ev(out, {"type": "response.output_text.done", **base, "content_index": 0, "text": text,
                            "logprobs": []})
             self._ev(out, {"type": "response.content_part.done", **base, "content_index": 0, "part": _text_part(text)})
+        elif done["type"] == "custom_tool_call":
+            self._ev(out, {"type": "response.custom_tool_call_input.done", **base, "input": done["input"]})
         else:
             self._ev(out, {"type": "response.function_call_arguments.done", **base, "name": done["name"],
                            "arguments": done["arguments"]})
@@ -300,7 +314,9 @@ class Stream(ChatStream):
         body = error_body(status, message)["error"]
         out: list[bytes] = []
         self.held = None
-        self._ev(out, {"type": "error", "code": body["type"], "message": message, "param": None})
+        code = body["code"] if body["code"] == _CONTEXT_CODE else "server_error"
+        self._ev(out, {"type": "error", "code": code if code == _CONTEXT_CODE else body["type"],
+                       "message": body["message"], "param": body["param"]})
         self._ev(out, {"type": "response.failed", "response": self._envelope(
-            "failed", [], error={"code": "server_error", "message": message})})
+            "failed", [], error={"code": code, "message": body["message"]})})
         return b"".join(out)

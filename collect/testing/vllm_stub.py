@@ -1,10 +1,10 @@
 """A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
 
-It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
-(shared/notes/vllm.md): `prompt_token_ids` at the top level (streaming: first chunk only),
-`choices[i].token_ids`, one `logprobs.content` entry per generated id (EOS included), and a
-final `choices: []` usage chunk when `stream_options.include_usage` is set. Tokens come from a
-toy word-level tokenizer, so ids are deterministic for a given prompt and `seed`.
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`:
+`prompt_token_ids` at the top level (streaming: first chunk only), `choices[i].token_ids`, one
+`logprobs.content` entry per generated id (EOS included), and a final `choices: []` usage chunk
+when `stream_options.include_usage` is set. Tokens come from a toy word-level tokenizer, so ids
+are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
@@ -13,7 +13,16 @@ Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no
 drop (closes the connection; in streaming after a few chunks), short_usage (ids that do not add
 up to usage: one id missing from a stream, or usage one higher in a full answer).
 
-`python -m bench.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
+Scripted agent runs (`script="shell:<command>"`): while the conversation holds no tool result,
+the answer calls the shell tool of whatever agent is asking (the tool
+whose schema takes a `command`/`cmd` string: claude-code's Bash, codex's exec_command, ...) with
+<command>; after the result comes back, a short final text. A pure function of the conversation, so
+concurrent rollouts each get their two turns.
+
+`max_model_len`: /v1/models reports it, /tokenize counts a prompt as vLLM's does, and a request
+whose prompt plus max_tokens does not fit is refused with vLLM's wording.
+
+`python -m collect.testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
 """
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import json
+import math
 import random
 import re
 import threading
@@ -70,7 +80,12 @@ def _error_body(status: int, message: str) -> dict:
 
 class Stub:
     def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
-                 completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200):
+                 completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200,
+                 script: str | None = None, max_model_len: int | None = None):
+        if script is not None and not script.startswith("shell:"):
+            raise ValueError(f"stub script {script!r}: expected 'shell:<command>'")
+        self.script = script
+        self.max_model_len = max_model_len
         self.error_rate = error_rate
         self.error_kinds = tuple(error_kinds)
         self.rng = random.Random(seed)
@@ -80,6 +95,18 @@ class Stub:
         self.requests: collections.deque = collections.deque(maxlen=keep_requests)
 
     # -- generation -------------------------------------------------------------------------
+    def _scripted(self, body: dict) -> tuple[dict | None, str | None]:
+        """(tool, arguments) for the shell call, or (None, None) for the final answer (script mode)."""
+        if any(m.get("role") == "tool" for m in body.get("messages") or ()):
+            return None, None
+        for t in body.get("tools") or ():
+            fn = t.get("function", {})
+            props = (fn.get("parameters") or {}).get("properties") or {}
+            key = next((k for k in ("command", "cmd") if (props.get(k) or {}).get("type") == "string"), None)
+            if key:
+                return fn, json.dumps({key: self.script.split(":", 1)[1]})
+        return None, None
+
     def generate(self, body: dict, prompt_ids: list[int]) -> dict:
         """A completion: text or a tool call, its ids (EOS last unless cut by max_tokens), logprobs."""
         seed = body.get("seed")
@@ -88,12 +115,16 @@ class Stub:
         tools = body.get("tools")
         last = (body.get("messages") or [{}])[-1]
         tool_call = None
-        if tools and last.get("role") == "user":
+        fn, args = self._scripted(body) if self.script else (None, None)
+        if fn is None and not self.script and tools and last.get("role") == "user":
             fn = tools[0].get("function", {})
             args = json.dumps({"command": "ls " + rng.choice(_VOCAB).strip()})
+        if fn is not None:
             tool_call = {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
                          "function": {"name": fn.get("name", "tool"), "arguments": args}}
             words = _WORD.findall(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args}}}\n</tool_call>')
+        elif self.script:
+            words = _WORD.findall("Done: the command ran.")
         else:
             words = [rng.choice(_VOCAB) for _ in range(min(limit, self.completion_tokens))]
         finish = "tool_calls" if tool_call else "stop"
@@ -108,8 +139,21 @@ class Stub:
                 "text": "" if tool_call else "".join(words[: len(words) - (finish != "length")])}
 
     @staticmethod
-    def _lp_entry(word: str, lp: float) -> dict:
-        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": []}
+    def _lp_entry(word: str, lp: float, top: list | None = None) -> dict:
+        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": top or []}
+
+    @staticmethod
+    def _top(body: dict) -> list[dict]:
+        """`top_logprobs` alternatives, processed as vLLM's processed_logprobs are: fixed logits
+        divided by the temperature, so their gaps double when the temperature halves."""
+        n = int(body.get("top_logprobs") or 0)
+        if n <= 0:
+            return []
+        t = float(body.get("temperature") or 1.0)
+        scaled = [-k / t for k in range(n)]
+        norm = math.log(sum(math.exp(x) for x in scaled))
+        return [{"token": _VOCAB[k % len(_VOCAB)], "logprob": x - norm, "bytes": list(_VOCAB[k % len(_VOCAB)].encode())}
+                for k, x in enumerate(scaled)]
 
     # -- handlers ---------------------------------------------------------------------------
     def _pick_failure(self, body: dict) -> str | None:
@@ -141,6 +185,10 @@ class Stub:
             request.transport.close()  # the client sees the connection drop without an answer
             return web.Response(status=500)
         prompt_ids = render_prompt(body.get("messages") or [], body.get("tools"))
+        too_long = self._check_len(len(prompt_ids), body)
+        if too_long:
+            self.stats["error:context"] += 1
+            return web.json_response(_error_body(400, too_long), status=400)
         gen = self.generate(body, prompt_ids)
         want_ids = bool(body.get("return_token_ids"))
         want_lp = bool(body.get("logprobs"))
@@ -159,7 +207,7 @@ class Stub:
                    "refusal": None, "annotations": None, "audio": None, "function_call": None,
                    "tool_calls": [gen["tool_call"]] if gen["tool_call"] else [], "reasoning": None}
         choice = {"index": 0, "message": message,
-                  "logprobs": {"content": [self._lp_entry(w, lp) for w, lp in zip(gen["words"], gen["logprobs"])]}
+                  "logprobs": {"content": [self._lp_entry(w, lp, self._top(body)) for w, lp in zip(gen["words"], gen["logprobs"])]}
                   if want_lp else None,
                   "finish_reason": gen["finish"], "stop_reason": None,
                   "token_ids": gen["ids"] if want_ids and fail != "no_token_ids" else None}
@@ -194,7 +242,7 @@ class Stub:
             else:
                 delta = {"content": "" if tid == EOS_ID else word}
             c = {"index": 0, "delta": delta,
-                 "logprobs": {"content": [self._lp_entry(word, lp)]} if want_lp else None,
+                 "logprobs": {"content": [self._lp_entry(word, lp, self._top(body))]} if want_lp else None,
                  "finish_reason": gen["finish"] if last else None}
             if want_ids and fail != "no_token_ids":
                 c["token_ids"] = [] if (fail == "short_usage" and i == 1) else [tid]
@@ -215,9 +263,32 @@ class Stub:
         await resp.write_eof()
         return resp
 
+    def _check_len(self, n_prompt: int, body: dict) -> str | None:
+        """vLLM's refusal of a prompt (plus max_tokens) over max_model_len, in its words; None if it fits."""
+        if self.max_model_len is None:
+            return None
+        limit = self.max_model_len
+        if n_prompt >= limit:
+            return (f"This model's maximum context length is {limit} tokens. However, your request has {n_prompt} "
+                    "input tokens. Please reduce the length of the input messages.")
+        want = body.get("max_tokens") or body.get("max_completion_tokens")
+        if want is not None and want > limit - n_prompt:
+            return (f"'max_tokens' or 'max_completion_tokens' is too large: {want}. This model's maximum context "
+                    f"length is {limit} tokens and your request has {n_prompt} input tokens "
+                    f"({want} > {limit} - {n_prompt}).")
+        return None
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        ids = render_prompt(body.get("messages") or [], body.get("tools"))
+        return web.json_response({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                                  "token_strs": None})
+
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model",
-                                                               "created": 0, "owned_by": "vllm"}]})
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "vllm"}
+        if self.max_model_len is not None:
+            card["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [card]})
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -232,6 +303,7 @@ class Stub:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/stub/stats", self.get_stats)
         app.router.add_get("/stub/requests", self.get_requests)
@@ -290,15 +362,17 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.vllm_stub", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m collect.testing.vllm_stub", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--error-kinds", default=",".join(ERROR_KINDS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--completion-tokens", type=int, default=16)
+    p.add_argument("--script", default=None, help="shell:<command>: call the agent's shell tool once, then answer")
+    p.add_argument("--max-model-len", type=int, default=None)
     args = p.parse_args(argv)
     stub = Stub(error_rate=args.error_rate, seed=args.seed, error_kinds=args.error_kinds.split(","),
-                completion_tokens=args.completion_tokens)
+                completion_tokens=args.completion_tokens, script=args.script, max_model_len=args.max_model_len)
     print(f"vllm stub listening on http://127.0.0.1:{args.port}", flush=True)
     web.run_app(stub.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
 

@@ -1,0 +1,65 @@
+"""harbor's claude-code agent, offline: the pinned npm CLI (make agents) instead of a download.
+
+Everything but install() is harbor's own ClaudeCode: `claude --verbose --output-format=stream-json
+--print` with bypassPermissions, its stream-json output in agent/claude-code.txt and the session
+transcript under agent/sessions/projects/ (CLAUDE_CONFIG_DIR points into the trial's logs), both
+kept in the trial dir. Telemetry, error reporting, auto-update and non-essential traffic are off;
+an API key means no sign-in.
+
+Load it by import path `collect.agents.claude_code:LocalClaudeCode`. Extra kwargs on top of
+harbor's claude-code options: base_url (the rollout's .../v1 route; claude-code appends
+/v1/messages itself, so /v1 is cut off) and api_key. The model name reaches the proxy as sent;
+the proxy serves the rollout's policy whatever it is.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from harbor.agents.installed.claude_code import ClaudeCode, ClaudeCodeOptions
+from harbor.environments.base import BaseEnvironment
+from pydantic import Field
+
+from collect.agents import node_clis
+
+QUIET_ENV = {
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_BUG_COMMAND": "1",
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
+}
+
+
+class LocalClaudeCodeOptions(ClaudeCodeOptions):
+    base_url: str | None = Field(default=None, description="the rollout's base URL (.../v1 or without)")
+    api_key: str | None = Field(default=None, description="API key (any string the proxy accepts)")
+
+
+def anthropic_root(base_url: str) -> str:
+    """claude-code's ANTHROPIC_BASE_URL: the route without its /v1."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class LocalClaudeCode(ClaudeCode):
+    options_model = LocalClaudeCodeOptions
+    options: LocalClaudeCodeOptions
+
+    def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, **kwargs: Any) -> None:
+        env = {**QUIET_ENV, **node_clis.cli_env(), **(extra_env or {})}
+        if kwargs.get("base_url"):
+            env["ANTHROPIC_BASE_URL"] = anthropic_root(kwargs["base_url"])
+        if kwargs.get("api_key"):
+            env["ANTHROPIC_API_KEY"] = kwargs["api_key"]
+        super().__init__(*args, extra_env=env, **kwargs)
+
+    @staticmethod
+    def name() -> str:
+        return "wharf-claude-code"
+
+    def get_version_command(self) -> str | None:
+        return f"{node_clis.cli('claude')} --version"
+
+    async def install(self, environment: BaseEnvironment) -> None:
+        await self.exec_as_agent(environment, command=node_clis.install_check("claude", link_as="claude"))

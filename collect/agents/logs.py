@@ -1,0 +1,190 @@
+"""What each agent recorded of its own model calls, read from the logs it left in the trial's
+agent/ dir, so a collected round can be checked call for call against the proxy's rows.
+
+Readers, tried in order (the first whose file is there wins):
+- minimal agent: trajectory.json in format wharf-minimal/1 (each call, failed ones included);
+- mini-swe-agent: mini-swe-agent.trajectory.json (every raw response, parsed or not);
+- claude-code: claude-code.txt, its `--output-format=stream-json` events (one message id per call);
+- codex: sessions/**/rollout-*.jsonl, its session transcript (one token_count event per call, the
+  ids of the items each call returned);
+- opencode: its own log under opencode/xdg-data/opencode/log/ (one `message=stream` line per call,
+  the session title's side call included, which its --format=json events leave out);
+- any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
+Calls that failed and that the agent retried leave no trace in the logs of claude-code, codex or
+ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` False).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1), or ATIF
+_MINI_SWE = "mini-swe-agent.trajectory.json"
+_CLAUDE = "claude-code.txt"
+_CODEX_SESSIONS = "sessions"
+
+
+@dataclass
+class AgentCall:
+    """One model call as the agent logged it; None where its log does not say."""
+
+    text: str | None = None  # the assistant text it received
+    response_ids: set[str] = field(default_factory=set)  # ids of the answer (or of its items)
+    prompt_tokens: int | None = None  # the prompt length the answer reported
+
+
+@dataclass
+class AgentLog:
+    source: str  # which log was read
+    calls: list[AgentCall]
+    counts_errors: bool  # failed calls are in `calls` (as calls without text)
+
+
+def _jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # the CLI's own stderr lines share the file
+    return out
+
+
+def _minimal(data) -> list[AgentCall] | None:
+    if isinstance(data, dict) and "calls" in data:
+        return [AgentCall(text=c.get("assistant")) for c in data["calls"]]
+    if isinstance(data, list):  # a flat list of {assistant: ...} (test agents)
+        return [AgentCall(text=c.get("assistant")) for c in data]
+    return None
+
+
+def _atif(data: dict) -> list[AgentCall]:
+    calls = []
+    for s in data.get("steps") or ():
+        if s.get("source") == "agent" and s.get("metrics"):
+            msg = s.get("message")
+            calls.append(AgentCall(prompt_tokens=(s.get("metrics") or {}).get("prompt_tokens"),
+                                   text=msg if isinstance(msg, str) else None))
+    return calls
+
+
+def _mini_swe(path: Path) -> list[AgentCall]:
+    # Every model call leaves its raw response in some message's `extra`: on the assistant
+    # message, or on the user message that rejected a malformed or cut-off answer.
+    calls = []
+    for m in json.loads(path.read_text()).get("messages", []):
+        response = (m.get("extra") or {}).get("response")
+        if isinstance(response, dict) and response.get("choices"):
+            calls.append(AgentCall(text=response["choices"][0]["message"].get("content") or ""))
+        elif m.get("role") == "assistant":
+            calls.append(AgentCall(text=m.get("content") or ""))
+    return calls
+
+
+def _claude(path: Path) -> list[AgentCall]:
+    """Assistant events grouped by message id (a call's blocks may come as several events);
+    locally made messages (model <synthetic>: an API error shown to the user) are not calls."""
+    calls: dict[str, AgentCall] = {}
+    for e in _jsonl(path):
+        m = e.get("message") if e.get("type") == "assistant" else None
+        if not isinstance(m, dict) or not m.get("id") or m.get("model") == "<synthetic>":
+            continue
+        call = calls.setdefault(m["id"], AgentCall(text="", response_ids={m["id"]},
+                                                   prompt_tokens=(m.get("usage") or {}).get("input_tokens")))
+        call.text += "".join(b.get("text", "") for b in m.get("content") or () if b.get("type") == "text")
+    return list(calls.values())
+
+
+def _item_call(item_id: str) -> str | None:
+    """The proxy's Responses item ids are <kind>_<call suffix>_<index>: the suffix names the call."""
+    kind, _, rest = item_id.partition("_")
+    sfx, _, idx = rest.rpartition("_")
+    return sfx if kind in ("msg", "fc", "ctc") and sfx and idx.isdigit() else None
+
+
+def _codex(files: list[Path]) -> list[AgentCall]:
+    calls: list[AgentCall] = []
+    pending: set[str] = set()
+    texts: list[str] = []
+    for f in files:
+        for e in _jsonl(f):
+            p = e.get("payload") or {}
+            if e.get("type") == "response_item" and isinstance(p.get("id"), str) and _item_call(p["id"]):
+                pending.add("resp_" + _item_call(p["id"]))
+                if p.get("type") == "message":
+                    texts += [c.get("text", "") for c in p.get("content") or () if c.get("type") == "output_text"]
+            elif e.get("type") == "event_msg" and p.get("type") == "token_count" and (p.get("info") or {}):
+                last = p["info"].get("last_token_usage") or {}
+                calls.append(AgentCall(text="".join(texts), response_ids=pending,
+                                       prompt_tokens=last.get("input_tokens")))
+                pending, texts = set(), []
+    return calls
+
+
+def _opencode(files: list[Path]) -> list[AgentCall]:
+    return [AgentCall() for f in files for line in f.read_text(errors="replace").splitlines()
+            if " message=stream " in line]
+
+
+def read_agent_log(agent_dir: Path) -> AgentLog | None:
+    """The agent's own record of its model calls, in order; None when it left none we read."""
+    agent_dir = Path(agent_dir)
+    if (agent_dir / _MINI_SWE).is_file():
+        return AgentLog("mini-swe-agent trajectory", _mini_swe(agent_dir / _MINI_SWE), True)
+    if (agent_dir / _CLAUDE).is_file():
+        return AgentLog("claude-code stream-json", _claude(agent_dir / _CLAUDE), False)
+    rollouts = sorted((agent_dir / _CODEX_SESSIONS).rglob("rollout-*.jsonl")) if (agent_dir / _CODEX_SESSIONS).is_dir() else []
+    if rollouts:
+        return AgentLog("codex session", _codex(rollouts), False)
+    oc_logs = agent_dir / "opencode" / "xdg-data" / "opencode" / "log"
+    if oc_logs.is_dir():
+        return AgentLog("opencode log", _opencode(sorted(oc_logs.glob("*.log"))), False)
+    own = agent_dir / _MINIMAL
+    if own.is_file():
+        try:
+            data = json.loads(own.read_text())
+        except ValueError:
+            return None
+        calls = _minimal(data)
+        if calls is not None:
+            return AgentLog("wharf trajectory", calls, True)
+        if isinstance(data, dict) and "steps" in data:
+            return AgentLog("ATIF trajectory", _atif(data), False)
+    return None
+
+
+def row_text(row: dict) -> str:
+    """The assistant text of a recorded answer, whichever API it was given in."""
+    resp = json.loads(row["response"]) if row.get("response") else {}
+    if row.get("api") == "anthropic":
+        return "".join(b.get("text", "") for b in resp.get("content") or () if b.get("type") == "text")
+    if row.get("api") == "responses":
+        return "".join(c.get("text", "") for it in resp.get("output") or () if it.get("type") == "message"
+                       for c in it.get("content") or () if c.get("type") == "output_text")
+    return ((resp.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
+
+
+def compare(rows: list[dict], log: AgentLog, where: str) -> list[str]:
+    """Problems between a rollout's rows (in turn order) and its agent's log; [] when they match."""
+    if not log.counts_errors:
+        rows = [r for r in rows if r["status"] == "ok"]
+    if len(rows) != len(log.calls):
+        return [f"{where}: {len(rows)} {'ok ' if not log.counts_errors else ''}turns rows but "
+                f"{len(log.calls)} model calls in the agent's {log.source}"]
+    problems = []
+    for r, call in zip(rows, log.calls):
+        if r["status"] != "ok" or (call.text is None and not call.response_ids):
+            continue
+        resp_id = json.loads(r["response"]).get("id") if r.get("response") else None
+        if call.response_ids and resp_id not in call.response_ids:
+            problems.append(f"{where} turn {r['turn']}: the agent logged answer {sorted(call.response_ids)}, "
+                            f"the row holds {resp_id}")
+        if call.text is not None and row_text(r) != call.text:
+            problems.append(f"{where} turn {r['turn']}: recorded response differs from the agent's text")
+        if call.prompt_tokens is not None and call.prompt_tokens != len(r["prompt_token_ids"]):
+            problems.append(f"{where} turn {r['turn']}: the agent saw {call.prompt_tokens} prompt tokens, "
+                            f"the row holds {len(r['prompt_token_ids'])} ids")
+    return problems

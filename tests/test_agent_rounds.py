@@ -1,0 +1,55 @@
+"""`make collect` with the real claude-code and codex CLIs: a round end to end in the default
+(bubblewrap) sandbox against the scripted stub, every trial classified, every row matching the
+agent's own log (the audit)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from collect.testing.vllm_stub import StubServer
+from collect import schema
+from collect.agents.logs import compare, read_agent_log
+from collect.audit import audit_round
+from conftest import REPO, free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
+]
+
+
+@pytest.fixture(scope="module")
+def stub():
+    with StubServer(script="shell:echo hello > hello.txt", max_model_len=131072) as s:
+        yield s.url
+
+
+@pytest.mark.parametrize("agent", ["collect.agents.claude_code:LocalClaudeCode", "collect.agents.codex:LocalCodex"])
+def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HARBOR_TELEMETRY": "0"}
+    cmd = ["make", "-s", "collect", "CONFIG=configs/agents-stub.yaml", f"collect.agent={agent}",
+           f"endpoint.url={stub}", f"proxy.port={free_port()}", f"ARGS=runs_dir={tmp_path}"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cdir = tmp_path / "agents-stub" / "rounds" / "0" / "collect"
+    rollouts = schema.read_table(cdir / "rollouts.parquet", "rollouts").to_pylist()
+    turns = schema.read_dir(cdir / "turns", "turns").to_pylist()
+    assert len(rollouts) == 2 and [r["status"] for r in rollouts] == ["ok", "ok"]
+    assert all(r["reward"] == 1.0 and r["n_turns"] == 2 for r in rollouts)  # the command ran in the sandbox
+    api = "anthropic" if "claude" in agent else "responses"
+    for ro in rollouts:
+        rows = sorted((t for t in turns if t["rollout_id"] == ro["rollout_id"]), key=lambda t: t["turn"])
+        assert [t["api"] for t in rows] == [api, api] and all(t["status"] == "ok" for t in rows)
+        assert all(len(t["completion_token_ids"]) == len(t["completion_logprobs"]) > 0 for t in rows)
+        assert json.loads(rows[0]["sampling"])["max_tokens"] <= 256  # sampling.max_tokens caps the agent's ask
+        log = read_agent_log(cdir / ro["trial_dir"] / "agent")
+        assert log is not None and compare(rows, log, ro["rollout_id"]) == []
+    manifest = json.loads((cdir / "manifest.json").read_text())
+    assert manifest["counts"]["by_status"] == {"ok": 2}
+    report = audit_round(cdir)  # the stub's ids are not a real tokenizer's: counts, answers, prompt sizes
+    assert report.checked == 2 and report.ok, report.problems

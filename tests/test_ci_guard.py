@@ -1,0 +1,32 @@
+"""CI cannot go quietly green: the README states how many tests a CI run skips, and conftest.py
+fails a CI run whose count differs; with CI set, a missing bwrap fails instead of skipping."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, readme_ci_skips
+
+
+def test_readme_states_the_ci_skip_count():
+    assert readme_ci_skips((REPO / "README.md").read_text()) == 0
+    with pytest.raises(ValueError, match="CI skips"):
+        readme_ci_skips("no such line")
+
+
+@pytest.mark.slow
+def test_a_ci_run_with_an_unexpected_skip_fails(tmp_path):
+    (tmp_path / "test_one.py").write_text("import pytest\n\ndef test_skipped():\n    pytest.skip('a part is missing')\n")
+    (tmp_path / "conftest.py").write_text(f"import sys\nsys.path.insert(0, {str(REPO)!r})\n"
+                                          "from tests.conftest import pytest_sessionfinish, pytest_sessionstart\n")
+    env = {**os.environ, "CI": "1"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1 and "1 tests skipped, README.md says 0" in p.stdout, p.stdout[-2000:]
+    env.pop("CI")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:]

@@ -1,0 +1,143 @@
+"""Red team: scripted attackers (tests/fixtures/redteam.py), each a real harbor trial in the
+default sandbox on an unsolved task, each trying one way to forge a reward or leave the sandbox.
+
+Every attack must end with reward 0 and leave every other rollout's data, the host's processes
+and the host's files as they were. One proxy (on the vLLM-shaped stub) serves the whole suite,
+with a victim rollout that already recorded a call; the control attacker that really fixes the
+bug must get reward 1, so a 0 means the attack failed, not that grading is broken.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+
+from collect.testing.vllm_stub import StubServer
+from collect.proxy.server import BackgroundProxy
+from tests.conftest import needs_bwrap
+from tests.fixtures.redteam import ATTACKS
+from tests.test_proxy import make_cfg
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "datasets" / "toy" / "fix-sum-to"
+
+pytestmark = [needs_bwrap, pytest.mark.slow]
+
+
+class World:
+    """What the attackers aim at: the proxy and its admin token, a victim rollout, the engine,
+    a host process holding a secret, and a host file path."""
+
+    def __init__(self, tmp: Path, stub: StubServer, proxy: BackgroundProxy, token: str):
+        self.tmp, self.stub, self.proxy, self.token = tmp, stub, proxy, token
+        self.victim = "victim-" + secrets.token_hex(8)
+        self.secret = secrets.token_hex(16)
+        self.host_dir = tmp / "host"
+        self.host_dir.mkdir()
+        self.host_file = self.host_dir / "pwned"
+        self.host_proc = subprocess.Popen(["sleep", "3600"], env={"WHARF_SECRET": self.secret, "PATH": os.defpath})
+
+    def admin(self, method: str, path: str, **kw) -> requests.Response:
+        return requests.request(method, self.proxy.url + path, headers={"Authorization": f"Bearer {self.token}"}, **kw)
+
+    def victim_state(self) -> dict:
+        r = self.admin("GET", f"/admin/rollouts/{self.victim}")
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("redteam")
+    token = secrets.token_hex(16)
+    with StubServer() as stub, BackgroundProxy(make_cfg(tmp, stub.url, f"proxy.admin_token={token}")) as proxy:
+        w = World(tmp, stub, proxy, token)
+        opened = w.admin("POST", "/admin/rollouts", json={"rollout_id": w.victim}).json()
+        r = requests.post(f"{opened['base_url']}/chat/completions", headers={"Authorization": f"Bearer {opened['api_key']}"},
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        assert r.status_code == 200, r.text
+        before = w.victim_state()
+        try:
+            yield w
+        finally:
+            alive = w.host_proc.poll() is None
+            w.host_proc.kill()
+            w.host_proc.wait()
+        # every other rollout's data unchanged, the host process untouched, across the suite
+        assert w.victim_state() == before
+        assert alive
+
+
+def run_attack(world: World, attack: str) -> tuple:
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+
+    rid = f"{attack}-{secrets.token_hex(4)}"
+    opened = world.admin("POST", "/admin/rollouts", json={"rollout_id": rid}).json()
+    facts = {"host_pid": world.host_proc.pid, "host_file": str(world.host_file), "proxy_port": world.proxy.url.rsplit(":", 1)[1],
+             "engine_port": world.stub.url.rsplit(":", 1)[1].split("/")[0], "victim": world.victim, "own": rid,
+             "admin_token": world.token, "repo": str(REPO)}
+    trials = world.tmp / "trials"
+    cfg = TrialConfig(
+        task=TaskConfig(path=TASK),
+        trial_name=rid,
+        trials_dir=trials,
+        agent=AgentConfig(import_path="tests.fixtures.redteam:AttackAgent", kwargs={"attack": attack, "facts": facts}),
+        environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
+                                      kwargs={"forward": [opened["base_url"]], "disk_mb": 64, "pids_max": 256}),
+    )
+    result = asyncio.run(_run(Trial, cfg))
+    steps = json.loads((trials / rid / "agent" / "attack.json").read_text())
+    return result, steps, trials / rid
+
+
+async def _run(Trial, cfg):
+    return await (await Trial.create(cfg)).run()
+
+
+def said(steps: list[dict]) -> str:
+    return "\n".join(s.get("stdout", "") + s.get("stderr", "") + s.get("error", "") for s in steps)
+
+
+def test_the_control_attacker_that_fixes_the_bug_gets_1(world):
+    result, _, _ = run_attack(world, "solve")
+    assert result.verifier_result.rewards["reward"] == 1.0, result.exception_info
+
+
+@pytest.mark.parametrize("attack", sorted(a for a in ATTACKS if a != "solve"))
+def test_attack_gets_reward_0(world, attack):
+    result, steps, trial_dir = run_attack(world, attack)
+    assert result.verifier_result is not None, result.exception_info
+    assert result.verifier_result.rewards["reward"] == 0.0, (attack, said(steps)[-3000:])
+    out = said(steps)
+    # nothing of the host leaked or changed
+    assert world.secret not in out
+    assert "def test_sum_to" not in out and "range(1, n + 1)" not in out, "tests/ or solution/ were readable"
+    assert not world.host_file.exists(), "a host file was written from the sandbox"
+    assert world.host_proc.poll() is None, "a host process was killed from the sandbox"
+    for code in ("HTTP=200", "HTTP=201"):
+        assert code not in out, f"a host service answered the sandbox: {out[-2000:]}"
+    size = sum(p.stat().st_size for p in trial_dir.rglob("*") if p.is_file())
+    assert size < 80 << 20, f"the trial dir grew to {size} bytes"
+    assert requests.get(world.proxy.url + "/health", timeout=10).status_code == 200
+
+
+def test_the_route_relay_refuses_what_is_not_the_rollouts_route():
+    from collect.sandbox.relay import allowed, parse_forward
+
+    assert parse_forward("http://127.0.0.1:8200/rollout/abc/v1") == ("127.0.0.1", 8200, "/rollout/abc/")
+    prefix = "/rollout/abc/"
+    assert allowed("/rollout/abc/v1/chat/completions", prefix)
+    assert allowed("/rollout/abc/v1/models?x=1", prefix)
+    for bad in ("/rollout/abd/v1/chat/completions", "/admin/flush", "/rollout/abc/../admin/flush",
+                "/rollout/abc/%2e%2e/admin", "http://127.0.0.1:8200/admin", "/rollout/abc/./v1", "*"):
+        assert not allowed(bad, prefix), bad
+    with pytest.raises(ValueError, match="loopback"):
+        parse_forward("http://10.0.0.1:8200/v1")
