@@ -12,7 +12,9 @@ from .plots import compare_rewards
 
 
 def _mean_round_wall(rounds) -> float | None:
-    walls = [sum(r.walls.get(s, 0.0) for s in ("collect", "convert", "train", "publish")) for r in rounds if r.walls]
+    """Mean wall time of the whole rounds (collect through train)."""
+    walls = [sum(r.walls.get(s, 0.0) for s in ("collect", "convert", "train", "publish"))
+             for r in rounds if not r.partial and {"collect", "train"} <= set(r.walls)]
     return sum(walls) / len(walls) if walls else None
 
 
@@ -38,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
             w = _mean_round_wall(runs[label])
             if w is not None:
                 walls[label] = w
-            rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label])
+            rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label] if not r.partial)
             print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
-        print(f"wrote {compare_rewards(runs, Path(args.out), walls)}")
+        print(f"wrote {compare_rewards(runs, Path(args.out))}")
     return 0
 
 

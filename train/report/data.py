@@ -23,6 +23,7 @@ STAGES = ("collect", "convert", "train", "publish")
 @dataclass
 class RoundData:
     k: int
+    partial: bool = False  # collect still running (or killed mid-round): rewards of the trials so far
     policy: str | None = None
     rollouts: int = 0
     mean_reward: float | None = None
@@ -106,6 +107,7 @@ def _turn_lengths(rnd: RoundLayout) -> list[int]:
 def collect_fields(rd: RoundData, rnd: RoundLayout) -> None:
     manifest = read_json(rnd.collect.manifest) or {}
     rows = _rollouts(rnd)
+    rd.partial = manifest.get("state") == "running"
     rd.policy = manifest.get("policy") or (rows[0]["policy"] if rows else None)
     rewards = [r["reward"] for r in rows if r["reward"] is not None]
     rd.rollouts = len(rows)

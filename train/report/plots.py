@@ -195,6 +195,7 @@ def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str
     fig = plt.figure(figsize=(10, 3.8), layout="constrained")
     axes = fig.subplots(1, len(runs), sharey=True, squeeze=False)[0]
     for ax, (label, rounds) in zip(axes, runs.items()):
+        rounds = [r for r in rounds if not r.partial]  # finished rounds only
         _line(ax, rounds, lambda r: r.mean_reward, "mean reward")
         _line(ax, rounds, lambda r: r.success_rate, "success rate", linestyle="--")
         title = label if not walls or label not in walls else f"{label} ({walls[label] / 60:.1f} min/round)"
