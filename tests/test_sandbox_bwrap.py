@@ -285,3 +285,15 @@ def test_missing_bwrap_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="apt-get install -y bubblewrap"):
         make_env(tmp_path)
+
+
+def test_an_install_under_a_writable_dir_is_bound_over_its_tmpfs():
+    """A clone in /tmp: its venv and node_modules must not be hidden by the sandbox's /tmp."""
+    from collect.sandbox.ns import Spec, bwrap_args
+
+    spec = Spec(writable=["/app", "/tmp"], expose=["/tmp/clone/.venv", "/tmp/clone/collect/agents/node/node_modules"],
+                python="/tmp/clone/.venv/bin/python")
+    args = bwrap_args(spec, {"init": "/x/init.py"}, 3)
+    tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
+    for path in spec.expose:
+        assert args.index(path) > tmp, path

@@ -65,11 +65,15 @@ def bwrap_args(spec: Spec, stage: dict[str, str], info_fd: int) -> list[str]:
             args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
             args += ["--ro-bind", host, host]
-    for path in spec.expose:
-        args += ["--ro-bind", stage.get(path, path), path]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    for path in spec.writable:
-        args += ["--size", str(spec.tmpfs_bytes), "--tmpfs", path, "--chmod", "0777", path]
+    # Parents before children: an install under a writable dir (a clone in /tmp: its venv, its
+    # node_modules) is bound on top of that dir's tmpfs, not hidden under it.
+    mounts = [(path, False) for path in spec.expose] + [(path, True) for path in spec.writable]
+    for path, writable in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+        if writable:
+            args += ["--size", str(spec.tmpfs_bytes), "--tmpfs", path, "--chmod", "0777", path]
+        else:
+            args += ["--ro-bind", stage.get(path, path), path]
     for port, sock in spec.forwards.items():
         args += ["--bind", stage.get(sock, sock), f"/run/wharf/{port}.sock"]
     args += ["--ro-bind", stage["init"], "/run/wharf/init.py"]
