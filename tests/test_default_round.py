@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # the round itself may take up to its subprocess timeout below
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 def test_default_round_has_learning_signal(tmp_path):
     port = free_port()
@@ -34,7 +35,9 @@ def test_default_round_has_learning_signal(tmp_path):
     assert len(rollouts) == 40 and manifest["counts"]["by_status"] == {"ok": 40}, manifest["counts"]
     # GRPO learns only from groups with both a success and a failure
     assert len(manifest["mixed_groups"]) >= 2, manifest["success_rate_by_task"]
-    assert manifest["wall_s"] < 15 * 60  # the budget on this machine; a gross regression otherwise
+    # A gross-regression guard: 7.5 min from a fresh clone before the per-trial sandbox, 15 min
+    # was the budget; two rounds sharing the 2 cores took 72 s per trial since.
+    assert manifest["wall_s"] < 24 * 60
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
     report = audit_round(collect_dir, lambda ids: tok.decode(ids), tok.eos_token)
     assert report.checked == 40 and report.ok, report.problems

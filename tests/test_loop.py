@@ -28,7 +28,7 @@ from collect.layout import RunLayout
 from conftest import REPO, free_port
 from train.loop import read_marker, run_loop
 
-pytestmark = [pytest.mark.slow,
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),  # two rounds, a kill, a resume, a replay
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
 TASKS = "[sed-sub,echo-number,sed-world]"  # mixed rewards at seed 0 on round 0
