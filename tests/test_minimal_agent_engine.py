@@ -22,13 +22,18 @@ pytestmark = [
 def trial_config(tmp_path: Path, agent: dict, name: str):
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 
+    # The sandbox has no network but what it forwards: an agent inside (mini-swe-agent) reaches
+    # the engine only through it; MinimalAgent calls from harbor's process.
+    base_url = agent.get("kwargs", {}).get("base_url")
+
     return TrialConfig(
         task=TaskConfig(path=TOY / "sed-add"),
         trial_name=name,
         trials_dir=tmp_path / "trials",
         agent=AgentConfig(**agent),
         environment=EnvironmentConfig(
-            import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"state_dir": str(tmp_path / "state")}
+            import_path="collect.sandbox.bwrap:BwrapEnvironment",
+            kwargs={"state_dir": str(tmp_path / "state"), **({"forward": [base_url]} if base_url else {})},
         ),
     )
 
