@@ -46,6 +46,8 @@ import orjson
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
+from collect.layout import ConvertPaths
+
 FORMAT = "wharf.microbatches"
 FORMAT_VERSION = 1
 PAD_ID = 0
@@ -184,7 +186,7 @@ def write_index(index: BatchIndex, path: Path) -> None:
 
 
 def read_index(convert_dir: Path) -> BatchIndex:
-    path = Path(convert_dir) / "index.json"
+    path = ConvertPaths(Path(convert_dir)).index
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

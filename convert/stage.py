@@ -119,8 +119,8 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
                               "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
                                jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
-                    tmp / "index.json")
-        (tmp / "stats.json").write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+                    ConvertPaths(tmp).index)
+        ConvertPaths(tmp).stats.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from collect.config import RunConfig, to_dict
-from collect.layout import RunLayout, policy_name
+from collect.layout import ConvertPaths, RunLayout, policy_name
 from convert.records import BatchFormatError, load_micro_batch, read_index
 
 from .loss import LossConfig
@@ -54,11 +54,11 @@ def convert_dir(cfg: RunConfig) -> Path:
 
 def ensure_converted(cfg: RunConfig, progress: bool) -> Path:
     d = convert_dir(cfg)
-    if (d / "index.json").is_file():
+    if ConvertPaths(d).index.is_file():
         return d
     if not _is_main():  # under accelerate launch only the first process converts
         deadline = time.monotonic() + 3600
-        while not (d / "index.json").is_file():
+        while not ConvertPaths(d).index.is_file():
             if time.monotonic() > deadline:
                 raise TrainError(f"{d}: the first process did not finish convert within an hour")
             time.sleep(1)
