@@ -89,8 +89,9 @@ class ProxyConfig:
     out_dir: str | None = None
     # WAL segments and the rollout registry; None: <out_dir>/_wal.
     wal_dir: str | None = None
-    # fsync every WAL record (survives power loss, not only a killed process); costly per call.
-    wal_fsync: bool = False
+    # Answer a call only once its WAL record is fsynced (group commit: one fsync per batch of calls in
+    # flight), so an answered call survives a power cut. false: survives a killed proxy only.
+    wal_fsync: bool = True
     # Base of the URLs handed to agents (e.g. http://host-ip:8200 when host is 0.0.0.0).
     public_url: str | None = None
     # The upstream's context window, to cap an agent's max_tokens to the room its prompt leaves;

@@ -90,7 +90,7 @@ class TurnRow:
     completion_token_ids: Sequence[int] = field(default_factory=list)
     completion_logprobs: Sequence[float] = field(default_factory=list)
     finish_reason: str | None = None
-    status: str = "ok"  # ok | error
+    status: str = "ok"  # schema.TURN_STATUSES: ok | error | abandoned
     error: str | None = None
 
     def as_dict(self) -> dict:

@@ -37,10 +37,14 @@ TURNS = pa.schema(
         ("completion_token_ids", pa.list_(pa.int32())),
         ("completion_logprobs", pa.list_(pa.float32())),
         ("finish_reason", pa.string()),
-        ("status", pa.string()),  # ok | error
+        ("status", pa.string()),  # TURN_STATUSES
         ("error", pa.string()),
     ]
 )
+
+# ok: answered; error: the upstream failed (the agent got the error); abandoned: the agent's connection
+# was gone before its answer could be sent, so the call is not part of what it saw (convert skips it).
+TURN_STATUSES = ("ok", "error", "abandoned")
 
 ROLLOUT_STATUSES = ("ok", "agent_error", "agent_timeout", "context_exceeded", "infra_error", "verifier_error")
 
@@ -103,7 +107,7 @@ def _metadata(name: str, extra: dict[str, str] | None = None) -> dict[bytes, byt
 
 def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
                 extra_metadata: dict[str, str] | None = None) -> Path:
-    """Write atomically: a temp file in the same directory, fsync, then rename over `path`."""
+    """Write atomically: a temp file in the same directory, fsync, rename over `path`, fsync the directory."""
     if not isinstance(table, pa.Table):
         table = to_table(name, table)
     table = table.replace_schema_metadata(_metadata(name, extra_metadata))
@@ -115,9 +119,19 @@ def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)  # the rename itself survives a power cut only once the directory is synced
     finally:
         tmp.unlink(missing_ok=True)
     return path
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Make a file's creation, rename or removal in `directory` durable (a file's fsync covers only its data)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_table(path: str | Path, name: str, columns: list[str] | None = None) -> pa.Table:

@@ -203,15 +203,15 @@ class RecordingProxy:
         try:
             if chat_req.get("stream"):
                 return await self._stream(request, req, rollout, upstream, row, headers, dialect)
-            return await self._full(req, rollout, upstream, row, headers, dialect)
+            return await self._full(request, req, rollout, upstream, row, headers, dialect)
         finally:
             rollout.inflight -= 1
             if rollout.inflight == 0:
                 rollout.idle.set()
             self.metrics.observe(time.perf_counter() - t0, policy=rollout.policy)
 
-    async def _full(self, req: dict, rollout: Rollout, upstream: bytes, row: TurnRow, headers: dict,
-                    dialect=None) -> web.Response:
+    async def _full(self, request: web.Request, req: dict, rollout: Rollout, upstream: bytes, row: TurnRow,
+                    headers: dict, dialect=None) -> web.Response:
         try:
             data = await self.forward.complete(rollout.rollout_id, upstream)
             try:
@@ -219,22 +219,22 @@ class RecordingProxy:
             except CaptureError as e:
                 raise UpstreamFailure(502, f"upstream answer unusable for recording: {e}", "no_token_ids") from None
         except UpstreamFailure as fail:
-            return await self.recorder.settle(rollout, row, fail, None, FullReply(b"", headers, dialect))
+            return await self.recorder.settle(rollout, row, fail, None, FullReply(b"", headers, dialect, request))
         if dialect is not None:
             out = _dumps(dialect.from_chat(data, req))
         else:
             out = _dumps(plain_full(data, req.get("model"), bool(req.get("logprobs"))))
-        return await self.recorder.settle(rollout, row, got, out, FullReply(out, headers, dialect))
+        return await self.recorder.settle(rollout, row, got, out, FullReply(out, headers, dialect, request))
 
     async def _stream(self, request: web.Request, req: dict, rollout: Rollout, upstream: bytes, row: TurnRow,
                       headers: dict, dialect=None) -> web.StreamResponse:
         try:
             resp = await self.forward.open_stream(rollout.rollout_id, upstream)
         except UpstreamFailure as fail:
-            return await self.recorder.settle(rollout, row, fail, None, FullReply(b"", headers, dialect))
+            return await self.recorder.settle(rollout, row, fail, None, FullReply(b"", headers, dialect, request))
         relay = StreamRelay(req, dialect.Stream(req) if dialect is not None else None)
         out = web.StreamResponse(headers={**headers, **_SSE_HEADERS})
-        reply = StreamReply(out, relay.tr, dialect)
+        reply = StreamReply(out, relay.tr, dialect, request)
         response = None
         try:
             await out.prepare(request)
@@ -250,9 +250,12 @@ class RecordingProxy:
         except asyncio.TimeoutError:
             result = self.forward.timed_out()
         except ConnectionResetError as e:
-            # The agent went away mid-stream; the call reached the endpoint, so it is still recorded.
-            reply.agent_gone = True
-            result = UpstreamFailure(499, f"agent disconnected mid-stream ({e})", "agent_disconnected")
+            if reply.agent_gone():
+                # The agent went away mid-stream; the call reached the endpoint, so it is recorded (abandoned).
+                reply.dropped = True
+                result = UpstreamFailure(499, f"agent disconnected mid-stream ({e})", "agent_disconnected")
+            else:  # aiohttp's client reset error is a ConnectionResetError too: the upstream's
+                result = UpstreamFailure(502, f"upstream stream broken off: {type(e).__name__}: {e}", "connection")
         except aiohttp.ClientError as e:
             result = UpstreamFailure(502, f"upstream stream broken off: {type(e).__name__}: {e}", "connection")
         finally:

@@ -1,9 +1,12 @@
 """Turn rows: WAL first, then published as parquet shards (collect.schema TURNS) in the background.
 
 Protocol, so that a row is never lost nor written twice:
-1. `add(row)` appends the row to the current WAL segment and to `pending` in one synchronous step.
+1. `add(row)` appends the row to the current WAL segment and to `pending` in one synchronous step;
+   `durable(seq)` then waits for the group-commit fsync that covers it (wal.py), and only then
+   is the call answered.
 2. `flush()` rotates the WAL (new rows go to a new segment), writes every pending row to
-   `part-*.parquet` atomically, then deletes the rotated segments.
+   `part-*.parquet` atomically (file and directory fsynced: schema.write_table), then deletes
+   the rotated segments.
 3. At start-up, left-over segments are read; rows whose request_id is already in a shard (a
    crash between 2's rename and delete) are skipped, the rest are published, then the segments go.
 """
@@ -24,7 +27,7 @@ import pyarrow.parquet as pq
 
 from collect import schema
 from collect.proxy import jsonx
-from collect.proxy.wal import SegmentLog, read_records
+from collect.proxy.wal import SegmentLog, fsync_dir, read_records
 
 log = logging.getLogger("wharf.proxy.shards")
 
@@ -88,7 +91,7 @@ def write_shard(path: Path, rows: list[dict]) -> Path:
 
 class TurnStore:
     def __init__(self, out_dir: str | Path, wal_dir: str | Path, shard_rows: int, shard_bytes: int,
-                 shard_seconds: float, fsync: bool = False):
+                 shard_seconds: float, fsync: bool = True):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.wal = SegmentLog(wal_dir, fsync=fsync)
@@ -155,6 +158,8 @@ class TurnStore:
                 path.rename(path.with_name(path.name + ".bad"))
             else:
                 path.unlink()
+        if segments:
+            fsync_dir(self.wal.dir)  # the renames above, before new segments are numbered after them
         self.wal.open()
         info = {"segments": len(segments), "recovered_rows": len(rows), "shard": str(shard) if shard else None,
                 "bad_segments": [str(p) for p in bad_files]}
@@ -179,10 +184,10 @@ class TurnStore:
             pass
 
     # -- hot path ---------------------------------------------------------------------------
-    def add(self, row: dict) -> None:
-        """Durable on return: the row's WAL line has been written (os.write)."""
+    def add(self, row: dict) -> int:
+        """Write the row's WAL line (os.write: survives SIGKILL on return); its sequence number for `durable`."""
         line = jsonx.dumps(row) + b"\n"
-        self.wal.append(line)
+        seq = self.wal.append(line)
         self.pending.append(row)
         self.pending_bytes += len(line)
         rid = row["rollout_id"]
@@ -191,6 +196,11 @@ class TurnStore:
             self._flush_task and not self._flush_task.done()
         ):
             self._flush_task = asyncio.get_running_loop().create_task(self._flush_logged())
+        return seq
+
+    async def durable(self, seq: int) -> None:
+        """Wait until row `seq` survives a power cut (with fsync off: at once); WalSyncError if it cannot."""
+        await self.wal.durable(seq)
 
     def has_pending(self, rollout_id: str) -> bool:
         return self.pending_by_rollout.get(rollout_id, 0) > 0
@@ -231,6 +241,7 @@ class TurnStore:
         if self._flush_task:
             await self._flush_task
         await self.flush()
+        await self.wal.drain()
         self.wal.close()
         if getattr(self, "_lock_fd", None) is not None:
             os.close(self._lock_fd)  # releases the flock
