@@ -8,7 +8,8 @@ are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
-- a request body field `stub_fail: <kind>` forces one; `stub_delay: <seconds>` delays the answer.
+- a request body field `stub_fail: <kind>` forces one; `stub_delay: <seconds>` delays the answer,
+  `stub_chunk_delay: <seconds>` each chunk of a stream.
 Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no_token_ids,
 drop (closes the connection; in streaming after a few chunks), short_usage (ids that do not add
 up to usage: one id missing from a stream, or usage one higher in a full answer).
@@ -259,7 +260,12 @@ class Stub:
             return resp
         if not fail:
             self.stats["ok"] += 1
-        await resp.write(b"".join(parts))
+        if body.get("stub_chunk_delay"):  # a slow generation: the agent can leave mid-stream
+            for p in parts:
+                await resp.write(p)
+                await asyncio.sleep(float(body["stub_chunk_delay"]))
+        else:
+            await resp.write(b"".join(parts))
         await resp.write_eof()
         return resp
 
