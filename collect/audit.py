@@ -1,6 +1,9 @@
 """Check a collected round against the agents' own records: for every rollout, one turns row per
 model call in the agent's own log (collect/agents/logs.py: the minimal agent, mini-swe-agent,
 claude-code, codex, ATIF), the same answers, and completion ids that decode to the assistant text.
+Calls recorded as `abandoned` (the agent hung up before the answer) are not in the agent's log and
+are left out of that comparison. Turns of rollouts missing from the rollouts table (orphans: trials
+of a killed round that never finished) are counted, not compared; convert ignores them.
 
 `python -m collect.audit runs/<run>/rounds/<k>/collect [--tokenizer DIR]` prints one line per
 rollout that disagrees and a summary; exit code 1 when any does.
@@ -10,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 from collect import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
@@ -32,10 +37,26 @@ class AuditReport:
     checked: int = 0
     skipped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    orphan_turns: dict[str, int] = field(default_factory=dict)  # rollout id -> turns rows, for rollouts not in the table
+    abandoned: int = 0  # turns rows of calls the agent hung up on
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+
+def orphans(turn_rollout_ids: Iterable[str], known: set[str]) -> dict[str, int]:
+    """Turns rows per rollout id that the rollouts table does not hold."""
+    return dict(Counter(rid for rid in turn_rollout_ids if rid not in known))
+
+
+def orphan_turns(paths: CollectPaths) -> dict[str, int]:
+    """orphans() of a collect dir, reading only the rollout_id column of each shard (for manifest.json)."""
+    known = {r for r in schema.read_table(paths.rollouts, "rollouts", ["rollout_id"]).column(0).to_pylist()} \
+        if paths.rollouts.exists() else set()
+    ids = (rid for f in schema.shard_files(paths.turns)
+           for rid in schema.read_table(f, "turns", ["rollout_id"]).column(0).to_pylist())
+    return orphans(ids, known)
 
 
 def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditReport:
@@ -47,7 +68,8 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
     by_rollout: dict[str, list[dict]] = {}
     for t in turns:
         by_rollout.setdefault(t["rollout_id"], []).append(t)
-    report = AuditReport()
+    report = AuditReport(orphan_turns=orphans((t["rollout_id"] for t in turns), {r["rollout_id"] for r in rollouts}),
+                         abandoned=sum(t["status"] == "abandoned" for t in turns))
     for r in rollouts:
         rid = r["rollout_id"]
         log = read_agent_log(paths.root / r["trial_dir"] / "agent")
@@ -60,11 +82,11 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
             report.problems.append(f"{rid}: turn numbers {[t['turn'] for t in rows]} are not 0..n-1")
         if r["n_turns"] != len(rows):
             report.problems.append(f"{rid}: rollouts.n_turns={r['n_turns']} but {len(rows)} turns rows")
-        found = compare(rows, log, rid)
+        found = compare([t for t in rows if t["status"] != "abandoned"], log, rid)
         report.problems += found
         if found or decode is None:
             continue
-        matched = rows if log.counts_errors else [t for t in rows if t["status"] == "ok"]
+        matched = [t for t in rows if t["status"] == "ok" or (log.counts_errors and t["status"] == "error")]
         for t, call in zip(matched, log.calls):
             if call.text is None or t["status"] != "ok" or _tool_calls(t):
                 continue
@@ -89,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     report = audit_round(args.collect_dir, lambda ids: tok.decode(ids), tok.eos_token or "")
     for line in report.problems:
         print(line)
+    for rid, n in sorted(report.orphan_turns.items()):
+        print(f"{rid}: {n} orphan turns rows (no such rollout in rollouts.parquet; convert ignores them)")
     print(f"audited {report.checked} rollouts ({len(report.skipped)} without a trajectory we read): "
-          f"{len(report.problems)} problems")
+          f"{len(report.problems)} problems; {sum(report.orphan_turns.values())} orphan turns rows "
+          f"in {len(report.orphan_turns)} rollouts; {report.abandoned} abandoned calls")
     return 0 if report.ok else 1
 
 

@@ -20,6 +20,7 @@ import aiohttp
 from tqdm import tqdm
 
 from collect import endpoint, schema
+from collect.audit import orphan_turns
 from collect.config import RunConfig, dump_config
 from collect.layout import CollectPaths
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
@@ -190,7 +191,9 @@ class Round:
             # that it has stopped, so a round is a few files, not thousands.
             schema.compact_dir(self.paths.turns, "turns")
 
+        orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
         manifest.update({
+            "orphan_turns": sum(orphaned.values()), "orphan_rollouts": len(orphaned),
             "state": "done", "ended_at": _now().isoformat(),
             "wall_s": round(prev.get("wall_s", 0.0) + time.time() - started, 1),  # summed over resumed runs
             "counts": {"planned": len(planned), "finished": len(summary.rows), "resumed": summary.resumed,

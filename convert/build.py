@@ -136,6 +136,7 @@ def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) 
         "rollouts": {"read": read, "used": len(out.rollouts), "left_out": dict(sorted(left_out.items()))},
         "groups": {"used": n_kept, "dropped": dict(dropped)},
         "turns": {"read": sum(j.turns_read for j in jobs), "error": sum(j.turns_error for j in jobs),
+                  "abandoned": sum(j.turns_abandoned for j in jobs),
                   "stored_tokens": sum(j.stored_tokens for j in jobs),
                   "used_calls": rstats["calls"], "duplicates_dropped": rstats["duplicates"],
                   "orphans": sum(j.orphan_turns for j in jobs),

@@ -45,7 +45,8 @@ class Job:
     bad_rollouts: set[str] = field(default_factory=set)
     turns_read: int = 0
     stored_tokens: int = 0  # prompt + completion ids of every turn read
-    turns_error: int = 0
+    turns_error: int = 0  # upstream failures
+    turns_abandoned: int = 0  # calls the agent hung up on before the answer: not in its trajectory
     orphan_turns: int = 0
     orphan_rollouts: list[str] = field(default_factory=list)
     no_temperature: int = 0
@@ -135,9 +136,11 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
     job.turns_read += table.num_rows
     job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
                              for c in ("prompt_token_ids", "completion_token_ids"))
-    # no table.filter: it would copy every token; error rows are skipped by index instead
+    # no table.filter: it would copy every token; error and abandoned rows are skipped by index instead
     ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
-    job.turns_error += int((~ok).sum())
+    abandoned = int(pc.sum(pc.equal(table["status"], "abandoned")).as_py() or 0)
+    job.turns_abandoned += abandoned
+    job.turns_error += int((~ok).sum()) - abandoned
     rids = table["rollout_id"].to_pylist()
     job.turn_rows.update(rids)
     turns = table["turn"].to_numpy()

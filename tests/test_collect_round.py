@@ -76,6 +76,7 @@ def test_ok_round_records_every_call(tmp_path, stub):
     # one shard per closed rollout while the round ran, folded into one at its end
     assert len(schema.shard_files(cfg.round_dir() / "collect" / "turns")) == 1
     assert manifest["success_rate_by_task"] == {"answer": 1.0}
+    assert manifest["orphan_turns"] == 0 and manifest["orphan_rollouts"] == 0
     # running the finished round again changes nothing and starts nothing
     again, rollouts2, _, manifest2 = run_round(cfg, tmp_path)
     assert again.resumed == 3 and rollouts2 == rollouts
@@ -100,3 +101,19 @@ def test_failures_are_classified_and_the_round_completes(tmp_path, stub):
         if status == "infra_error":
             # the failed call is on record, as an error row
             assert [t["status"] for t in turns] == ["error"] and turns[0]["error"]
+
+
+def test_manifest_counts_orphan_turns_left_by_a_killed_run(tmp_path, stub):
+    cfg = round_cfg(tmp_path, "ScriptedAgent", stub, "collect.tasks=[answer]", "collect.attempts=1")
+    turns_dir = cfg.round_dir() / "collect" / "turns"
+    # A trial of an earlier, killed run: its calls were recorded, its rollouts row never written.
+    from collect.proxy.shards import write_shard
+    ghost = {"rollout_id": "killed-run-trial", "turn": 0, "request_id": "r0", "api": "chat", "policy": "stub-model",
+             "started_at": 0.0, "ended_at": 1.0, "request": "{}", "response": "{}", "sampling": "{}",
+             "prompt_token_ids": [1, 2], "completion_token_ids": [3], "completion_logprobs": [-0.5],
+             "finish_reason": "stop", "status": "ok", "error": None}
+    turns_dir.mkdir(parents=True)
+    write_shard(turns_dir / "part-00000000T000000-ghost.parquet", [ghost, {**ghost, "turn": 1, "request_id": "r1"}])
+    _, rollouts, turns, manifest = run_round(cfg, tmp_path)
+    assert len(rollouts) == 1 and len(turns) == 2 + rollouts[0]["n_turns"]
+    assert manifest["orphan_turns"] == 2 and manifest["orphan_rollouts"] == 1

@@ -97,6 +97,25 @@ def test_orphan_turns_are_ignored_and_counted(jobs, tmp_path):
     assert stats["rollouts"]["read"] == 15
 
 
+def test_abandoned_turns_are_skipped_and_counted(jobs, tmp_path):
+    job = copy_job(jobs, tmp_path)
+    base = convert_round(cfg_for([job], tmp_path / "base"), progress=False)
+    marked = 0
+    for f in schema.shard_files(CollectPaths(job).turns):
+        t = schema.read_table(f, "turns")
+        status = ["abandoned" if turn == 1 else s for turn, s in zip(t["turn"].to_pylist(), t["status"].to_pylist())]
+        marked += status.count("abandoned")
+        t = t.set_column(t.schema.get_field_index("status"), "status", pa.array(status, pa.string()))
+        schema.write_table(f, "turns", t)
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    assert marked > 0 and stats["turns"]["abandoned"] == marked and base["turns"]["abandoned"] == 0
+    assert stats["turns"]["error"] == base["turns"]["error"]  # not counted as upstream failures
+    # the agent never saw those answers: none of them is trained on
+    assert stats["turns"]["used_calls"] + stats["turns"]["duplicates_dropped"] == \
+        base["turns"]["used_calls"] + base["turns"]["duplicates_dropped"] - marked
+    assert all(1 not in turns for r in read_index(tmp_path / "out").rollouts for turns in r["row_turns"])
+
+
 def _mismatch(job: Path) -> Path:
     """Drop one log-prob of rollout r00003's first call."""
     shard = schema.shard_files(CollectPaths(job).turns)[0]
