@@ -1,6 +1,7 @@
-"""What the recording proxy costs: latency added over direct calls, and recorded calls/s at 64 clients.
+"""What the recording proxy costs: latency added over direct calls, and recorded calls/s at 64 clients,
+with the WAL's group-commit fsync on (the default: power-loss durable) and off, side by side.
 
-`python -m bench.proxy [--calls N] [--latency-calls N] [--clients 64] [--procs 2]`
+`python -m bench.proxy [--calls N] [--latency-calls N] [--clients 64] [--procs 2] [--seconds 10]`
 
 The stub upstream (collect/testing/vllm_stub.py) and the proxy run as their own processes; the load comes
 from several Python processes with aiohttp clients. With `taskset` available and 2+ CPUs, the
@@ -13,6 +14,7 @@ tests/test_proxy_load.py.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -22,8 +24,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-import aiohttp
 
 from collect.testing.proxy_load import (_cpus, admin, chat_body, free_port, pinned, run_load, start_proxy,
                                         start_stub, stop)
@@ -73,9 +73,9 @@ def pct(values: list[float], q: float) -> float:
 
 
 # -- the benchmark ----------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__.splitlines()[0])
-    p.add_argument("--calls", type=int, default=10000, help="calls per throughput run")
+    p.add_argument("--calls", type=int, default=10000, help="calls per throughput run (Python load generator)")
     p.add_argument("--latency-calls", type=int, default=2000, help="sequential calls per latency run")
     p.add_argument("--clients", type=int, default=64)
     p.add_argument("--procs", type=int, default=2, help="load generator processes")
@@ -84,86 +84,122 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loadgen", choices=["auto", "wrk", "python"], default="auto",
                    help="throughput load: wrk when on PATH (auto), else Python aiohttp processes")
     p.add_argument("--seconds", type=float, default=10.0, help="duration of a wrk throughput run")
-    args = p.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop the stub and proxy in `finally`
+    return p.parse_args(argv)
 
+
+class Bench:
+    """The measurements, against the stub directly or through a proxy at `base` (same targets, same load)."""
+
+    def __init__(self, args, tmp: Path, other_cpus):
+        self.args, self.tmp, self.cpus = args, tmp, other_cpus
+        self.use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk"))
+
+    def latency(self, targets):
+        """p50, p99 (ms) and count of sequential calls from one client (one connection)."""
+        run_load(targets[:1], 200, procs=1, cpus=self.cpus)  # warm-up
+        res, _ = run_load(targets[:1], self.args.latency_calls, procs=1, cpus=self.cpus)
+        lat = [r[4] * 1000 for r in res if r[2]]
+        return pct(lat, 0.5), pct(lat, 0.99), len(lat)
+
+    def throughput(self, targets, wrk_base, wrk_paths, wrk_body, pid):
+        """calls/s, p50, p99, ok calls, calls, proxy CPU ms per call (pid: the process whose CPU is counted)."""
+        a = self.args
+        if self.use_wrk:
+            run_wrk(wrk_base, wrk_paths, wrk_body, a.clients, 2, self.cpus, self.tmp)  # warm-up
+            c0 = cpu_seconds(pid)
+            w = run_wrk(wrk_base, wrk_paths, wrk_body, a.clients, a.seconds, self.cpus, self.tmp)
+            cpu = cpu_seconds(pid) - c0
+            return w["rps"], w["p50"], w["p99"], w["requests"] - w["non2xx"], w["requests"], cpu / max(1, w["requests"]) * 1000
+        run_load(targets, min(2000, a.calls), procs=a.procs, cpus=self.cpus)  # warm-up
+        c0 = cpu_seconds(pid)
+        res, wall = run_load(targets, a.calls, procs=a.procs, cpus=self.cpus)
+        cpu = cpu_seconds(pid) - c0
+        ok = sum(r[2] for r in res)
+        lat = [r[4] * 1000 for r in res if r[2]]
+        return ok / wall, pct(lat, 0.5), pct(lat, 0.99), ok, len(res), cpu / len(res) * 1000
+
+
+def via_proxy(bench: Bench, stub_port: int, body: bytes, fsync: bool, cpus) -> dict:
+    """Start a proxy with `proxy.wal_fsync=<fsync>`, measure it, check what it recorded, stop it."""
+    tmp, hdr = bench.tmp / f"fsync-{fsync}", {"Content-Type": "application/json"}
+    port = free_port()
+    proxy = start_proxy(port, f"http://127.0.0.1:{stub_port}", tmp / "turns", cpus,
+                        extra=[f"proxy.wal_fsync={str(fsync).lower()}"], log=open(bench.tmp / f"proxy-{fsync}.log", "wb"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"}) for i in range(bench.args.clients)]
+        targets = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
+        lat = bench.latency(targets)
+        tp = bench.throughput(targets, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts],
+                              body, proxy.pid)
+        syncs = _metric(base, "wharf_proxy_wal_fsyncs_total")
+        for r in rollouts:
+            admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
+    finally:
+        stop(proxy)
+    from collect.schema import read_dir
+    status = collections.Counter(read_dir(tmp / "turns", "turns").column("status").to_pylist())
+    return {"lat": lat, "tp": tp, "status": dict(status), "fsyncs": syncs}
+
+
+def _metric(base: str, name: str) -> float | None:
+    import urllib.request
+    with urllib.request.urlopen(f"{base}/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def report(args, body: bytes, direct: dict, on: dict, off: dict, proxy_cpus, other_cpus, use_wrk) -> None:
+    mode = "streaming" if args.stream else "non-streaming"
+    print(f"recording proxy vs direct to the vLLM stub ({mode}, {len(body)} B bodies, 50 completion tokens;"
+          f" proxy on CPU {proxy_cpus or 'any'}, stub + load on CPU {other_cpus or 'any'}; "
+          f"{os.cpu_count()} CPUs shared with other work: one run, expect noise)")
+    print(f"{'':30}{'direct':>10}{'fsync on':>11}{'fsync off':>11}{'added (on)':>12}{'on / off':>10}")
+    d, a, b = direct["lat"], on["lat"], off["lat"]
+    for i, name in ((0, "p50"), (1, "p99")):
+        print(f"{name + ' latency, 1 client (ms)':30}{d[i]:10.3f}{a[i]:11.3f}{b[i]:11.3f}{a[i] - d[i]:+12.3f}"
+              f"{a[i] / b[i]:10.2f}")
+    d, a, b = direct["tp"], on["tp"], off["tp"]
+    print(f"{f'calls/s, {args.clients} connections':30}{d[0]:10.0f}{a[0]:11.0f}{b[0]:11.0f}{'':12}{a[0] / b[0]:10.2f}")
+    for i, name in ((1, "p50"), (2, "p99")):
+        print(f"{f'{name} ms, {args.clients} connections':30}{d[i]:10.2f}{a[i]:11.2f}{b[i]:11.2f}{'':12}{a[i] / b[i]:10.2f}")
+    print(f"{'proxy CPU ms per call':30}{'':10}{a[5]:11.3f}{b[5]:11.3f}{'':12}{a[5] / b[5]:10.2f}")
+    if on["fsyncs"]:
+        n = sum(on["status"].values())
+        print(f"fsync on: {on['fsyncs']:.0f} WAL fsyncs for {n} recorded calls ({n / on['fsyncs']:.1f} calls per fsync)")
+    print(f"load generator: {'wrk' if use_wrk else f'{args.procs} Python aiohttp processes'}; rows by status: "
+          f"fsync on {on['status']}, off {off['status']} (abandoned: calls in flight when wrk stopped)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # still stop the stub and proxy in `finally`
     cpus = _cpus()
     proxy_cpus, other_cpus = ([cpus[0]], cpus[1:]) if len(cpus) > 1 else (None, None)
     tmp = Path(tempfile.mkdtemp(prefix="wharf-bench-proxy-"))
-    stub_port, proxy_port = free_port(), free_port()
+    stub_port = free_port()
     stub = start_stub(stub_port, other_cpus)
-    proxy = start_proxy(proxy_port, f"http://127.0.0.1:{stub_port}", tmp / "turns", proxy_cpus,
-                        log=open(tmp / "proxy.log", "wb"))
-    base = f"http://127.0.0.1:{proxy_port}"
     body = chat_body(args.body_bytes, args.stream)
-    direct_url = f"http://127.0.0.1:{stub_port}/v1/chat/completions"
     # The direct run sends what the proxy would: the recording parameters included.
     direct_body = json.loads(body)
     direct_body.update(return_token_ids=True, logprobs=True, top_logprobs=0, temperature=1.0, top_p=1.0)
     if args.stream:
         direct_body["stream_options"] = {"include_usage": True}
     direct_body = json.dumps(direct_body).encode()
-    hdr = {"Content-Type": "application/json"}
+    bench = Bench(args, tmp, other_cpus)
     try:
-        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"}) for i in range(args.clients)]
-        via = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
-        direct = [(direct_url, hdr, direct_body)] * args.clients
-
-        def latency(targets):
-            run_load(targets[:1], 200, procs=1, cpus=other_cpus)  # warm-up
-            res, _ = run_load(targets[:1], args.latency_calls, procs=1, cpus=other_cpus)
-            lat = [r[4] * 1000 for r in res if r[2]]
-            return pct(lat, 0.5), pct(lat, 0.99), len(lat)
-
-        use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk"))
-
-        def throughput(targets, wrk_base, wrk_paths, wrk_body):
-            if use_wrk:
-                run_wrk(wrk_base, wrk_paths, wrk_body, args.clients, 2, other_cpus, tmp)  # warm-up
-                c0 = cpu_seconds(proxy.pid)
-                w = run_wrk(wrk_base, wrk_paths, wrk_body, args.clients, args.seconds, other_cpus, tmp)
-                cpu = cpu_seconds(proxy.pid) - c0
-                ok = w["requests"] - w["non2xx"]
-                return w["rps"], w["p50"], w["p99"], ok, w["requests"], cpu / max(1, w["requests"]) * 1000
-            run_load(targets, min(2000, args.calls), procs=args.procs, cpus=other_cpus)  # warm-up
-            c0 = cpu_seconds(proxy.pid)
-            res, wall = run_load(targets, args.calls, procs=args.procs, cpus=other_cpus)
-            cpu = cpu_seconds(proxy.pid) - c0
-            ok = sum(r[2] for r in res)
-            lat = [r[4] * 1000 for r in res if r[2]]
-            return ok / wall, pct(lat, 0.5), pct(lat, 0.99), ok, len(res), cpu / len(res) * 1000
-
-        d_lat = latency(direct)
-        p_lat = latency(via)
-        d_tp = throughput(direct, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"], direct_body)
-        p_tp = throughput(via, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts], body)
-        for r in rollouts:
-            admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
-        from collect.schema import read_dir
-        table = read_dir(tmp / "turns", "turns")
-        n_rows, n_ok = table.num_rows, sum(s == "ok" for s in table.column("status").to_pylist())
-        import collections
-        why = collections.Counter((e or "")[:40] for e in table.column("error").to_pylist() if e)
+        targets = [(f"http://127.0.0.1:{stub_port}/v1/chat/completions", {"Content-Type": "application/json"},
+                    direct_body)] * args.clients
+        direct = {"lat": bench.latency(targets),
+                  "tp": bench.throughput(targets, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"],
+                                         direct_body, stub.pid)}
+        on = via_proxy(bench, stub_port, body, True, proxy_cpus)
+        off = via_proxy(bench, stub_port, body, False, proxy_cpus)
     finally:
-        stop(proxy)
         stop(stub)
-    mode = "streaming" if args.stream else "non-streaming"
-    print(f"recording proxy vs direct to the vLLM stub ({mode}, {len(body)} B bodies, 50 completion tokens;"
-          f" proxy on CPU {proxy_cpus or 'any'}, stub + load on CPU {other_cpus or 'any'}; "
-          f"{os.cpu_count()} CPUs shared with other work: one run, expect noise)")
-    print(f"{'':28}{'direct':>12}{'via proxy':>12}{'added / ratio':>16}")
-    print(f"{'p50 latency, 1 client (ms)':28}{d_lat[0]:12.3f}{p_lat[0]:12.3f}{p_lat[0] - d_lat[0]:+16.3f}")
-    print(f"{'p99 latency, 1 client (ms)':28}{d_lat[1]:12.3f}{p_lat[1]:12.3f}{p_lat[1] - d_lat[1]:+16.3f}")
-    print(f"{f'calls/s, {args.clients} clients':28}{d_tp[0]:12.0f}{p_tp[0]:12.0f}{p_tp[0] / d_tp[0]:16.2f}")
-    print(f"{f'p50 ms, {args.clients} clients':28}{d_tp[1]:12.2f}{p_tp[1]:12.2f}")
-    print(f"{f'p99 ms, {args.clients} clients':28}{d_tp[2]:12.2f}{p_tp[2]:12.2f}")
-    print(f"proxy CPU per recorded call at {args.clients} clients: {p_tp[5]:.3f} ms "
-          f"(user+sys of the proxy process, shard writing included: ~{1000 / p_tp[5]:.0f} calls/s per core)")
-    print(f"load generator: {'wrk' if use_wrk else f'{args.procs} Python aiohttp processes'}; recorded rows: "
-          f"{n_rows} ({n_ok} ok) in {len(list((tmp / 'turns').glob('part-*')))} shards, for "
-          f"{p_tp[4]} calls counted in the measured run ({p_tp[3]} ok) plus warm-up and latency runs")
-    if why:  # wrk drops the calls in flight when its time is up: those are recorded as errors
-        print("error rows:", dict(why))
+    report(args, body, direct, on, off, proxy_cpus, other_cpus, bench.use_wrk)
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -120,6 +120,8 @@ def test_answer_waits_for_its_fsync(proxy, monkeypatch):
     gate.set()
     t.join(10)
     assert box["r"].status_code == 200
+    metrics = requests.get(f"{proxy.url}/metrics").text
+    assert "wharf_proxy_wal_fsyncs_total 1" in metrics and "wharf_proxy_wal_fsynced_records_total 1" in metrics
 
 
 def test_fsync_failure_answers_503_from_then_on(proxy, monkeypatch):

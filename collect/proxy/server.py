@@ -49,9 +49,10 @@ class RecordingProxy:
         p = cfg.proxy
         self.out_dir = Path(p.out_dir) if p.out_dir else cfg.round_layout.collect.turns
         self.wal_dir = Path(p.wal_dir) if p.wal_dir else wal_dir(self.out_dir)
-        self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync)
-        self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
         self.metrics = Metrics()
+        self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync,
+                               on_sync=self._synced)
+        self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
         self.rollouts = RolloutRegistry(self.wal_dir / "rollouts.jsonl")
         self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base)
         self.forward = Forwarder(cfg, self.pool)
@@ -59,6 +60,10 @@ class RecordingProxy:
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.recovery: dict = {}
+
+    def _synced(self, n: int) -> None:
+        self.metrics.inc("wal_fsyncs_total", help="Group fsyncs of the WAL (each covers every call then in flight)")
+        self.metrics.inc("wal_fsynced_records_total", n, help="WAL records made durable by those fsyncs")
 
     @property
     def session(self) -> aiohttp.ClientSession | None:

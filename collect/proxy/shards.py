@@ -91,10 +91,10 @@ def write_shard(path: Path, rows: list[dict]) -> Path:
 
 class TurnStore:
     def __init__(self, out_dir: str | Path, wal_dir: str | Path, shard_rows: int, shard_bytes: int,
-                 shard_seconds: float, fsync: bool = True):
+                 shard_seconds: float, fsync: bool = True, on_sync=None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.wal = SegmentLog(wal_dir, fsync=fsync)
+        self.wal = SegmentLog(wal_dir, fsync=fsync, on_sync=on_sync)
         self.shard_rows = shard_rows
         self.shard_bytes = shard_bytes
         self.shard_seconds = shard_seconds

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 from collect.schema import fsync_dir
 
@@ -41,8 +42,10 @@ class WalSyncError(OSError):
 class SegmentLog:
     """Numbered segments seg-00000001.jsonl ...; `rotate` starts a new one so older ones can be retired."""
 
-    def __init__(self, directory: str | Path, fsync: bool = True):
+    def __init__(self, directory: str | Path, fsync: bool = True, on_sync: Callable[[int], None] | None = None):
+        """`on_sync(n)`: called after each group fsync with the number of records it made durable."""
         self.dir = Path(directory)
+        self.on_sync = on_sync
         self.dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self.fd: int | None = None
@@ -109,6 +112,8 @@ class SegmentLog:
                     os.close(fd)
             self.n_syncs += 1
             if self._broken is None:
+                if self.on_sync is not None:
+                    self.on_sync(target - self.synced)
                 self.synced = target
             self._release(target)
 
