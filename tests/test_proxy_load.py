@@ -96,8 +96,9 @@ def test_sigkill_during_load_loses_no_answered_call(tmp_path):
     stub = start_stub(stub_port, completion_tokens=20)
     out = tmp_path / "turns"
     upstream = f"http://127.0.0.1:{stub_port}"
-    # Small shards: some rows are published before the kill, some only in the WAL.
-    extra = ["proxy.shard_rows=300"]
+    # Small shards: some rows are published before the kill, some only in the WAL. fsync on (the
+    # default, named here because it is what is tested): every answer waited for its group commit.
+    extra = ["proxy.shard_rows=300", "proxy.wal_fsync=true"]
     log = open(tmp_path / "proxy.log", "ab")
     proxy = start_proxy(proxy_port, upstream, out, extra=extra, log=log)
     base = f"http://127.0.0.1:{proxy_port}"
