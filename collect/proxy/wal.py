@@ -3,9 +3,9 @@
 A record is one line written by one `os.write` on an O_APPEND descriptor: once the call returns,
 the bytes are in the kernel's page cache and survive SIGKILL of the process. For a power cut the
 page cache is not enough: `durable(seq)` waits until an fsync covering record `seq` (and the
-directory entry of its segment) has completed. One sync task serves every call in flight: while
+directory entry of its segment) has completed. One sync thread serves every call in flight: while
 one fsync runs, the records appended meanwhile wait for the next, so a batch of calls shares one
-fsync (group commit) and the event loop never blocks on the disk (the fsync runs in a thread).
+fsync (group commit), and the event loop never blocks on the disk.
 With `fsync=False` (`proxy.wal_fsync=false`) `durable` returns at once: SIGKILL-safe, not
 power-loss safe. A crash mid-write can leave a torn last line; that call was never answered, so
 readers skip it.
@@ -16,7 +16,9 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import re
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +41,46 @@ class WalSyncError(OSError):
     """An fsync of the WAL failed: what the kernel holds of it is unknown, so nothing more is acknowledged."""
 
 
+class SyncThread:
+    """One thread for the fsyncs: the loop hands it a batch and gets a future back (cheaper than
+    asyncio.to_thread's executor per call, which shows at one fsync per call)."""
+
+    def __init__(self, name: str = "wharf-wal-sync"):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._name = name
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable, *args) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._main, name=self._name, daemon=True)
+            self._thread.start()
+        self._q.put((loop, fut, fn, args))
+        return fut
+
+    def _main(self) -> None:
+        while (item := self._q.get()) is not None:
+            loop, fut, fn, args = item
+            try:
+                fn(*args)
+                err = None
+            except OSError as e:
+                err = e
+            loop.call_soon_threadsafe(_settle, fut, err)
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join(10)
+            self._thread = None
+
+
+def _settle(fut: asyncio.Future, err: OSError | None) -> None:
+    if not fut.done():
+        fut.set_exception(err) if err is not None else fut.set_result(None)
+
+
 class SegmentLog:
     """Numbered segments seg-00000001.jsonl ...; `rotate` starts a new one so older ones can be retired."""
 
@@ -56,7 +98,9 @@ class SegmentLog:
         self._rotated: list[int] = []  # descriptors of rotated segments, closed once synced
         self._dir_dirty = False  # a segment was created since the last directory fsync
         self._waiters: list[tuple[int, asyncio.Future]] = []
-        self._syncer: asyncio.Task | None = None
+        self._thread = SyncThread()
+        self._busy = False  # a batch is scheduled or its fsync is running
+        self._idle: asyncio.Event | None = None
         self._broken: OSError | None = None
 
     def segments(self) -> list[tuple[int, Path]]:
@@ -91,31 +135,42 @@ class SegmentLog:
             raise WalSyncError(f"an earlier fsync of {self.dir} failed ({self._broken}); restart the proxy")
         if not self.fsync or seq <= self.synced:
             return
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self._waiters.append((seq, fut))
-        if self._syncer is None or self._syncer.done():
-            self._syncer = asyncio.get_running_loop().create_task(self._sync_loop())
-        await asyncio.shield(fut)  # a cancelled caller must not cancel the batch's fsync
+        if not self._busy:
+            self._busy = True
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
+            loop.call_soon(self._start)  # one loop pass later: calls answered in the same pass join the batch
+        await fut  # a cancelled caller leaves its batch alone (_release skips a done future)
 
-    async def _sync_loop(self) -> None:
-        """One fsync per round covers every record written before it began; then its waiters go."""
-        while self._waiters:
-            target, fds, rotated = self.written, [*self._rotated, self.fd], self._rotated
-            self._rotated, dirty, self._dir_dirty = [], self._dir_dirty, False
-            try:
-                await asyncio.to_thread(_sync_all, fds, self.dir if dirty else None)
-            except OSError as e:
-                log.error("fsync of the WAL in %s failed: %s; no further call will be answered", self.dir, e)
-                self._broken = e
-            finally:
-                for fd in rotated:
-                    os.close(fd)
-            self.n_syncs += 1
-            if self._broken is None:
-                if self.on_sync is not None:
-                    self.on_sync(target - self.synced)
-                self.synced = target
-            self._release(target)
+    def _start(self) -> None:
+        """Hand the sync thread every record written so far (and the descriptors they are in)."""
+        target, fds, rotated = self.written, [*self._rotated, self.fd], self._rotated
+        self._rotated, dirty, self._dir_dirty = [], self._dir_dirty, False
+        done = self._thread.submit(_sync_all, fds, self.dir if dirty else None)
+        done.add_done_callback(lambda f: self._finished(f, target, rotated))
+
+    def _finished(self, done: asyncio.Future, target: int, rotated: list[int]) -> None:
+        """On the loop after a batch's fsync: release its waiters; start the next batch if calls wait."""
+        for fd in rotated:
+            os.close(fd)
+        self.n_syncs += 1
+        if done.exception() is not None and self._broken is None:
+            self._broken = done.exception()
+            log.error("fsync of the WAL in %s failed: %s; no further call will be answered", self.dir, self._broken)
+        if self._broken is None:
+            if self.on_sync is not None:
+                self.on_sync(target - self.synced)
+            self.synced = target
+        self._release(target)
+        if self._waiters and self._broken is None:
+            self._start()  # the records appended during this fsync: their batch starts now
+        else:
+            self._busy = False
+            self._idle.set()
 
     def _release(self, upto: int) -> None:
         keep = []
@@ -132,8 +187,8 @@ class SegmentLog:
     def rotate(self) -> int:
         """Start the next segment; returns the number of the closed one (closed after its last fsync)."""
         closed = self.current
-        if self.fsync and self._syncer is not None and not self._syncer.done():
-            self._rotated.append(self.fd)  # the sync task may be fsyncing it right now
+        if self.fsync and self._busy:
+            self._rotated.append(self.fd)  # the sync thread may be fsyncing it right now
         else:
             if self.fsync and self.synced < self.written:
                 os.fdatasync(self.fd)  # records nobody waits for yet (rare: only outside the proxy's hot path)
@@ -149,11 +204,12 @@ class SegmentLog:
                 p.unlink(missing_ok=True)
 
     async def drain(self) -> None:
-        """Wait for the sync task (before closing: it may use the current descriptor)."""
-        if self._syncer is not None:
-            await asyncio.gather(self._syncer, return_exceptions=True)
+        """Wait for the batch in progress (before closing: the sync thread may use the current descriptor)."""
+        if self._busy:
+            await self._idle.wait()
 
     def close(self) -> None:
+        self._thread.stop()
         for fd in self._rotated:
             os.close(fd)
         self._rotated = []
