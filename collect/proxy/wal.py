@@ -88,8 +88,11 @@ class SegmentLog:
         """`on_sync(n)`: called after each group fsync with the number of records it made durable."""
         self.dir = Path(directory)
         self.on_sync = on_sync
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        if not self.dir.is_dir():
+            self.dir.mkdir(parents=True)
+            if fsync:
+                fsync_dir(self.dir.parent)  # the new dir's own entry: its segments are found after a power cut
         self.fd: int | None = None
         self.current = 0
         self.written = 0  # records appended so far (a record's sequence number is the count after it)
