@@ -106,6 +106,31 @@ def test_group_commit_shares_one_fsync_among_calls_in_flight(tmp_path):
     assert len(read_records(tmp_path / "True" / "seg-00000001.jsonl")[0]) == 64
 
 
+def test_rotation_while_an_fsync_runs_keeps_the_old_segment_open_until_synced(tmp_path, monkeypatch):
+    gate, real = threading.Event(), wal_mod._sync_all
+    monkeypatch.setattr(wal_mod, "_sync_all", lambda fds, d: (gate.wait(10), real(fds, d)))
+
+    async def go():
+        log = SegmentLog(tmp_path, fsync=True)
+        log.open()
+        first = asyncio.ensure_future(log.durable(log.append(b'{"n": 1}\n')))
+        await asyncio.sleep(0.05)  # its batch is in the sync thread, held at the gate
+        old_fd = log.fd
+        assert log.rotate() == 1 and log.fd != old_fd
+        second = asyncio.ensure_future(log.durable(log.append(b'{"n": 2}\n')))
+        os.fstat(old_fd)  # still open: the thread may be syncing it
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        with pytest.raises(OSError):
+            os.fstat(old_fd)  # closed once the batch after the rotation synced it
+        assert log.synced == 2
+        await log.drain()
+        log.close()
+
+    asyncio.run(go())
+    assert [len(read_records(tmp_path / f"seg-0000000{i}.jsonl")[0]) for i in (1, 2)] == [1, 1]
+
+
 def test_answer_waits_for_its_fsync(proxy, monkeypatch):
     gate, real = threading.Event(), wal_mod._sync_all
     monkeypatch.setattr(wal_mod, "_sync_all", lambda fds, d: (gate.wait(10), real(fds, d)))

@@ -65,7 +65,7 @@ class SyncThread:
             try:
                 fn(*args)
                 err = None
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - any failure fails the batch; the thread must live on
                 err = e
             loop.call_soon_threadsafe(_settle, fut, err)
 
@@ -76,7 +76,7 @@ class SyncThread:
             self._thread = None
 
 
-def _settle(fut: asyncio.Future, err: OSError | None) -> None:
+def _settle(fut: asyncio.Future, err: Exception | None) -> None:
     if not fut.done():
         fut.set_exception(err) if err is not None else fut.set_result(None)
 
