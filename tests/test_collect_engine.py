@@ -105,3 +105,8 @@ def test_killed_round_resumes_without_redoing_finished_rollouts(tmp_path, engine
     for r in after:
         assert sum(t["rollout_id"] == r["rollout_id"] for t in turns) == 1
     assert len({(t["rollout_id"], t["turn"]) for t in turns}) == len(turns)
+    # such rows are orphans: counted in the manifest and by the audit, never trained on
+    manifest = json.loads((tmp_path / "t/rounds/0/collect/manifest.json").read_text())
+    kept = {r["rollout_id"] for r in after}
+    assert manifest["orphan_turns"] == sum(t["rollout_id"] not in kept for t in turns)
+    assert sum(audit_round(tmp_path / "t/rounds/0/collect").orphan_turns.values()) == manifest["orphan_turns"]
