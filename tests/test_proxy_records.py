@@ -88,6 +88,8 @@ def test_stream_dropped_midway_is_abandoned_not_an_upstream_error(proxy):
     assert close_rollout(proxy, "drop-mid")["n_errors"] == 0
     (row,) = rows(proxy, "drop-mid")
     assert row["status"] == "abandoned" and "disconnected" in row["error"]
+    metrics = requests.get(f"{proxy.url}/metrics").text
+    assert 'wharf_proxy_abandoned_total{policy="base-model"} 1' in metrics and "wharf_proxy_errors_total" not in metrics
 
 
 def test_group_commit_shares_one_fsync_among_calls_in_flight(tmp_path):

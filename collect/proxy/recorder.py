@@ -137,8 +137,12 @@ class Recorder:
         row.status, row.error, row.ended_at = "abandoned" if gone else "error", fail.message, time.time()
         row.response = body.decode("utf-8", "replace")
         row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs = [], [], []
-        self.metrics.inc("errors_total", help="Recorded calls that failed upstream", policy=rollout.policy,
-                         kind=fail.kind)
+        if gone:
+            self.metrics.inc("abandoned_total", help="Calls whose agent hung up before the answer",
+                             policy=rollout.policy)
+        else:
+            self.metrics.inc("errors_total", help="Recorded calls that failed upstream", policy=rollout.policy,
+                             kind=fail.kind)
         try:
             await self.commit(rollout, row)
         except RecordFailure as e:

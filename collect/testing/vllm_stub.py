@@ -261,9 +261,12 @@ class Stub:
         if not fail:
             self.stats["ok"] += 1
         if body.get("stub_chunk_delay"):  # a slow generation: the agent can leave mid-stream
-            for p in parts:
-                await resp.write(p)
-                await asyncio.sleep(float(body["stub_chunk_delay"]))
+            try:
+                for p in parts:
+                    await resp.write(p)
+                    await asyncio.sleep(float(body["stub_chunk_delay"]))
+            except ConnectionResetError:  # the caller aborted the generation, as vLLM allows
+                return resp
         else:
             await resp.write(b"".join(parts))
         await resp.write_eof()
