@@ -10,6 +10,7 @@ import asyncio
 import datetime as dt
 import json
 import logging
+import os
 import time
 import uuid
 from collections import Counter
@@ -70,9 +71,14 @@ def _load_manifest(paths: CollectPaths) -> dict:
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Atomically and durably (file fsync, rename, directory fsync), as schema.write_table does."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2, default=str))
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    schema.fsync_dir(path.parent)
 
 
 def _load_done(paths: CollectPaths) -> list[RolloutRow]:
