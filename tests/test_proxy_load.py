@@ -124,7 +124,8 @@ def test_sigkill_during_load_loses_no_answered_call(tmp_path):
     results, _ = box["res"]
     answered = [r[3] for r in results if r[2]]
     failed = [r for r in results if not r[2]]
-    assert len(answered) > 500 and failed, "load ran on both sides of the kill"
+    # (a count, not a rate: on a loaded 2-core machine the 7 s hold a few hundred calls, not thousands)
+    assert len(answered) > 50 and failed, "load ran on both sides of the kill"
     rows = read_dir(out, "turns").to_pylist()
     check_turns(rows)
     counts = collections.Counter(r["request_id"] for r in rows)
