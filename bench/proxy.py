@@ -109,7 +109,8 @@ class Bench:
             c0 = cpu_seconds(pid)
             w = run_wrk(wrk_base, wrk_paths, wrk_body, a.clients, a.seconds, self.cpus, self.tmp)
             cpu = cpu_seconds(pid) - c0
-            return w["rps"], w["p50"], w["p99"], w["requests"] - w["non2xx"], w["requests"], cpu / max(1, w["requests"]) * 1000
+            n = w["requests"]
+            return w["rps"], w["p50"], w["p99"], n - w["non2xx"], n, cpu / max(1, n) * 1000
         run_load(targets, min(2000, a.calls), procs=a.procs, cpus=self.cpus)  # warm-up
         c0 = cpu_seconds(pid)
         res, wall = run_load(targets, a.calls, procs=a.procs, cpus=self.cpus)
@@ -123,11 +124,13 @@ def via_proxy(bench: Bench, stub_port: int, body: bytes, fsync: bool, cpus) -> d
     """Start a proxy with `proxy.wal_fsync=<fsync>`, measure it, check what it recorded, stop it."""
     tmp, hdr = bench.tmp / f"fsync-{fsync}", {"Content-Type": "application/json"}
     port = free_port()
-    proxy = start_proxy(port, f"http://127.0.0.1:{stub_port}", tmp / "turns", cpus,
-                        extra=[f"proxy.wal_fsync={str(fsync).lower()}"], log=open(bench.tmp / f"proxy-{fsync}.log", "wb"))
+    with open(bench.tmp / f"proxy-{fsync}.log", "wb") as log:
+        proxy = start_proxy(port, f"http://127.0.0.1:{stub_port}", tmp / "turns", cpus,
+                            extra=[f"proxy.wal_fsync={str(fsync).lower()}"], log=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"}) for i in range(bench.args.clients)]
+        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"})
+                    for i in range(bench.args.clients)]
         targets = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
         lat = bench.latency(targets)
         tp = bench.throughput(targets, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts],
@@ -164,11 +167,13 @@ def report(args, body: bytes, direct: dict, on: dict, off: dict, proxy_cpus, oth
     d, a, b = direct["tp"], on["tp"], off["tp"]
     print(f"{f'calls/s, {args.clients} connections':30}{d[0]:10.0f}{a[0]:11.0f}{b[0]:11.0f}{'':12}{a[0] / b[0]:10.2f}")
     for i, name in ((1, "p50"), (2, "p99")):
-        print(f"{f'{name} ms, {args.clients} connections':30}{d[i]:10.2f}{a[i]:11.2f}{b[i]:11.2f}{'':12}{a[i] / b[i]:10.2f}")
+        print(f"{f'{name} ms, {args.clients} connections':30}{d[i]:10.2f}{a[i]:11.2f}{b[i]:11.2f}{'':12}"
+              f"{a[i] / b[i]:10.2f}")
     print(f"{'proxy CPU ms per call':30}{'':10}{a[5]:11.3f}{b[5]:11.3f}{'':12}{a[5] / b[5]:10.2f}")
     if on["fsyncs"]:
         n = sum(on["status"].values())
-        print(f"fsync on: {on['fsyncs']:.0f} WAL fsyncs for {n} recorded calls ({n / on['fsyncs']:.1f} calls per fsync)")
+        print(f"fsync on: {on['fsyncs']:.0f} WAL fsyncs for {n} recorded calls "
+              f"({n / on['fsyncs']:.1f} calls per fsync)")
     print(f"load generator: {'wrk' if use_wrk else f'{args.procs} Python aiohttp processes'}; rows by status: "
           f"fsync on {on['status']}, off {off['status']} (abandoned: calls in flight when wrk stopped)")
 

@@ -37,7 +37,7 @@ class AuditReport:
     checked: int = 0
     skipped: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
-    orphan_turns: dict[str, int] = field(default_factory=dict)  # rollout id -> turns rows, for rollouts not in the table
+    orphan_turns: dict[str, int] = field(default_factory=dict)  # rollout id (not in the table) -> turns rows
     abandoned: int = 0  # turns rows of calls the agent hung up on
 
     @property

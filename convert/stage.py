@@ -137,7 +137,8 @@ def summary(s: dict, out: Path) -> str:
         f"convert: {len(s['jobs'])} job(s) -> {out}",
         f"  rollouts  read {r['read']}, used {r['used']}, left out {r['left_out'] or 'none'}",
         f"  groups    used {g['used']}, dropped {g['dropped'] or 'none'}",
-        f"  turns     read {s['turns']['read']} (error {s['turns']['error']}, abandoned {s['turns'].get('abandoned', 0)}, duplicates {s['turns']['duplicates_dropped']}, "
+        f"  turns     read {s['turns']['read']} (error {s['turns']['error']}, abandoned {s['turns']['abandoned']}, "
+        f"duplicates {s['turns']['duplicates_dropped']}, "
         f"orphans {s['turns']['orphans']})",
         f"  rows      {rows['count']} ({rows['merged']} merged, {rows['single_call']} single-call; "
         f"{rows['rows_per_rollout_mean']:.2f}/rollout, {rows['split_rollouts']} rollouts split), "
