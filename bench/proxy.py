@@ -25,28 +25,35 @@ from pathlib import Path
 
 import aiohttp
 
-from collect.testing.proxy_load import (_cpus, admin, chat_body, free_port, pinned, run_load, start_proxy,
-                                        start_stub, stop)
+from collect.testing.proxy_load import (_cpus, admin, admin_access, chat_body, free_port, pinned, run_load,
+                                        start_proxy, start_stub, stop)
 
 _WRK_SCRIPT = """
 local paths = {%s}
+local keys = {%s}
 local body = io.open("%s", "rb"):read("*a")
 local i = 0
 function setup(thread) thread:set("offset", i); i = i + 1 end
 function init(args) n = offset end
 function request()
   n = n + 1
-  return wrk.format("POST", paths[(n %% #paths) + 1], {["Content-Type"] = "application/json"}, body)
+  local k = (n %% #paths) + 1
+  local headers = {["Content-Type"] = "application/json"}
+  if keys[k] ~= "" then headers["Authorization"] = "Bearer " .. keys[k] end
+  return wrk.format("POST", paths[k], headers, body)
 end
 """
 
 
-def run_wrk(base: str, paths: list[str], body: bytes, connections: int, seconds: float, cpus, tmp: Path) -> dict:
-    """Throughput with wrk (C: far cheaper per call than a Python client): calls/s, latency, non-2xx."""
+def run_wrk(base: str, paths: list[str], keys: list[str], body: bytes, connections: int, seconds: float, cpus,
+            tmp: Path) -> dict:
+    """Throughput with wrk (C: far cheaper per call than a Python client): calls/s, latency, non-2xx.
+    `keys[i]`: the bearer key of `paths[i]` ('' for none)."""
     import re
     (tmp / "body.json").write_bytes(body)
     script = tmp / "load.lua"
-    script.write_text(_WRK_SCRIPT % (", ".join(f'"{p}"' for p in paths), tmp / "body.json"))
+    script.write_text(_WRK_SCRIPT % (", ".join(f'"{p}"' for p in paths), ", ".join(f'"{k}"' for k in keys),
+                                     tmp / "body.json"))
     cmd = pinned(["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), base], cpus)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
@@ -105,8 +112,10 @@ def main(argv: list[str] | None = None) -> None:
     direct_body = json.dumps(direct_body).encode()
     hdr = {"Content-Type": "application/json"}
     try:
-        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"}) for i in range(args.clients)]
-        via = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
+        access = admin_access(tmp / "turns")
+        rollouts = [admin(access, "POST", "/admin/rollouts") for _ in range(args.clients)]
+        via = [(f"{r['base_url']}/chat/completions", {**hdr, "Authorization": f"Bearer {r['api_key']}"}, body)
+               for r in rollouts]
         direct = [(direct_url, hdr, direct_body)] * args.clients
 
         def latency(targets):
@@ -117,11 +126,11 @@ def main(argv: list[str] | None = None) -> None:
 
         use_wrk = args.loadgen == "wrk" or (args.loadgen == "auto" and shutil.which("wrk"))
 
-        def throughput(targets, wrk_base, wrk_paths, wrk_body):
+        def throughput(targets, wrk_base, wrk_paths, wrk_keys, wrk_body):
             if use_wrk:
-                run_wrk(wrk_base, wrk_paths, wrk_body, args.clients, 2, other_cpus, tmp)  # warm-up
+                run_wrk(wrk_base, wrk_paths, wrk_keys, wrk_body, args.clients, 2, other_cpus, tmp)  # warm-up
                 c0 = cpu_seconds(proxy.pid)
-                w = run_wrk(wrk_base, wrk_paths, wrk_body, args.clients, args.seconds, other_cpus, tmp)
+                w = run_wrk(wrk_base, wrk_paths, wrk_keys, wrk_body, args.clients, args.seconds, other_cpus, tmp)
                 cpu = cpu_seconds(proxy.pid) - c0
                 ok = w["requests"] - w["non2xx"]
                 return w["rps"], w["p50"], w["p99"], ok, w["requests"], cpu / max(1, w["requests"]) * 1000
@@ -135,10 +144,11 @@ def main(argv: list[str] | None = None) -> None:
 
         d_lat = latency(direct)
         p_lat = latency(via)
-        d_tp = throughput(direct, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"], direct_body)
-        p_tp = throughput(via, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts], body)
+        d_tp = throughput(direct, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"], [""], direct_body)
+        p_tp = throughput(via, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts],
+                          [r["api_key"] for r in rollouts], body)
         for r in rollouts:
-            admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
+            admin(access, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
         from collect.schema import read_dir
         table = read_dir(tmp / "turns", "turns")
         n_rows, n_ok = table.num_rows, sum(s == "ok" for s in table.column("status").to_pylist())

@@ -2,7 +2,8 @@
 
 Routes: /v1/chat/completions (JSON and SSE, chat_api.py), /v1/completions (completions_api.py),
 /tokenize, /detokenize, /v1/models, /health, /v1/load_lora_adapter, /v1/unload_lora_adapter.
-The model side (model, tokenizer, adapters, batcher) is core.py's EngineCore.
+The model side (model, tokenizer, adapters, batcher) is core.py's EngineCore. With
+engine.api_key set, /v1 routes need it as vLLM's --api-key does (auth_middleware).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import uuid
 from aiohttp import web
 
 from ..config import EngineConfig
+from ..credentials import bearer, same
 from . import chat_api, completions_api
 from .chat_format import ChatError
 from .core import EngineCore
@@ -136,6 +138,20 @@ async def errors_middleware(request: web.Request, handler):
         return internal(f"{type(e).__name__}: {e}").response()
 
 
+def auth_middleware(api_key: str):
+    """vLLM's --api-key: every /v1 route needs `Authorization: Bearer KEY`, else 401 with vLLM's
+    body; /health, /tokenize, /detokenize and /stats stay open, as in vLLM (none samples or loads)."""
+
+    @web.middleware
+    async def auth(request: web.Request, handler):
+        if request.method != "OPTIONS" and request.path.startswith("/v1") \
+                and not same(bearer(request.headers), api_key):
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    return auth
+
+
 ROUTES = (  # method, path, Engine handler
     ("POST", "/v1/chat/completions", "chat"), ("POST", "/v1/completions", "completions"),
     ("POST", "/tokenize", "tokenize"), ("POST", "/detokenize", "detokenize"), ("GET", "/v1/models", "models"),
@@ -145,7 +161,8 @@ ROUTES = (  # method, path, Engine handler
 
 
 def make_app(engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=256 * 1024 * 1024)
+    auth = [auth_middleware(engine.cfg.api_key)] if engine.cfg.api_key else []
+    app = web.Application(middlewares=[*auth, errors_middleware], client_max_size=256 * 1024 * 1024)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, getattr(engine, handler))
 

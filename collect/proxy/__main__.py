@@ -11,6 +11,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 from collect.config import cli_config  # noqa: E402
+from collect.layout import admin_file  # noqa: E402
 from collect.proxy.server import RecordingProxy  # noqa: E402
 
 
@@ -23,6 +24,7 @@ async def serve(cfg) -> None:
               f"segments into {rec['shard']}", flush=True)
     # One line the runner and tests wait for; the port is the bound one (proxy.port=0 picks a free one).
     print(f"wharf proxy listening on {url} (turns -> {proxy.out_dir})", flush=True)
+    print(f"wharf proxy admin API on {proxy.admin_url} (its URL and token: {admin_file(proxy.wal_dir)})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
