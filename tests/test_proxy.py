@@ -52,8 +52,12 @@ def proxy(tmp_path, stub):
         yield p
 
 
+def admin_headers(p) -> dict:
+    return {"Authorization": f"Bearer {p.admin_token}"}
+
+
 def open_rollout(p, rid=None, **kw):
-    r = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": rid, **kw} if rid else kw, headers=ADMIN)
+    r = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": rid, **kw} if rid else kw, headers=admin_headers(p))
     assert r.status_code == 201, r.text
     info = r.json()
     KEYS[info["base_url"][: -len("/v1")]] = info["api_key"]
@@ -61,7 +65,7 @@ def open_rollout(p, rid=None, **kw):
 
 
 def close_rollout(p, rid):
-    r = post(f"{p.admin_url}/admin/rollouts/{rid}/close", headers=ADMIN)
+    r = post(f"{p.admin_url}/admin/rollouts/{rid}/close", headers=admin_headers(p))
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -45,7 +45,8 @@ class World:
         self.host_proc = subprocess.Popen(["sleep", "3600"], env={"WHARF_SECRET": self.secret, "PATH": os.defpath})
 
     def admin(self, method: str, path: str, **kw) -> requests.Response:
-        return requests.request(method, self.proxy.url + path, headers={"Authorization": f"Bearer {self.token}"}, **kw)
+        return requests.request(method, self.proxy.admin_url + path, headers={"Authorization": f"Bearer {self.token}"},
+                                **kw)
 
     def victim_state(self) -> dict:
         r = self.admin("GET", f"/admin/rollouts/{self.victim}")
@@ -82,6 +83,7 @@ def run_attack(world: World, attack: str) -> tuple:
     rid = f"{attack}-{secrets.token_hex(4)}"
     opened = world.admin("POST", "/admin/rollouts", json={"rollout_id": rid}).json()
     facts = {"host_pid": world.host_proc.pid, "host_file": str(world.host_file), "proxy_port": world.proxy.url.rsplit(":", 1)[1],
+             "admin_port": world.proxy.admin_url.rsplit(":", 1)[1],
              "engine_port": world.stub.url.rsplit(":", 1)[1].split("/")[0], "victim": world.victim, "own": rid,
              "admin_token": world.token, "repo": str(REPO)}
     trials = world.tmp / "trials"

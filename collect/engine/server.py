@@ -15,8 +15,8 @@ import uuid
 from aiohttp import web
 
 from ..config import EngineConfig
-from ..credentials import bearer, same
 from . import chat_api, completions_api
+from .auth import auth_middleware
 from .chat_format import ChatError
 from .core import EngineCore
 from .errors import APIError, bad_request, internal, not_found, read_json
@@ -136,20 +136,6 @@ async def errors_middleware(request: web.Request, handler):
     except Exception as e:
         log.exception("request failed")
         return internal(f"{type(e).__name__}: {e}").response()
-
-
-def auth_middleware(api_key: str):
-    """vLLM's --api-key: every /v1 route needs `Authorization: Bearer KEY`, else 401 with vLLM's
-    body; /health, /tokenize, /detokenize and /stats stay open, as in vLLM (none samples or loads)."""
-
-    @web.middleware
-    async def auth(request: web.Request, handler):
-        if request.method != "OPTIONS" and request.path.startswith("/v1") \
-                and not same(bearer(request.headers), api_key):
-            return web.json_response({"error": "Unauthorized"}, status=401)
-        return await handler(request)
-
-    return auth
 
 
 ROUTES = (  # method, path, Engine handler
