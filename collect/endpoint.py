@@ -165,10 +165,11 @@ def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api
 def launch_key(cfg: RunConfig) -> str:
     """The API key an endpoint this run starts is given: the configured one, else a random one,
     so that nothing but this run (not a sandbox that reached its port) can sample or load adapters."""
-    if cfg.endpoint.api_key and cfg.engine.api_key and cfg.endpoint.api_key != cfg.engine.api_key:
+    client, engine = cfg.endpoint.api_key, cfg.engine.api_key if cfg.endpoint.kind == "local" else None
+    if client and engine and client != engine:
         raise EndpointError("endpoint.api_key and engine.api_key differ: the run would be refused by the engine "
                             "it starts; set one of them (or neither, for a random key per run)")
-    return cfg.endpoint.api_key or cfg.engine.api_key or new_token()
+    return client or engine or new_token()
 
 
 def with_key(cfg: RunConfig, ep: "Endpoint") -> RunConfig:
@@ -193,7 +194,9 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
     """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers (with
     launch_key's API key: pass the yielded Endpoint's api_key on, see with_key), stops it on exit."""
     ep_cfg = cfg.endpoint
-    ep = Endpoint(ep_cfg.url, ep_cfg.api_key, ep_cfg.model)
+    # A local engine already running from this same config (`make serve`) wants its engine.api_key.
+    key = ep_cfg.api_key or (cfg.engine.api_key if ep_cfg.kind == "local" else None)
+    ep = Endpoint(ep_cfg.url, key, ep_cfg.model)
     proc = None
     log = None
     if not ep.healthy():
