@@ -150,6 +150,11 @@ class RunLayout:
         """The report's plots (PNG), referenced from report.html by relative paths."""
         return self.root / "report"
 
+    @property
+    def trackers(self) -> Path:
+        """Where accelerate's trackers (train.log_with: tensorboard, ...) write, one run per run dir."""
+        return self.root / "trackers"
+
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)
 

@@ -164,3 +164,23 @@ def test_cuda_training(tmp_path, rows):
     assert result.steps == 1 and result.skipped_steps == 0
     assert result.mismatch_mean < 0.05  # bf16 autocast on the GPU vs the fp32 CPU sampling
     assert mean_logp(result.adapter, rows, +1) > mean_logp(None, rows, +1)
+
+
+def test_tensorboard_tracker_logs_every_step_across_rounds(tmp_path, rows):
+    """train.log_with passes accelerate's trackers through: one tensorboard run in the run dir,
+    steps numbered on across rounds (round 1's first step follows round 0's last)."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for k in (0, 1):
+        cfg = run_config(tmp_path, f"round={k}", "train.log_with=[tensorboard]", "train.rows_per_step=2")
+        write_round(convert_path(cfg, k), rows[:2], ADV[:2], 1.0)
+        assert train_round(cfg, progress=False).steps == 1
+    logdir = RunLayout.of(tmp_path, "t").trackers / "t"
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    loss = events.Scalars("loss")
+    assert [e.step for e in loss] == [1, 2]
+    lines = [json.loads(x) for k in (0, 1) for x in train_dir(cfg, k).metrics.read_text().splitlines()]
+    assert [e.value for e in loss] == pytest.approx([m["loss"] for m in lines], rel=1e-5)
+    assert {"kl", "clip_low", "grad_norm", "mismatch_mean"} <= set(events.Tags()["scalars"])

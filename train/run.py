@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from collect.config import RunConfig
+from collect.layout import RunLayout
 
 from . import checkpoint
 from .loss import LossConfig
@@ -25,6 +26,8 @@ class Setup:
     trainer: Trainer
     log_with: list[str]
     checkpoint_every: int
+    tracker_run: str = "wharf"  # the trackers' run name (the run's name)
+    step_offset: int = 0  # optimizer steps of earlier rounds: tracker curves run on across rounds
 
 
 def _accelerator(cfg: RunConfig, project_dir: Path):
@@ -44,7 +47,8 @@ def _accelerator(cfg: RunConfig, project_dir: Path):
 def build(cfg: RunConfig, init_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
     from accelerate.utils import set_seed
 
-    acc = _accelerator(cfg, Path(cfg.runs_dir))
+    run = RunLayout.of(cfg.runs_dir, cfg.name)
+    acc = _accelerator(cfg, run.trackers)
     set_seed(cfg.train.seed)
     peft_model, _ = load_policy(cfg, init_adapter, device="cpu")
     policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
@@ -56,7 +60,23 @@ def build(cfg: RunConfig, init_adapter: Path | None, batches, loss_cfg: LossConf
     policy, opt = acc.prepare(policy, opt)
     trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
                       kl=cfg.train.kl_coef > 0)
-    return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every)
+    return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every,
+                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round))
+
+
+def _earlier_steps(run: RunLayout, k: int) -> int:
+    """Optimizer steps recorded by rounds before k (a line of metrics.jsonl per step)."""
+    total = 0
+    for j in range(k):
+        metrics = run.round(j).train.metrics
+        if metrics.is_file():
+            total += sum(1 for line in metrics.read_bytes().splitlines() if line.strip())
+    return total
+
+
+def _tracker_config(train_cfg: dict) -> dict:
+    """The train section as scalars: tensorboard's hparams take no lists or None."""
+    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in train_cfg.items()}
 
 
 def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
@@ -113,7 +133,7 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
     start, skipped, run_s = meta["step"], meta["skipped"], meta.get("run_s", 0.0)
     _prox(setup, steps, start, paths)
     if setup.log_with:
-        acc.init_trackers("wharf-train", config=fingerprint["train"])
+        acc.init_trackers(setup.tracker_run, config=_tracker_config(fingerprint["train"]))
     metrics_f = None
     if acc.is_main_process:
         metrics_f = open(paths.metrics, "a+b")
@@ -131,7 +151,8 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
             metrics_f.write((json.dumps(m) + "\n").encode())
             metrics_f.flush()
         if setup.log_with:
-            acc.log({k: v for k, v in m.items() if isinstance(v, (int, float))}, step=n + 1)
+            scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and k != "step"}
+            acc.log(scalars, step=setup.step_offset + n + 1)
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", clip=f"{m['clip_low'] + m['clip_high']:.3f}", gnorm=f"{m['grad_norm']:.3f}")
         every = setup.checkpoint_every
