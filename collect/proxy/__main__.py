@@ -41,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(serve(cfg))
     except OSError as e:  # e.g. the port is taken
-        print(f"python -m collect.proxy: cannot serve on {cfg.proxy.host}:{cfg.proxy.port}: {e}", file=sys.stderr)
+        p = cfg.proxy
+        print(f"python -m collect.proxy: cannot serve on {p.host}:{p.port} (agents) and {p.admin_host}:{p.admin_port} "
+              f"(admin): {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
