@@ -57,8 +57,10 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("redteam")
-    token = secrets.token_hex(16)
-    with StubServer() as stub, BackgroundProxy(make_cfg(tmp, stub.url, f"proxy.admin_token={token}")) as proxy:
+    token, engine_key = secrets.token_hex(16), secrets.token_hex(16)
+    # As in a default run: the engine takes only the run's key, which the proxy sends.
+    with StubServer(api_key=engine_key) as stub, \
+            BackgroundProxy(make_cfg(tmp, stub.url, f"proxy.admin_token={token}", f"endpoint.api_key={engine_key}")) as proxy:
         w = World(tmp, stub, proxy, token)
         opened = w.admin("POST", "/admin/rollouts", json={"rollout_id": w.victim}).json()
         r = requests.post(f"{opened['base_url']}/chat/completions", headers={"Authorization": f"Bearer {opened['api_key']}"},
