@@ -35,9 +35,9 @@ def test_default_round_has_learning_signal(tmp_path):
     assert len(rollouts) == 40 and manifest["counts"]["by_status"] == {"ok": 40}, manifest["counts"]
     # GRPO learns only from groups with both a success and a failure
     assert len(manifest["mixed_groups"]) >= 2, manifest["success_rate_by_task"]
-    # A gross-regression guard: 7.5 min from a fresh clone before the per-trial sandbox, 15 min
-    # was the budget; two rounds sharing the 2 cores took 72 s per trial since.
-    assert manifest["wall_s"] < 24 * 60
+    # A gross-regression guard: 12.6 min at 8 trials at once beside other work (25 min in CI at
+    # 2 at once, where this guard, then at 24 min, caught it).
+    assert manifest["wall_s"] < 20 * 60, manifest["wall_s"]
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(None))
     report = audit_round(collect_dir, lambda ids: tok.decode(ids), tok.eos_token)
     assert report.checked == 40 and report.ok, report.problems
