@@ -20,10 +20,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import aiohttp
 
 from collect.testing.proxy_load import (_cpus, admin, admin_access, chat_body, free_port, pinned, run_load,
                                         start_proxy, start_stub, stop)

@@ -8,7 +8,6 @@ A CLI that is not installed fails these tests (CliMissing names `make agents`); 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
