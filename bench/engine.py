@@ -44,10 +44,10 @@ def _peak_rss_mib(pid: int) -> float | None:
     return None
 
 
-def run_engine(url: str, concurrency: int, n_requests: int, tokens: int) -> tuple[int, float]:
+def run_engine(url: str, concurrency: int, n_requests: int, tokens: int, api_key: str | None = None) -> tuple[int, float]:
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=0, timeout=600)
+    client = OpenAI(base_url=f"{url}/v1", api_key=api_key or "EMPTY", max_retries=0, timeout=600)
 
     def one(i: int) -> int:
         r = client.chat.completions.create(
@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     cfg = load_config(None, [f"endpoint.url={url}", f"engine.threads={args.threads}"])
     rows = []
     with launch(cfg) as ep:
-        run_engine(url, 1, 1, 4)  # warm-up
+        run_engine(url, 1, 1, 4, ep.api_key)  # warm-up; the key launch gave the engine
         for conc, n_req in ((1, 2), (4, 4), (16, 16)):
-            n, dt = run_engine(url, conc, n_req, args.tokens)
+            n, dt = run_engine(url, conc, n_req, args.tokens, ep.api_key)
             rows.append((f"engine, {conc} concurrent", n_req, n, dt))
         rss = _peak_rss_mib(ep.process.pid) if ep.process else None
     n, dt = run_generate(4, args.tokens, args.threads)

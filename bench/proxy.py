@@ -22,31 +22,37 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from collect.testing.proxy_load import (_cpus, admin, chat_body, free_port, pinned, run_load, start_proxy,
-                                        start_stub, stop)
+from collect.testing.proxy_load import (_cpus, admin, admin_access, chat_body, free_port, pinned, run_load,
+                                        start_proxy, start_stub, stop)
 
 _WRK_SCRIPT = """
 local paths = {%s}
+local keys = {%s}
 local body = io.open("%s", "rb"):read("*a")
 local i = 0
 function setup(thread) thread:set("offset", i); i = i + 1 end
 function init(args) n = offset end
 function request()
   n = n + 1
-  return wrk.format("POST", paths[(n %% #paths) + 1], {["Content-Type"] = "application/json"}, body)
+  local k = (n %% #paths) + 1
+  local headers = {["Content-Type"] = "application/json"}
+  if keys[k] ~= "" then headers["Authorization"] = "Bearer " .. keys[k] end
+  return wrk.format("POST", paths[k], headers, body)
 end
 """
 
 
-def run_wrk(base: str, paths: list[str], body: bytes, connections: int, seconds: float, cpus, tmp: Path) -> dict:
-    """Throughput with wrk (C: far cheaper per call than a Python client): calls/s, latency, non-2xx."""
+def run_wrk(base: str, paths: list[str], keys: list[str], body: bytes, connections: int, seconds: float, cpus,
+            tmp: Path) -> dict:
+    """Throughput with wrk (C: far cheaper per call than a Python client): calls/s, latency, non-2xx.
+    `keys[i]`: the bearer key of `paths[i]` ('' for none)."""
     import re
     (tmp / "body.json").write_bytes(body)
     script = tmp / "load.lua"
-    script.write_text(_WRK_SCRIPT % (", ".join(f'"{p}"' for p in paths), tmp / "body.json"))
+    script.write_text(_WRK_SCRIPT % (", ".join(f'"{p}"' for p in paths), ", ".join(f'"{k}"' for k in keys),
+                                     tmp / "body.json"))
     cmd = pinned(["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency", "-s", str(script), base], cpus)
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
@@ -101,13 +107,14 @@ class Bench:
         lat = [r[4] * 1000 for r in res if r[2]]
         return pct(lat, 0.5), pct(lat, 0.99), len(lat)
 
-    def throughput(self, targets, wrk_base, wrk_paths, wrk_body, pid):
-        """calls/s, p50, p99, ok calls, calls, proxy CPU ms per call (pid: the process whose CPU is counted)."""
+    def throughput(self, targets, wrk_base, wrk_paths, wrk_keys, wrk_body, pid):
+        """calls/s, p50, p99, ok calls, calls, CPU ms per call of process `pid`; `wrk_keys[i]`: the bearer
+        key of `wrk_paths[i]` ('' for none)."""
         a = self.args
         if self.use_wrk:
-            run_wrk(wrk_base, wrk_paths, wrk_body, a.clients, 2, self.cpus, self.tmp)  # warm-up
+            run_wrk(wrk_base, wrk_paths, wrk_keys, wrk_body, a.clients, 2, self.cpus, self.tmp)  # warm-up
             c0 = cpu_seconds(pid)
-            w = run_wrk(wrk_base, wrk_paths, wrk_body, a.clients, a.seconds, self.cpus, self.tmp)
+            w = run_wrk(wrk_base, wrk_paths, wrk_keys, wrk_body, a.clients, a.seconds, self.cpus, self.tmp)
             cpu = cpu_seconds(pid) - c0
             n = w["requests"]
             return w["rps"], w["p50"], w["p99"], n - w["non2xx"], n, cpu / max(1, n) * 1000
@@ -129,15 +136,16 @@ def via_proxy(bench: Bench, stub_port: int, body: bytes, fsync: bool, cpus) -> d
                             extra=[f"proxy.wal_fsync={str(fsync).lower()}"], log=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        rollouts = [admin(base, "POST", "/admin/rollouts", {"rollout_id": f"bench-{i}"})
-                    for i in range(bench.args.clients)]
-        targets = [(f"{r['base_url']}/chat/completions", hdr, body) for r in rollouts]
+        access = admin_access(tmp / "turns")
+        rollouts = [admin(access, "POST", "/admin/rollouts") for _ in range(bench.args.clients)]
+        targets = [(f"{r['base_url']}/chat/completions", {**hdr, "Authorization": f"Bearer {r['api_key']}"}, body)
+                   for r in rollouts]
         lat = bench.latency(targets)
         tp = bench.throughput(targets, base, [f"/rollout/{r['rollout_id']}/v1/chat/completions" for r in rollouts],
-                              body, proxy.pid)
+                              [r["api_key"] for r in rollouts], body, proxy.pid)
         syncs = _metric(base, "wharf_proxy_wal_fsyncs_total")
         for r in rollouts:
-            admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
+            admin(access, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
     finally:
         stop(proxy)
     from collect.schema import read_dir
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         targets = [(f"http://127.0.0.1:{stub_port}/v1/chat/completions", {"Content-Type": "application/json"},
                     direct_body)] * args.clients
         direct = {"lat": bench.latency(targets),
-                  "tp": bench.throughput(targets, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"],
+                  "tp": bench.throughput(targets, f"http://127.0.0.1:{stub_port}", ["/v1/chat/completions"], [""],
                                          direct_body, stub.pid)}
         on = via_proxy(bench, stub_port, body, True, proxy_cpus)
         off = via_proxy(bench, stub_port, body, False, proxy_cpus)

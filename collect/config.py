@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Sequence
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from collect import configio
 from collect.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
@@ -24,6 +24,16 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 Probability = Annotated[float, Field(gt=0, le=1)]
 NonNegative = Annotated[int, Field(ge=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+
+
+def _secret(value: str) -> str:
+    # An empty token would let requests with no credentials through.
+    if not value.strip():
+        raise ValueError("empty: leave it unset (null) for a random one per run, or give a non-empty secret")
+    return value
+
+
+Secret = Annotated[str, AfterValidator(_secret)]
 
 
 @dataclass
@@ -42,6 +52,9 @@ class EngineConfig:
     max_loras: Positive = 4
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
     seed: int = 0
+    # Required as `Authorization: Bearer KEY` on every /v1 route (as vLLM's --api-key); /health,
+    # /tokenize stay open. None: open, unless a run launches it (then a random key per run).
+    api_key: Secret | None = None
 
 
 @dataclass
@@ -51,7 +64,9 @@ class EndpointConfig:
     kind: str = "local"  # local (our engine) | vllm
     url: str = "http://127.0.0.1:8100"
     model: str = "smollm2-135m"  # base model name as served
-    api_key: str = "EMPTY"
+    # Sent as `Authorization: Bearer KEY`. None: none sent, and an endpoint a run launches
+    # itself gets a random key per run (the engine's api_key, vLLM's VLLM_API_KEY).
+    api_key: Secret | None = None
     # Start the endpoint if nothing answers at `url` (local engine, or `vllm serve`).
     launch: bool = True
     vllm_args: list[str] = field(default_factory=list)
@@ -76,7 +91,12 @@ class SamplingConfig:
 class ProxyConfig:
     host: str = "127.0.0.1"
     port: Port = 8200
-    admin_token: str = "wharf-admin"
+    # Bearer token of the admin API; None: a random one per run, written with the admin URL to
+    # <wal_dir>/admin.json (mode 0600).
+    admin_token: Secret | None = None
+    # The admin API's own listener, never the agents' one (which answers 404 under /admin).
+    admin_host: str = "127.0.0.1"
+    admin_port: Port = 0  # 0: any free port (admin.json says which)
     # Extra upstream URLs; the endpoint's url is always the first.
     upstreams: list[str] = field(default_factory=list)
     max_body_bytes: Positive = 16 * 1024 * 1024

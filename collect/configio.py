@@ -148,8 +148,10 @@ def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = (
 
 
 def dump(cfg: Any, path: str | Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False))
+    """Write `cfg` as YAML, owner-only: a resolved config can hold tokens and API keys."""
+    from collect.credentials import write_private
+
+    write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 
 def cli(argv: list[str] | None, prog: str, cls: type) -> Any:

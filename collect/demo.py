@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         with launch(cfg) as ep:
-            client = OpenAI(base_url=f"{ep.url}/v1", api_key=cfg.endpoint.api_key)
+            client = OpenAI(base_url=f"{ep.url}/v1", api_key=ep.api_key or "EMPTY")  # the SDK wants one
             max_tokens = min(cfg.sampling.max_tokens or 48, 48)
             r = client.chat.completions.create(
                 model=cfg.endpoint.model, messages=[{"role": "user", "content": PROMPT}],

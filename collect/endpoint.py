@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from . import envdefaults, procs
 from .config import RunConfig
+from .credentials import new_token
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +32,7 @@ class EndpointError(RuntimeError):
 
 
 class Endpoint:
-    def __init__(self, url: str, api_key: str = "EMPTY", model: str | None = None, timeout: float = 120.0):
+    def __init__(self, url: str, api_key: str | None = None, model: str | None = None, timeout: float = 120.0):
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.model = model
@@ -42,8 +43,10 @@ class Endpoint:
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> tuple[int, str]:
         """(status, text) for any status; raises EndpointError only when nothing answers."""
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers={
-            "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
                 return r.status, r.read().decode()
@@ -55,7 +58,7 @@ class Endpoint:
     def _json(self, method: str, path: str, body: Any = None) -> Any:
         status, text = self.request(method, path, body)
         if status != 200:
-            raise EndpointError(f"{method} {self.url}{path} -> {status}: {_error_message(text)}")
+            raise EndpointError(f"{method} {self.url}{path} -> {status}: {_error_message(text)}{_auth_hint(status)}")
         return json.loads(text)
 
     # -- health -----------------------------------------------------------------------------------
@@ -87,7 +90,8 @@ class Endpoint:
         if status != 200:
             hint = (" (vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 and --enable-lora)"
                     if status in (404, 405) and "No adapter found" not in text else "")
-            raise EndpointError(f"loading adapter {name!r} from {path} -> {status}: {_error_message(text)}{hint}")
+            raise EndpointError(f"loading adapter {name!r} from {path} -> {status}: {_error_message(text)}{hint}"
+                                f"{_auth_hint(status)}")
         return text
 
     def unload_adapter(self, name: str) -> str:
@@ -138,6 +142,10 @@ def _error_message(text: str) -> str:
         return text.strip()[:500]
 
 
+def _auth_hint(status: int) -> str:
+    return " (the endpoint wants an API key: set endpoint.api_key to its key)" if status == 401 else ""
+
+
 def _log_tail(log: Path | None) -> str:
     if log is None or not log.is_file():
         return ""
@@ -145,12 +153,28 @@ def _log_tail(log: Path | None) -> str:
     return f"; its log ({log}) ends with:\n{tail}"
 
 
-def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path) -> list[str]:
+def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
     if cfg.engine.served_name != cfg.endpoint.model:
         raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
                             f"engine.served_name={cfg.engine.served_name!r}: make them the same")
-    engine = dataclasses.replace(cfg.engine, host=host, port=port)  # where endpoint.url says it answers
+    # Where endpoint.url says it answers, with the key; the config file is owner-only.
+    engine = dataclasses.replace(cfg.engine, host=host, port=port, api_key=api_key)
     return procs.stage_argv("collect.engine", dataclasses.replace(cfg, engine=engine), config_path)
+
+
+def launch_key(cfg: RunConfig) -> str:
+    """The API key an endpoint this run starts is given: the configured one, else a random one,
+    so that nothing but this run (not a sandbox that reached its port) can sample or load adapters."""
+    client, engine = cfg.endpoint.api_key, cfg.engine.api_key if cfg.endpoint.kind == "local" else None
+    if client and engine and client != engine:
+        raise EndpointError("endpoint.api_key and engine.api_key differ: the run would be refused by the engine "
+                            "it starts; set one of them (or neither, for a random key per run)")
+    return client or engine or new_token()
+
+
+def with_key(cfg: RunConfig, ep: "Endpoint") -> RunConfig:
+    """`cfg` with endpoint.api_key as `ep` (from launch) uses it, for the proxy and publish."""
+    return dataclasses.replace(cfg, endpoint=dataclasses.replace(cfg.endpoint, api_key=ep.api_key))
 
 
 def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
@@ -159,14 +183,20 @@ def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
         raise EndpointError(f"endpoint.kind=vllm and nothing answers at {cfg.endpoint.url}, but vllm is not "
                             "installed here: `pip install -e .[vllm]` on a GPU host, start vLLM yourself, or use "
                             "endpoint.kind=local")
+    if cfg.endpoint.api_key is None and any(a.split("=")[0] == "--api-key" for a in cfg.endpoint.vllm_args):
+        raise EndpointError("endpoint.vllm_args has --api-key but endpoint.api_key is unset: set endpoint.api_key "
+                            "to that key (or drop --api-key for a random key per run)")
     return [exe, "serve", cfg.endpoint.model, "--host", host, "--port", str(port), *cfg.endpoint.vllm_args]
 
 
 @contextmanager
 def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True) -> Iterator[Endpoint]:
-    """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers, stops it on exit."""
+    """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers (with
+    launch_key's API key: pass the yielded Endpoint's api_key on, see with_key), stops it on exit."""
     ep_cfg = cfg.endpoint
-    ep = Endpoint(ep_cfg.url, ep_cfg.api_key, ep_cfg.model)
+    # A local engine already running from this same config (`make serve`) wants its engine.api_key.
+    key = ep_cfg.api_key or (cfg.engine.api_key if ep_cfg.kind == "local" else None)
+    ep = Endpoint(ep_cfg.url, key, ep_cfg.model)
     proc = None
     log = None
     if not ep.healthy():
@@ -177,10 +207,14 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        ep.api_key = launch_key(cfg)
         if ep_cfg.kind == "local":
-            cmd, env = _engine_command(cfg, host, port, log.with_suffix(".yaml")), envdefaults.child_env()
+            cmd = _engine_command(cfg, host, port, log.with_suffix(".yaml"), ep.api_key)
+            env = envdefaults.child_env()
         elif ep_cfg.kind == "vllm":
-            cmd, env = _vllm_command(cfg, host, port), envdefaults.child_env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1")
+            # VLLM_API_KEY is vLLM's --api-key (an --api-key in vllm_args wins), kept out of `ps`.
+            cmd = _vllm_command(cfg, host, port)
+            env = envdefaults.child_env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_API_KEY=ep.api_key)
         else:
             raise EndpointError(f"endpoint.kind={ep_cfg.kind!r}: expected local or vllm")
         # Its own session, so stopping it also stops what it spawned (vLLM's workers).

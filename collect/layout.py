@@ -29,6 +29,11 @@ def wal_dir(turns: Path) -> Path:
     return Path(turns) / "_wal"
 
 
+def admin_file(wal: Path) -> Path:
+    """The proxy's admin URL and token (JSON, mode 0600), for the runner and for a person's curl."""
+    return Path(wal) / "admin.json"
+
+
 @dataclass(frozen=True)
 class CollectPaths:
     root: Path  # runs/<run>/rounds/<k>/collect (or any stored collect dir)

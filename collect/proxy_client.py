@@ -4,11 +4,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 
 from collect import procs
 from collect.config import RunConfig
+from collect.credentials import AdminAccess, new_token
+from collect.layout import admin_file, wal_dir
 from collect.endpoint import Endpoint
 from collect.records import ClosedRollout, OpenedRollout, RecordError
 
@@ -18,20 +21,31 @@ class ServiceError(RuntimeError):
 
 
 @contextlib.contextmanager
-def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path):
-    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block;
-    its config (cfg with proxy.out_dir set) is written to `config_path`."""
-    cfg = dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, out_dir=str(turns_dir)))
+def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path) -> Iterator[AdminAccess]:
+    """Run `python -m collect.proxy` writing its shards to `turns_dir` for the life of the block,
+    and yield where its admin API is and its token. Its config (cfg with proxy.out_dir and, unless
+    one is configured, a fresh admin token) is written owner-only to `config_path`."""
+    token = cfg.proxy.admin_token or new_token()
+    proxy = dataclasses.replace(cfg.proxy, out_dir=str(turns_dir), admin_token=token)
+    cfg = dataclasses.replace(cfg, proxy=proxy)
+    access_path = admin_file(Path(proxy.wal_dir) if proxy.wal_dir else wal_dir(turns_dir))
+    access_path.unlink(missing_ok=True)  # a killed proxy's file must not be taken for this one's
     proc = procs.spawn(procs.stage_argv("collect.proxy", cfg, config_path), log_path)
     try:
-        Endpoint(f"http://{cfg.proxy.host}:{cfg.proxy.port}").wait_healthy(60, proc, log_path)
-        yield proc
+        Endpoint(f"http://{proxy.host}:{proxy.port}").wait_healthy(60, proc, log_path)
+        try:  # written before the agents' listener answers /health
+            access = AdminAccess.load(access_path)
+        except ValueError as e:
+            raise ServiceError(f"the proxy is up but {e}") from None
+        if access.token != token:
+            raise ServiceError(f"{access_path} holds another proxy's token: is a second proxy writing to {turns_dir}?")
+        yield access
     finally:
         procs.stop(proc)
 
 
 class ProxyAdmin:
-    """Client of the proxy's admin API: open and close rollouts."""
+    """Client of the proxy's admin API (its own listener, `url`): open and close rollouts."""
 
     def __init__(self, url: str, token: str):
         self.url = url.rstrip("/")

@@ -184,9 +184,8 @@ class Round:
 
         if todo:
             # The proxy runs per round, writing into this round's turns dir.
-            with proxy_process(self.cfg, self.config_path, self.paths.turns, self.paths.logs / "proxy.log"):
-                proxy_url = f"http://{self.cfg.proxy.host}:{self.cfg.proxy.port}"
-                async with ProxyAdmin(proxy_url, self.cfg.proxy.admin_token) as admin:
+            with proxy_process(self.cfg, self.config_path, self.paths.turns, self.paths.logs / "proxy.log") as access:
+                async with ProxyAdmin(access.url, access.token) as admin:
                     queue = TrialQueue(n_concurrent=cc.concurrency, retry_config=RetryConfig(max_retries=0))
                     sem = asyncio.Semaphore(cc.concurrency)
                     with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
@@ -227,5 +226,6 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))
     # The endpoint outlives the round's proxy: started here only when nothing answers at its url.
-    with endpoint.launch(cfg, log_dir=paths.logs):
-        return asyncio.run(rnd.run(progress=progress))
+    with endpoint.launch(cfg, log_dir=paths.logs) as ep:
+        # The proxy forwards with the endpoint's key (drawn by launch when it started the endpoint).
+        return asyncio.run(Round(endpoint.with_key(cfg, ep), paths.proxy_config).run(progress=progress))

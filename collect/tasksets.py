@@ -1,7 +1,7 @@
 """Find harbor task dirs in a dataset path and plan the rollouts of one round."""
 from __future__ import annotations
 
-import uuid
+import secrets
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +57,8 @@ def plan(tasks: list[Task], attempts: int) -> list[PlannedRollout]:
 
 def new_rollout_id(job_id: str, planned: PlannedRollout) -> str:
     """Unique per try: a rollout redone after a crash gets a fresh id, so turns recorded for the
-    abandoned try can never mix with the new one's."""
-    return f"{job_id[:8]}.{planned.task.task_id}.{planned.attempt}.{uuid.uuid4().hex[:6]}"
+    abandoned try can never mix with the new one's. 128 random bits: not guessable either."""
+    return f"{job_id[:8]}.{planned.task.task_id}.{planned.attempt}.{secrets.token_hex(16)}"
 
 
 def rollout_seed(base: int | None, round_: int, planned: PlannedRollout) -> int | None:

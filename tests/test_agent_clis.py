@@ -8,7 +8,6 @@ A CLI that is not installed fails these tests (CliMissing names `make agents`); 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -65,7 +64,7 @@ def workdir(tmp_path):
 
 def test_claude_code_two_turns_with_a_tool_call(proxy, tap, workdir):
     info = open_rollout(proxy, "claude")
-    env = {**QUIET_ENV, "ANTHROPIC_BASE_URL": anthropic_root(info["base_url"]), "ANTHROPIC_API_KEY": "any",
+    env = {**QUIET_ENV, "ANTHROPIC_BASE_URL": anthropic_root(info["base_url"]), "ANTHROPIC_API_KEY": info["api_key"],
            "CLAUDE_CONFIG_DIR": str(workdir / "claude-config")}
     r = run_cli([str(node_clis.cli("claude")), "-p", "Say hello from the shell.", "--output-format", "stream-json",
                  "--verbose", "--model", "policy-v3"], env, workdir)
@@ -96,7 +95,7 @@ def test_codex_two_turns_with_a_tool_call(proxy, tap, workdir):
         'env_key = "OPENAI_API_KEY"', "request_max_retries = 0", "stream_max_retries = 0", ""])
     (home / "config.toml").write_text(config)
     r = run_cli([str(node_clis.cli("codex")), "exec", "--skip-git-repo-check", "--sandbox", "danger-full-access",
-                 "--json", "Say hello from the shell."], {"CODEX_HOME": str(home), "OPENAI_API_KEY": "any"}, workdir)
+                 "--json", "Say hello from the shell."], {"CODEX_HOME": str(home), "OPENAI_API_KEY": info["api_key"]}, workdir)
     sessions = sorted((home / "sessions").rglob("rollout-*.jsonl"))
     log = AgentLog("codex session", _codex(sessions), False)
     got = check_rows(proxy, tap, "codex", "responses", log)

@@ -17,7 +17,18 @@ from collect.proxy.server import BackgroundProxy
 from collect.proxy.wal import read_records
 from collect.schema import read_dir
 
-ADMIN = {"Authorization": "Bearer wharf-admin"}
+# Configured here (proxy.admin_token); left unset, each proxy draws its own (test_proxy_auth.py).
+ADMIN_TOKEN = "test-admin-token"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+KEYS: dict[str, str] = {}  # rollout route -> its API key, filled by open_rollout
+
+
+def post(url: str, **kw) -> requests.Response:
+    """requests.post, with the rollout's key when `url` is under a route open_rollout opened."""
+    key = next((k for base, k in KEYS.items() if url.startswith(base + "/")), None)
+    if key is not None:
+        kw["headers"] = {"Authorization": f"Bearer {key}", **(kw.get("headers") or {})}
+    return requests.post(url, **kw)
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
 
@@ -31,7 +42,8 @@ def stub():
 def make_cfg(tmp_path, upstream, *extra):
     return load_config(None, [f"endpoint.url={upstream}", "proxy.port=0", f"proxy.out_dir={tmp_path}/turns",
                               "proxy.health_interval_s=0", "proxy.shard_seconds=0", "sampling.temperature=0.7",
-                              "sampling.top_p=0.9", "endpoint.model=base-model", *extra])
+                              "sampling.top_p=0.9", "endpoint.model=base-model", f"proxy.admin_token={ADMIN_TOKEN}",
+                              *extra])
 
 
 @pytest.fixture
@@ -40,14 +52,20 @@ def proxy(tmp_path, stub):
         yield p
 
 
+def admin_headers(p) -> dict:
+    return {"Authorization": f"Bearer {p.admin_token}"}
+
+
 def open_rollout(p, rid=None, **kw):
-    r = requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": rid, **kw} if rid else kw, headers=ADMIN)
+    r = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": rid, **kw} if rid else kw, headers=admin_headers(p))
     assert r.status_code == 201, r.text
-    return r.json()
+    info = r.json()
+    KEYS[info["base_url"][: -len("/v1")]] = info["api_key"]
+    return info
 
 
 def close_rollout(p, rid):
-    r = requests.post(f"{p.url}/admin/rollouts/{rid}/close", headers=ADMIN)
+    r = post(f"{p.admin_url}/admin/rollouts/{rid}/close", headers=admin_headers(p))
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -106,7 +124,7 @@ def conversation(client, stream: bool, seed: int = 7):
 @pytest.mark.parametrize("stream", [False, True])
 def test_three_call_conversation_rows_equal_upstream(proxy, stub, stream):
     info = open_rollout(proxy, "conv")
-    client = openai.OpenAI(base_url=info["base_url"], api_key="anything", max_retries=0)
+    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     answers = conversation(client, stream)
     assert close_rollout(proxy, "conv") == {"rollout_id": "conv", "n_turns": 3, "n_errors": 0}
     got = sorted(rows(proxy, "conv"), key=lambda r: r["turn"])
@@ -121,7 +139,7 @@ def test_three_call_conversation_rows_equal_upstream(proxy, stub, stream):
         if "tools" in req:
             body["tools"] = req["tools"]
         body.pop("stream_options", None)
-        direct = requests.post(f"{stub.url}/v1/chat/completions", json=body).json()
+        direct = post(f"{stub.url}/v1/chat/completions", json=body).json()
         assert r["prompt_token_ids"] == direct["prompt_token_ids"]
         assert r["completion_token_ids"] == direct["choices"][0]["token_ids"]
         lps = [e["logprob"] for e in direct["choices"][0]["logprobs"]["content"]]
@@ -139,7 +157,7 @@ def test_three_call_conversation_rows_equal_upstream(proxy, stub, stream):
 def test_streaming_and_full_runs_with_same_seed_give_same_rows(proxy):
     for rid, stream in (("full", False), ("stream", True)):
         info = open_rollout(proxy, rid)
-        conversation(openai.OpenAI(base_url=info["base_url"], api_key="k", max_retries=0), stream, seed=11)
+        conversation(openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0), stream, seed=11)
         close_rollout(proxy, rid)
     cols = ("turn", "prompt_token_ids", "completion_token_ids", "completion_logprobs", "finish_reason", "status")
     a = [{c: r[c] for c in cols} for r in sorted(rows(proxy, "full"), key=lambda r: r["turn"])]
@@ -152,7 +170,7 @@ def test_upstream_request_is_forced_and_recorded(tmp_path, stub):
         info = open_rollout(p, "forced", policy="policy-v3", temperature=0.5)
         body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 50,
                 "include_reasoning": False, "temperature": 1.3, "top_p": 0.1, "top_logprobs": 3, "seed": 1}
-        r = requests.post(f"{info['base_url']}/chat/completions", json=body)
+        r = post(f"{info['base_url']}/chat/completions", json=body)
         assert r.status_code == 200, r.text
         sent = stub.stub.requests[-1]
         assert sent["model"] == "policy-v3"
@@ -174,13 +192,13 @@ def test_rollout_seed_is_forced_per_turn(tmp_path, stub):
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 5}
         sent = []
         for _ in range(2):
-            assert requests.post(f"{info['base_url']}/chat/completions", json=body).status_code == 200
+            assert post(f"{info['base_url']}/chat/completions", json=body).status_code == 200
             sent.append(stub.stub.requests[-1]["seed"])
         assert sent == [1000, 1001]  # the agent's own seed is replaced: call k gets seed + k
         unseeded = open_rollout(p, "unseeded")
-        assert requests.post(f"{unseeded['base_url']}/chat/completions", json=body).status_code == 200
+        assert post(f"{unseeded['base_url']}/chat/completions", json=body).status_code == 200
         assert stub.stub.requests[-1]["seed"] == 5  # no rollout seed: the agent's passes through
-        bad = requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": "x", "seed": "7"}, headers=ADMIN)
+        bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "x", "seed": "7"}, headers=ADMIN)
         assert bad.status_code == 400 and "seed" in bad.json()["error"]["message"]
 
 
@@ -188,15 +206,15 @@ def test_agent_gets_a_plain_openai_answer(proxy):
     info = open_rollout(proxy, "plain")
     url = f"{info['base_url']}/chat/completions"
     msg = [{"role": "user", "content": "hello"}]
-    full = requests.post(url, json={"model": "mine", "messages": msg}).json()
+    full = post(url, json={"model": "mine", "messages": msg}).json()
     assert "prompt_token_ids" not in full and "kv_transfer_params" not in full and "prompt_logprobs" not in full
     assert "token_ids" not in full["choices"][0] and full["choices"][0]["logprobs"] is None
     assert full["model"] == "mine"
-    with_lp = requests.post(url, json={"model": "mine", "messages": msg, "logprobs": True}).json()
+    with_lp = post(url, json={"model": "mine", "messages": msg, "logprobs": True}).json()
     assert len(with_lp["choices"][0]["logprobs"]["content"]) == with_lp["usage"]["completion_tokens"]
 
     def events(body):
-        r = requests.post(url, json=body, stream=True)
+        r = post(url, json=body, stream=True)
         assert r.headers["Content-Type"].startswith("text/event-stream")
         out = [line[6:] for line in r.iter_lines() if line.startswith(b"data: ")]
         assert out[-1] == b"[DONE]"
@@ -220,7 +238,7 @@ def test_upstream_failures_are_errors_for_agent_and_rows(proxy, stream):
     kinds = FAILURES + [("short_usage", 502)]
     for kind, status in kinds:
         body = {"model": "m", "messages": [{"role": "user", "content": kind}], "stream": stream, "stub_fail": kind}
-        r = requests.post(url, json=body)
+        r = post(url, json=body)
         text = r.text
         if stream and r.status_code == 200:
             # Failure after the stream started: an error event, and never the [DONE] of a good answer.
@@ -229,7 +247,7 @@ def test_upstream_failures_are_errors_for_agent_and_rows(proxy, stream):
             assert r.status_code == status, (kind, r.status_code, text)
             assert "error" in r.json()
     # The openai client sees these as errors too.
-    client = openai.OpenAI(base_url=info["base_url"], api_key="k", max_retries=0)
+    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     with pytest.raises(openai.APIError):
         list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=stream,
                                             extra_body={"stub_fail": "no_token_ids"}))
@@ -250,7 +268,7 @@ def test_timeout_and_refused_upstream(tmp_path, stub):
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: refused
     with BackgroundProxy(make_cfg(tmp_path / "a", stub.url, "proxy.upstream_timeout_s=0.3")) as p:
         info = open_rollout(p, "slow")
-        r = requests.post(f"{info['base_url']}/chat/completions",
+        r = post(f"{info['base_url']}/chat/completions",
                           json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stub_delay": 1.0})
         assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
         close_rollout(p, "slow")
@@ -258,7 +276,7 @@ def test_timeout_and_refused_upstream(tmp_path, stub):
         assert row["status"] == "error" and "timed out" in row["error"]
     with BackgroundProxy(make_cfg(tmp_path / "b", dead)) as p:
         info = open_rollout(p, "dead")
-        r = requests.post(f"{info['base_url']}/chat/completions",
+        r = post(f"{info['base_url']}/chat/completions",
                           json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 502 and "no upstream reachable" in r.json()["error"]["message"]
         close_rollout(p, "dead")
@@ -271,20 +289,21 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, stub):
         url = f"{info['base_url']}/chat/completions"
         n_stub = stub.stub.stats["requests"]
         cases = [
-            (requests.post(url, data=b"{not json", headers={"Content-Type": "application/json"}), 400, "not valid JSON"),
-            (requests.post(url, json={"model": "m"}), 400, "messages"),
-            (requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}), 400, "n > 1"),
-            (requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}), 413,
+            (post(url, data=b"{not json", headers={"Content-Type": "application/json"}), 400, "not valid JSON"),
+            (post(url, json={"model": "m"}), 400, "messages"),
+            (post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 2}), 400, "n > 1"),
+            (post(url, json={"model": "m", "messages": [{"role": "user", "content": "x" * 5000}]}), 413,
              "max_body_bytes"),
-            (requests.post(f"{p.url}/rollout/nope/v1/chat/completions", json={"messages": []}), 404, "unknown rollout"),
-            (requests.post(f"{p.url}/v1/chat/completions", json={"messages": []},
+            (post(f"{p.url}/rollout/nope/v1/chat/completions", json={"messages": []}), 404, "unknown rollout"),
+            (post(f"{p.url}/v1/chat/completions", json={"messages": []},
                            headers={"Authorization": "Bearer wrong"}), 401, "unknown API key"),
-            (requests.post(f"{p.url}/admin/rollouts", json={}), 401, "admin"),
-            (requests.post(f"{p.url}/admin/rollouts", json={}, headers={"Authorization": "Bearer nope"}), 401, "admin"),
-            (requests.post(f"{p.url}/admin/flush", headers={"Authorization": "Bearer nope"}), 401, "admin"),
-            (requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": "a/b"}, headers=ADMIN), 400, "rollout_id"),
-            (requests.post(f"{p.url}/admin/rollouts", json={"polcy": "x"}, headers=ADMIN), 400, "unknown fields"),
-            (requests.post(f"{p.url}/admin/rollouts", data=b"[1", headers=ADMIN), 400, "not valid JSON"),
+            (post(f"{p.admin_url}/admin/rollouts", json={}), 401, "admin"),
+            (post(f"{p.admin_url}/admin/rollouts", json={}, headers={"Authorization": "Bearer nope"}), 401, "admin"),
+            (post(f"{p.admin_url}/admin/flush", headers={"Authorization": "Bearer nope"}), 401, "admin"),
+            (post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "a/b"}, headers=ADMIN), 400, "rollout_id"),
+            (post(f"{p.admin_url}/admin/rollouts", json={"polcy": "x"}, headers=ADMIN), 400, "unknown fields"),
+            (post(f"{p.admin_url}/admin/rollouts", data=b"[1", headers=ADMIN), 400, "not valid JSON"),
+            (post(f"{p.url}/admin/rollouts", json={}, headers=ADMIN), 404, "no admin API"),
         ]
         for resp, status, text in cases:
             assert resp.status_code == status, (status, resp.text)
@@ -298,9 +317,9 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, stub):
         assert 'wharf_proxy_rejected_total{reason="bad_admin_token"} 3' in metrics
         # Closed rollouts refuse calls on both routes.
         close_rollout(p, "bad")
-        r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        r = post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 403 and "closed" in r.json()["error"]["message"]
-        r = requests.post(f"{p.url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        r = post(f"{p.url}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]},
                           headers={"Authorization": f"Bearer {info['api_key']}"})
         assert r.status_code == 403
         assert rows(p, "bad") == []
@@ -309,7 +328,7 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path, stub):
 def test_admin_api(proxy):
     a = open_rollout(proxy, "adm", policy="policy-v1")
     assert a["base_url"] == f"{proxy.url}/rollout/adm/v1" and a["api_key"].startswith("wr-")
-    again = requests.post(f"{proxy.url}/admin/rollouts", json={"rollout_id": "adm"}, headers=ADMIN)
+    again = post(f"{proxy.admin_url}/admin/rollouts", json={"rollout_id": "adm"}, headers=ADMIN)
     assert again.status_code == 200 and again.json() == a
     generated = open_rollout(proxy)
     assert generated["rollout_id"] and generated["rollout_id"] != "adm"
@@ -317,15 +336,15 @@ def test_admin_api(proxy):
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=a["api_key"], max_retries=0)
     assert [m.id for m in client.models.list().data] == ["policy-v1"]
     client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}])
-    st = requests.get(f"{proxy.url}/admin/rollouts/adm", headers=ADMIN).json()
+    st = requests.get(f"{proxy.admin_url}/admin/rollouts/adm", headers=ADMIN).json()
     assert st["state"] == "open" and st["n_turns"] == 1 and st["n_errors"] == 0
-    assert requests.get(f"{proxy.url}/admin/rollouts/zzz", headers=ADMIN).status_code == 404
-    flushed = requests.post(f"{proxy.url}/admin/flush", headers=ADMIN).json()["shards"]
+    assert requests.get(f"{proxy.admin_url}/admin/rollouts/zzz", headers=ADMIN).status_code == 404
+    flushed = post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json()["shards"]
     assert len(flushed) == 1 and pq.read_metadata(flushed[0]).metadata[b"schema_version"] == b"1"
-    assert requests.post(f"{proxy.url}/admin/flush", headers=ADMIN).json() == {"shards": []}
+    assert post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json() == {"shards": []}
     assert close_rollout(proxy, "adm") == {"rollout_id": "adm", "n_turns": 1, "n_errors": 0}
     assert close_rollout(proxy, "adm")["n_turns"] == 1  # idempotent
-    r = requests.post(f"{proxy.url}/admin/rollouts", json={"rollout_id": "adm"}, headers=ADMIN)
+    r = post(f"{proxy.admin_url}/admin/rollouts", json={"rollout_id": "adm"}, headers=ADMIN)
     assert r.status_code == 409
     assert requests.get(f"{proxy.url}/health").json()["status"] == "ok"
     m = requests.get(f"{proxy.url}/metrics").text
@@ -340,14 +359,14 @@ def test_close_waits_for_calls_in_flight(proxy):
     result = {}
 
     def call():
-        result["r"] = requests.post(f"{info['base_url']}/chat/completions",
+        result["r"] = post(f"{info['base_url']}/chat/completions",
                                     json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stub_delay": 0.5})
 
     t = threading.Thread(target=call)
     t.start()
     import time
     deadline = time.monotonic() + 10
-    while requests.get(f"{proxy.url}/admin/rollouts/inflight", headers=ADMIN).json()["inflight"] != 1:
+    while requests.get(f"{proxy.admin_url}/admin/rollouts/inflight", headers=ADMIN).json()["inflight"] != 1:
         assert time.monotonic() < deadline, "the call never reached the proxy"
         time.sleep(0.01)
     assert close_rollout(proxy, "inflight")["n_turns"] == 1
@@ -366,7 +385,7 @@ def test_sticky_routing_and_failover(tmp_path):
                 rid = f"r{i}"
                 info = open_rollout(p, rid)
                 for _ in range(3):
-                    requests.post(f"{info['base_url']}/chat/completions",
+                    post(f"{info['base_url']}/chat/completions",
                                   json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).raise_for_status()
                 served[rid] = ups.order(rid)[0].url
             assert set(served.values()) == {a.url, b.url}, "rollouts spread over both upstreams"
@@ -376,7 +395,7 @@ def test_sticky_routing_and_failover(tmp_path):
             b.stop()
             moved = [rid for rid, u in served.items() if u == b.url]
             for rid in moved:
-                r = requests.post(f"{p.url}/rollout/{rid}/v1/chat/completions",
+                r = post(f"{p.url}/rollout/{rid}/v1/chat/completions",
                                   json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
                 assert r.status_code == 200, r.text
             assert not ups.upstreams[1].healthy
@@ -392,7 +411,7 @@ def test_wal_is_written_before_the_answer_and_folded_at_startup(tmp_path, stub):
     p = BackgroundProxy(cfg).start()
     info = open_rollout(p, "w")
     for i in range(5):
-        requests.post(f"{info['base_url']}/chat/completions",
+        post(f"{info['base_url']}/chat/completions",
                       json={"model": "m", "messages": [{"role": "user", "content": str(i)}]}).raise_for_status()
         assert wal_lines(p) == i + 1  # durable by the time the answer arrived
     assert rows(p) == []  # not yet published
@@ -415,7 +434,7 @@ def test_wal_is_written_before_the_answer_and_folded_at_startup(tmp_path, stub):
         assert sorted(r["request_id"] for r in got) == sorted([r["request_id"] for r in published] + ["only-in-wal"])
         assert list(p2.proxy.wal_dir.glob("seg-*.jsonl.bad")) == []
         # The rollout is still open after the restart, with its key, and turns continue after the last one.
-        r = requests.post(f"{p2.url}/v1/chat/completions", headers={"Authorization": f"Bearer {info['api_key']}"},
+        r = post(f"{p2.url}/v1/chat/completions", headers={"Authorization": f"Bearer {info['api_key']}"},
                           json={"model": "m", "messages": [{"role": "user", "content": "again"}]})
         assert r.status_code == 200 and r.headers["x-wharf-turn"] == "6"
         assert close_rollout(p2, "w") == {"rollout_id": "w", "n_turns": 7, "n_errors": 0}
@@ -449,16 +468,16 @@ def test_wal_write_failure_never_answers_unrecorded(proxy):
     good_fd = store.wal.fd
     store.wal.fd = os.open(os.devnull, os.O_RDONLY)  # every write now fails like a full/broken disk
     try:
-        r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        r = post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
         assert r.status_code == 503 and "could not record" in r.json()["error"]["message"]
-        r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True})
+        r = post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True})
         assert "could not record" in r.text and "data: [DONE]" not in r.text
         assert store.pending == []
     finally:
         os.close(store.wal.fd)
         store.wal.fd = good_fd
     assert "wharf_proxy_record_failures_total 2" in requests.get(f"{proxy.url}/metrics").text
-    r = requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    r = post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 200
     assert close_rollout(proxy, "diskfull")["n_turns"] == 1
 
@@ -491,7 +510,7 @@ def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, 
     with BackgroundProxy(cfg) as p:
         url = f"{open_rollout(p, 'twice')['base_url']}/chat/completions"
         for _ in range(2):
-            assert requests.post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).ok
+            assert post(url, json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).ok
             p.call(p.proxy.store.flush())
         turns = p.proxy.out_dir
     # A compaction killed between writing its shard and deleting the two it replaces.
@@ -500,7 +519,7 @@ def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, 
     schema.write_table(turns / "part-zz-compact.parquet", "turns", read_dir(turns, "turns"),
                        {"replaces": json.dumps([f.name for f in parts])})
     with BackgroundProxy(cfg) as p:
-        state = requests.get(f"{p.url}/admin/rollouts/twice", headers=ADMIN).json()
+        state = requests.get(f"{p.admin_url}/admin/rollouts/twice", headers=ADMIN).json()
         assert (state["n_turns"], state["n_errors"]) == (2, 0)
         assert close_rollout(p, "twice")["n_turns"] == 2
 

@@ -19,7 +19,7 @@ from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect
 from collect.proxy.server import BackgroundProxy
 from collect.schema import read_dir
-from test_proxy import ADMIN, close_rollout, make_cfg, open_rollout, wal_lines
+from test_proxy import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_engine import Tap, engine_view
 
 A_TOOLS = [{"name": "bash", "description": "Run a shell command",
@@ -83,7 +83,7 @@ def anthropic_call(client, stream: bool, **kw):
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_tool_round_trip(proxy, tap, stream):
     info = open_rollout(proxy, "claude")
-    client = anthropic.Anthropic(base_url=proxy.url + "/rollout/claude", api_key="any", max_retries=0)
+    client = anthropic.Anthropic(base_url=proxy.url + "/rollout/claude", api_key=info["api_key"], max_retries=0)
     system = [{"type": "text", "text": "You are a coding agent."}, {"type": "text", "text": "Be brief."}]
     msgs = [{"role": "user", "content": "List the files."}]
     first, types = anthropic_call(client, stream, model="claude-test", max_tokens=40, system=system,
@@ -135,7 +135,7 @@ def test_anthropic_plain_route_x_api_key_and_count_tokens(proxy, tap):
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_tool_round_trip(proxy, tap, stream):
     info = open_rollout(proxy, "codex")
-    client = openai.OpenAI(base_url=info["base_url"], api_key="any", max_retries=0)
+    client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     items = [{"role": "developer", "content": "Use the tools."},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]}]
     kw = dict(model="codex-test", instructions="You are codex.", tools=R_TOOLS, store=False, max_output_tokens=40)
@@ -201,17 +201,17 @@ def test_anthropic_history_translation():
 # -- errors --------------------------------------------------------------------------------------------
 def test_bad_input_is_refused_in_the_agents_dialect_and_not_recorded(proxy):
     info = open_rollout(proxy, "bad")
-    a = anthropic.Anthropic(base_url=proxy.url + "/rollout/bad", api_key="any", max_retries=0)
-    o = openai.OpenAI(base_url=info["base_url"], api_key="any", max_retries=0)
+    a = anthropic.Anthropic(base_url=proxy.url + "/rollout/bad", api_key=info["api_key"], max_retries=0)
+    o = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
         a.messages.create(model="m", max_tokens=0, messages=[{"role": "user", "content": "x"}])
-    r = requests.post(f"{proxy.url}/rollout/bad/v1/messages", data=b"{not json")
+    r = post(f"{proxy.url}/rollout/bad/v1/messages", data=b"{not json")
     assert r.status_code == 400 and r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError, match="previous_response_id"):
         o.responses.create(model="m", input="x", previous_response_id="resp_1")
     with pytest.raises(openai.BadRequestError, match="namespace needs a 'tools' list"):
         o.responses.create(model="m", input="x", tools=[{"type": "namespace", "name": "ns"}])
-    r = requests.post(f"{info['base_url']}/responses", json={"model": "m"})
+    r = post(f"{info['base_url']}/responses", json={"model": "m"})
     assert r.status_code == 400 and "'input' is required" in r.json()["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         anthropic.Anthropic(base_url=proxy.url + "/rollout/nope", api_key="x", max_retries=0).messages.create(
@@ -227,9 +227,9 @@ def test_bad_input_is_refused_in_the_agents_dialect_and_not_recorded(proxy):
 def test_upstream_failures_reach_the_agent_in_its_dialect_and_are_rows(tmp_path, kind):
     with StubServer(error_rate=1.0, error_kinds=(kind,)) as stub, \
             BackgroundProxy(make_cfg(tmp_path, stub.url, "proxy.upstream_timeout_s=10")) as p:
-        open_rollout(p, "fail")
-        a = anthropic.Anthropic(base_url=p.url + "/rollout/fail", api_key="any", max_retries=0)
-        o = openai.OpenAI(base_url=p.url + "/rollout/fail/v1", api_key="any", max_retries=0)
+        key = open_rollout(p, "fail")["api_key"]
+        a = anthropic.Anthropic(base_url=p.url + "/rollout/fail", api_key=key, max_retries=0)
+        o = openai.OpenAI(base_url=p.url + "/rollout/fail/v1", api_key=key, max_retries=0)
         am = dict(model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}])
         for stream in (False, True):
             with pytest.raises(anthropic.APIStatusError) as e:
@@ -266,11 +266,11 @@ def test_wal_failure_holds_back_the_finished_tool_call(proxy):
     try:
         body = {"model": "m", "max_tokens": 40, "tools": A_TOOLS, "stream": True,
                 "messages": [{"role": "user", "content": "x"}]}
-        r = requests.post(f"{proxy.url}/rollout/disk/v1/messages", json=body)
+        r = post(f"{proxy.url}/rollout/disk/v1/messages", json=body)
         assert "could not record" in r.text and "event: error" in r.text
         assert "message_stop" not in r.text and "content_block_stop" not in r.text
         body = {"model": "m", "input": "x", "tools": R_TOOLS, "stream": True}
-        r = requests.post(f"{proxy.url}/rollout/disk/v1/responses", json=body)
+        r = post(f"{proxy.url}/rollout/disk/v1/responses", json=body)
         assert "could not record" in r.text and "response.failed" in r.text
         assert "response.output_item.done" not in r.text and "response.completed" not in r.text
     finally:
@@ -314,15 +314,15 @@ def test_both_dialects_against_the_engine(engine_url, tmp_path):
     cfg = load_config(None, [f"endpoint.url={tap.url}", "proxy.port=0", f"proxy.out_dir={tmp_path}/turns",
                              "proxy.health_interval_s=0", "sampling.temperature=1.0", "sampling.top_p=1.0"])
     with BackgroundProxy(cfg) as p:
-        open_rollout(p, "eng")
-        a = anthropic.Anthropic(base_url=p.url + "/rollout/eng", api_key="any", max_retries=0)
+        key = open_rollout(p, "eng")["api_key"]
+        a = anthropic.Anthropic(base_url=p.url + "/rollout/eng", api_key=key, max_retries=0)
         out = a.messages.create(model="claude-x", max_tokens=8, system="You are terse.",
                                 messages=[{"role": "user", "content": "Say hello."}])
         with a.messages.stream(model="claude-x", max_tokens=8,
                                messages=[{"role": "user", "content": "Count to three."}]) as s:
             streamed = s.get_final_message()
         n = a.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "Say hello."}])
-        o = openai.OpenAI(base_url=p.url + "/rollout/eng/v1", api_key="any", max_retries=0)
+        o = openai.OpenAI(base_url=p.url + "/rollout/eng/v1", api_key=key, max_retries=0)
         r1 = o.responses.create(model="codex-x", instructions="You are terse.", input="Say hello.",
                                 max_output_tokens=8)
         with o.responses.stream(model="codex-x", input="Count to three.", max_output_tokens=2) as s:
@@ -334,7 +334,7 @@ def test_both_dialects_against_the_engine(engine_url, tmp_path):
         assert close_rollout(p, "eng")["n_turns"] == 4
     for m in (out, streamed):
         assert m.stop_reason in ("end_turn", "max_tokens") and m.usage.output_tokens > 0
-    direct = requests.post(f"{engine_url}/tokenize", json={"messages": [{"role": "user", "content": "Say hello."}]})
+    direct = post(f"{engine_url}/tokenize", json={"messages": [{"role": "user", "content": "Say hello."}]})
     assert n.input_tokens == direct.json()["count"]  # the engine's own count, not the estimate
     for r in (r1, r2):
         assert r.status in ("completed", "incomplete") and r.usage.output_tokens > 0
@@ -357,7 +357,7 @@ def small_ctx(tmp_path):
 
 def test_claude_code_extras_are_accepted_and_max_tokens_fits_the_context(small_ctx):
     p, tap = small_ctx
-    open_rollout(p, "cc")
+    key = open_rollout(p, "cc")["api_key"]
     body = {"model": "policy-v3", "max_tokens": 64000, "stream": True, "tools": A_TOOLS + [
                 {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
             "system": [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}],
@@ -367,8 +367,8 @@ def test_claude_code_extras_are_accepted_and_max_tokens_fits_the_context(small_c
             "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
             "metadata": {"user_id": "u"}}
     headers = {"anthropic-beta": "mid-conversation-system-2026-04-07,context-management-2025-06-27",
-               "anthropic-version": "2023-06-01", "x-api-key": "any"}
-    r = requests.post(f"{p.url}/rollout/cc/v1/messages?beta=true", json=body, headers=headers)
+               "anthropic-version": "2023-06-01", "x-api-key": key}
+    r = post(f"{p.url}/rollout/cc/v1/messages?beta=true", json=body, headers=headers)
     assert r.status_code == 200 and "event: message_stop" in r.text
     sent = tap.answers[-1][0]
     n_prompt = json.loads(tap.answers[-1][1].split(b"data: ", 2)[1].split(b"\n")[0])["prompt_token_ids"]
@@ -385,13 +385,13 @@ def test_context_overflow_is_worded_as_the_real_apis_word_it(small_ctx):
     p, _ = small_ctx
     open_rollout(p, "long")
     long = "word " * 9000
-    r = requests.post(f"{p.url}/rollout/long/v1/messages", json={
+    r = post(f"{p.url}/rollout/long/v1/messages", json={
         "model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": long}]})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert r.json()["error"]["message"].startswith("prompt is too long: ") and "> 8192 maximum" in r.json()["error"]["message"]
-    r = requests.post(f"{p.url}/rollout/long/v1/responses", json={"model": "m", "input": long})
+    r = post(f"{p.url}/rollout/long/v1/responses", json={"model": "m", "input": long})
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    r = requests.post(f"{p.url}/rollout/long/v1/responses", json={"model": "m", "input": long, "stream": True})
+    r = post(f"{p.url}/rollout/long/v1/responses", json={"model": "m", "input": long, "stream": True})
     assert '"code":"context_length_exceeded"' in r.text.replace(" ", "")
 
 

@@ -19,7 +19,6 @@ from collect.config import load_config
 from collect.proxy.server import BackgroundProxy
 from collect.schema import read_dir
 
-ADMIN = {"Authorization": "Bearer wharf-admin"}
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
                                                           "required": ["command"]}}}]
@@ -114,9 +113,10 @@ def test_engine_conversation_rows_match_engine_streaming_and_not(engine_url, tmp
                              "proxy.health_interval_s=0", "sampling.temperature=1.0", "sampling.top_p=1.0"])
     with BackgroundProxy(cfg) as p:
         for rid, stream in (("full", False), ("stream", True)):
-            info = requests.post(f"{p.url}/admin/rollouts", json={"rollout_id": rid}, headers=ADMIN).json()
-            run_conversation(openai.OpenAI(base_url=info["base_url"], api_key="sk-any", max_retries=0), stream)
-            res = requests.post(f"{p.url}/admin/rollouts/{rid}/close", headers=ADMIN).json()
+            admin = {"Authorization": f"Bearer {p.admin_token}"}  # drawn by the proxy: none configured
+            info = requests.post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": rid}, headers=admin).json()
+            run_conversation(openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0), stream)
+            res = requests.post(f"{p.admin_url}/admin/rollouts/{rid}/close", headers=admin).json()
             assert res == {"rollout_id": rid, "n_turns": 3, "n_errors": 0}
     rows = read_dir(tmp_path / "turns", "turns").to_pylist()
     assert len(tap.answers) == 6 and len(rows) == 6

@@ -9,22 +9,20 @@ import urllib.request
 
 import pytest
 
-from collect.testing.proxy_load import admin, chat_body, free_port, run_load, start_proxy, start_stub, stop
+from collect.testing.proxy_load import (admin, admin_access, chat_body, free_port, run_load, start_proxy,
+                                        start_stub, stop)
 from collect.schema import read_dir
 
 
-def open_targets(base: str, n: int, stream_every: int = 0, prefix: str = "load"):
+def open_targets(base: str, access, n: int, stream_every: int = 0, prefix: str = "load"):
     targets, rollouts = [], []
     for i in range(n):
-        r = admin(base, "POST", "/admin/rollouts", {"rollout_id": f"{prefix}-{i}"})
+        r = admin(access, "POST", "/admin/rollouts", {"rollout_id": f"{prefix}-{i}"})
         rollouts.append(r)
         stream = bool(stream_every) and i % stream_every == stream_every - 1
-        # Half the clients name their rollout by path, half by the per-rollout key on plain /v1.
-        if i % 2:
-            url, headers = f"{r['base_url']}/chat/completions", {"Content-Type": "application/json"}
-        else:
-            url = f"{base}/v1/chat/completions"
-            headers = {"Content-Type": "application/json", "Authorization": f"Bearer {r['api_key']}"}
+        # Every client sends its rollout's key; half name their rollout by path too, half use plain /v1.
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {r['api_key']}"}
+        url = f"{r['base_url']}/chat/completions" if i % 2 else f"{base}/v1/chat/completions"
         targets.append((url, headers, chat_body(2048, stream)))
     return targets, rollouts
 
@@ -50,9 +48,10 @@ def test_5000_calls_64_clients_5pct_upstream_errors(tmp_path):
                         log=open(tmp_path / "proxy.log", "wb"))
     base = f"http://127.0.0.1:{proxy_port}"
     try:
-        targets, rollouts = open_targets(base, 64, stream_every=4)
+        access = admin_access(out)
+        targets, rollouts = open_targets(base, access, 64, stream_every=4)
         results, wall = run_load(targets, 5000, procs=2)
-        closed = [admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close") for r in rollouts]
+        closed = [admin(access, "POST", f"/admin/rollouts/{r['rollout_id']}/close") for r in rollouts]
         with urllib.request.urlopen(f"http://127.0.0.1:{stub_port}/stub/stats") as resp:
             import json
             stub_stats = json.loads(resp.read())
@@ -104,7 +103,7 @@ def test_sigkill_during_load_loses_no_answered_call(tmp_path):
     base = f"http://127.0.0.1:{proxy_port}"
     proxy2 = None
     try:
-        targets, rollouts = open_targets(base, 32, stream_every=3, prefix="kill")
+        targets, rollouts = open_targets(base, admin_access(out), 32, stream_every=3, prefix="kill")
         box = {}
         load = threading.Thread(target=lambda: box.update(res=run_load(targets, 10**7, procs=2, seconds=7.0)))
         load.start()
@@ -114,7 +113,9 @@ def test_sigkill_during_load_loses_no_answered_call(tmp_path):
         killed_at = time.time()
         proxy2 = start_proxy(proxy_port, upstream, out, extra=extra, log=log)
         load.join()
-        closed = [admin(base, "POST", f"/admin/rollouts/{r['rollout_id']}/close") for r in rollouts]
+        # The restarted proxy has a token of its own; the rollouts and their keys are the same.
+        access2 = admin_access(out)
+        closed = [admin(access2, "POST", f"/admin/rollouts/{r['rollout_id']}/close") for r in rollouts]
     finally:
         if proxy.poll() is None:
             proxy.kill()

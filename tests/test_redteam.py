@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import secrets
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -45,7 +44,8 @@ class World:
         self.host_proc = subprocess.Popen(["sleep", "3600"], env={"WHARF_SECRET": self.secret, "PATH": os.defpath})
 
     def admin(self, method: str, path: str, **kw) -> requests.Response:
-        return requests.request(method, self.proxy.url + path, headers={"Authorization": f"Bearer {self.token}"}, **kw)
+        return requests.request(method, self.proxy.admin_url + path, headers={"Authorization": f"Bearer {self.token}"},
+                                **kw)
 
     def victim_state(self) -> dict:
         r = self.admin("GET", f"/admin/rollouts/{self.victim}")
@@ -56,8 +56,10 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("redteam")
-    token = secrets.token_hex(16)
-    with StubServer() as stub, BackgroundProxy(make_cfg(tmp, stub.url, f"proxy.admin_token={token}")) as proxy:
+    token, engine_key = secrets.token_hex(16), secrets.token_hex(16)
+    # As in a default run: the engine takes only the run's key, which the proxy sends.
+    with StubServer(api_key=engine_key) as stub, \
+            BackgroundProxy(make_cfg(tmp, stub.url, f"proxy.admin_token={token}", f"endpoint.api_key={engine_key}")) as proxy:
         w = World(tmp, stub, proxy, token)
         opened = w.admin("POST", "/admin/rollouts", json={"rollout_id": w.victim}).json()
         r = requests.post(f"{opened['base_url']}/chat/completions", headers={"Authorization": f"Bearer {opened['api_key']}"},
@@ -82,6 +84,7 @@ def run_attack(world: World, attack: str) -> tuple:
     rid = f"{attack}-{secrets.token_hex(4)}"
     opened = world.admin("POST", "/admin/rollouts", json={"rollout_id": rid}).json()
     facts = {"host_pid": world.host_proc.pid, "host_file": str(world.host_file), "proxy_port": world.proxy.url.rsplit(":", 1)[1],
+             "admin_port": world.proxy.admin_url.rsplit(":", 1)[1],
              "engine_port": world.stub.url.rsplit(":", 1)[1].split("/")[0], "victim": world.victim, "own": rid,
              "admin_token": world.token, "repo": str(REPO)}
     trials = world.tmp / "trials"

@@ -84,7 +84,7 @@ def test_compact_dir_is_crash_safe(tmp_path):
 
 
 def test_compacting_again_after_an_interrupted_compaction_counts_nothing_twice(tmp_path):
-    from collect.schema import compact_dir, shard_files
+    from collect.schema import compact_dir
 
     for i in range(2):
         write_table(tmp_path / f"part-0000{i}.parquet", "turns", [turn(i)])

@@ -53,7 +53,7 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
 
     if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
         pytest.skip("needs CUDA and vllm")
-    from collect.endpoint import launch
+    from collect.endpoint import launch, with_key
     from collect.engine.model_store import embedded_model_dir
 
     model = str(embedded_model_dir())  # vLLM serves the same converted base the trainer loads
@@ -63,7 +63,7 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
                      "--logprobs-mode=processed_logprobs,--max-model-len=2048,--gpu-memory-utilization=0.3]")
     write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0), [1.0, -1.0, 1.0, -1.0], 1.0)
     with launch(cfg, log_dir=tmp_path) as ep:
-        result = train_round(cfg, progress=False)
+        result = train_round(with_key(cfg, ep), progress=False)  # publish sends the key vLLM was given
         assert result.published, result.publish_message
         assert "policy-v1" in ep.models()
         base, tuned = logprobs(ep, model), logprobs(ep, "policy-v1")

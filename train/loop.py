@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from collect.config import RunConfig, dump_config
-from collect.endpoint import Endpoint, launch
+from collect.endpoint import Endpoint, launch, with_key
 from collect.layout import RoundLayout, RunLayout, policy_name
 
 log = logging.getLogger("wharf.loop")
@@ -184,6 +184,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     done = []
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
+        cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
         for k in range(cfg.rounds):
             t0 = time.monotonic()
             run_round(round_config(cfg, k), ep)

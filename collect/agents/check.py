@@ -110,17 +110,19 @@ class Result:
         return self.calls > 0 and self.status in ("ok", "agent_timeout", "context_exceeded") and self.match == "yes"
 
 
-def run_one(agent: Agent, upstream_url: str, proxy_port: int, out: Path) -> Result:
+def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out: Path) -> Result:
     from collect.config import dump_config, load_config
     from collect.runner import Round
 
     res = Result(agent)
+    upstream_url, api_key = upstream
     cfg = load_config(None, [
         f"runs_dir={out}", f"name={agent.name}", f"endpoint.url={upstream_url}", "endpoint.launch=false",
         f"proxy.port={proxy_port}", f"collect.dataset={REPO / 'datasets' / 'toy'}", f"collect.tasks=[{TASK}]",
         f"collect.agent={agent.ref}", "collect.attempts=1", "collect.concurrency=1", "sampling.max_tokens=256",
         "sampling.seed=0", "collect.agent_timeout_s=900", f"collect.agent_kwargs={json.dumps(agent.kwargs)}",
         *([] if agent.upstream == "stub" else ["endpoint.model=smollm2-135m"]),
+        *([f"endpoint.api_key={api_key}"] if api_key else []),
     ])
     cfg_path = out / f"{agent.name}.yaml"
     dump_config(cfg, cfg_path)
@@ -160,19 +162,20 @@ def table(results: list[Result]) -> str:
 
 @contextlib.contextmanager
 def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
-    """{engine, stub} base URLs: the local engine (started when needed) and the scripted stub."""
+    """{engine, stub}: (base URL, API key) of the local engine (started when needed, with a key of
+    its own) and of the scripted stub."""
     from collect.testing.vllm_stub import StubServer
     from collect import endpoint
     from collect.config import load_config
 
     with StubServer(script=f"shell:{STUB_COMMAND}", max_model_len=131072, model="smollm2-135m") as stub:
         if not need_engine:
-            yield {"stub": stub.url}
+            yield {"stub": (stub.url, None)}
             return
         cfg = load_config(REPO / "configs" / "default.yaml", [f"endpoint.url=http://127.0.0.1:{engine_port}",
                                                                "engine.max_model_len=8192"])
-        with endpoint.launch(cfg, log_dir=log_dir):
-            yield {"stub": stub.url, "engine": cfg.endpoint.url}
+        with endpoint.launch(cfg, log_dir=log_dir) as ep:
+            yield {"stub": (stub.url, None), "engine": (cfg.endpoint.url, ep.api_key)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> None:
     except ModelError as e:
         print(f"collect.engine: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(f"collect.engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port}",
+    auth = "with engine.api_key required on /v1" if cfg.api_key else "open to anyone who reaches it"
+    print(f"collect.engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port} ({auth})",
           flush=True)
     web.run_app(make_app(engine), host=cfg.host, port=cfg.port, print=None, access_log=None)
 

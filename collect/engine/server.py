@@ -2,7 +2,8 @@
 
 Routes: /v1/chat/completions (JSON and SSE, chat_api.py), /v1/completions (completions_api.py),
 /tokenize, /detokenize, /v1/models, /health, /v1/load_lora_adapter, /v1/unload_lora_adapter.
-The model side (model, tokenizer, adapters, batcher) is core.py's EngineCore.
+The model side (model, tokenizer, adapters, batcher) is core.py's EngineCore. With
+engine.api_key set, /v1 routes need it as vLLM's --api-key does (auth_middleware).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from aiohttp import web
 
 from ..config import EngineConfig
 from . import chat_api, completions_api
+from .auth import auth_middleware
 from .chat_format import ChatError
 from .core import EngineCore
 from .errors import APIError, bad_request, internal, not_found, read_json
@@ -145,7 +147,8 @@ ROUTES = (  # method, path, Engine handler
 
 
 def make_app(engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware], client_max_size=256 * 1024 * 1024)
+    auth = [auth_middleware(engine.cfg.api_key)] if engine.cfg.api_key else []
+    app = web.Application(middlewares=[*auth, errors_middleware], client_max_size=256 * 1024 * 1024)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, getattr(engine, handler))
 

@@ -11,6 +11,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 from collect.config import cli_config  # noqa: E402
+from collect.layout import admin_file  # noqa: E402
 from collect.proxy.server import RecordingProxy  # noqa: E402
 
 
@@ -23,6 +24,7 @@ async def serve(cfg) -> None:
               f"segments into {rec['shard']}", flush=True)
     # One line the runner and tests wait for; the port is the bound one (proxy.port=0 picks a free one).
     print(f"wharf proxy listening on {url} (turns -> {proxy.out_dir})", flush=True)
+    print(f"wharf proxy admin API on {proxy.admin_url} (its URL and token: {admin_file(proxy.wal_dir)})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         asyncio.run(serve(cfg))
     except OSError as e:  # e.g. the port is taken
-        print(f"python -m collect.proxy: cannot serve on {cfg.proxy.host}:{cfg.proxy.port}: {e}", file=sys.stderr)
+        p = cfg.proxy
+        print(f"python -m collect.proxy: cannot serve on {p.host}:{p.port} (agents) and {p.admin_host}:{p.admin_port} "
+              f"(admin): {e}", file=sys.stderr)
         raise SystemExit(1) from None
 
 

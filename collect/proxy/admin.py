@@ -1,18 +1,21 @@
 """The proxy's operator side: the /admin API the collect runner drives, and /health and /metrics.
 
-/admin (bearer proxy.admin_token) opens, inspects and closes rollouts and flushes shards;
-/health and /metrics are open, for probes and Prometheus. None of it is on a recorded call's path.
+/admin (bearer token: proxy.admin_token, else a random one per run) opens, inspects and closes
+rollouts and flushes shards. It has a listener of its own (proxy.admin_host/admin_port, loopback
+by default), so nothing that can reach the agents' listener reaches it there: that one answers 404
+under /admin. /health and /metrics are open on both, for probes and Prometheus. None of it is on a
+recorded call's path.
 """
 from __future__ import annotations
 
-import hmac
 import re
-import uuid
+import secrets
 from typing import Callable
 
 from aiohttp import web
 
 from collect.config import RunConfig
+from collect.credentials import bearer, same
 from collect.proxy.errors import Reject, reject_response
 from collect.proxy.metrics import Metrics
 from collect.proxy.rollouts import Rollout, RolloutRegistry
@@ -25,14 +28,23 @@ _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 class AdminAPI:
     def __init__(self, cfg: RunConfig, rollouts: RolloutRegistry, store: TurnStore, pool: UpstreamPool,
-                 metrics: Metrics, public_base: Callable[[], str]):
+                 metrics: Metrics, public_base: Callable[[], str], token: str):
         self.cfg = cfg
+        self.token = token
         self.rollouts = rollouts
         self.store = store
         self.pool = pool
         self.metrics = metrics
         # A callable: the proxy's URL is only known once it is bound.
         self.public_base = public_base
+        self._runner: web.AppRunner | None = None
+
+    # -- listeners ------------------------------------------------------------------------------
+    def add_public_routes(self, router: web.UrlDispatcher) -> None:
+        """The agents' listener: probes only; /admin is not served there."""
+        router.add_get("/health", self.health)
+        router.add_get("/metrics", self.get_metrics)
+        router.add_route("*", "/admin{tail:.*}", self.not_here)
 
     def add_routes(self, router: web.UrlDispatcher) -> None:
         router.add_post("/admin/rollouts", self.admin_open)
@@ -42,12 +54,30 @@ class AdminAPI:
         router.add_get("/health", self.health)
         router.add_get("/metrics", self.get_metrics)
 
+    async def start(self, host: str, port: int) -> str:
+        """Bind the admin listener; returns its base URL."""
+        app = web.Application()
+        self.add_routes(app.router)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        bound = site._server.sockets[0].getsockname()[1]
+        return f"http://{_connect_host(host)}:{bound}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def not_here(self, request: web.Request) -> web.Response:
+        return reject_response(self.metrics, Reject(404, "no admin API on this listener", "not_found",
+                                                    "not_found_error"))
+
     def _admin(self, request: web.Request) -> None:
-        auth = request.headers.get("Authorization", "")
-        token = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if not hmac.compare_digest(token.encode(), self.cfg.proxy.admin_token.encode()):
-            raise Reject(401, "admin API: missing or wrong bearer token (proxy.admin_token)", "bad_admin_token",
-                         "authentication_error")
+        if not same(bearer(request.headers), self.token):
+            raise Reject(401, "admin API: missing or wrong bearer token (proxy.admin_token, else the token "
+                              "in the proxy's _wal/admin.json)", "bad_admin_token", "authentication_error")
 
     def _open_answer(self, r: Rollout) -> dict:
         return OpenedRollout(r.rollout_id, f"{self.public_base()}/rollout/{r.rollout_id}/v1", r.api_key,
@@ -66,7 +96,7 @@ class AdminAPI:
             if unknown:
                 raise Reject(400, f"POST /admin/rollouts: unknown fields {sorted(unknown)} "
                                   "(known: rollout_id, policy, temperature, top_p, seed)", "bad_request")
-            rid = body.get("rollout_id") or uuid.uuid4().hex
+            rid = body.get("rollout_id") or secrets.token_hex(16)  # 128 random bits
             if not isinstance(rid, str) or not _ROLLOUT_ID.match(rid):
                 raise Reject(400, f"rollout_id {rid!r}: use 1-128 characters of A-Z a-z 0-9 . _ : -", "bad_request")
             policy = body.get("policy") or self.cfg.endpoint.model
@@ -139,3 +169,8 @@ class AdminAPI:
                   "open_rollouts": self.rollouts.n_open(),
                   "upstreams_healthy": sum(u.healthy for u in self.pool.upstreams)}
         return web.Response(text=self.metrics.render(gauges), content_type="text/plain", charset="utf-8")
+
+
+def _connect_host(host: str) -> str:
+    """A host to connect to for a bind address (a wildcard bind is reached on loopback)."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

@@ -85,7 +85,9 @@ class Forwarder:
         self.pool = pool
         self.timeout_s = cfg.proxy.upstream_timeout_s
         self._timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        self.headers = {"Content-Type": JSON, "Authorization": f"Bearer {cfg.endpoint.api_key}"}
+        self.headers = {"Content-Type": JSON}
+        if cfg.endpoint.api_key:  # the endpoint's key (vLLM --api-key), never the agent's rollout key
+            self.headers["Authorization"] = f"Bearer {cfg.endpoint.api_key}"
         self.session: aiohttp.ClientSession | None = None
         self.config_max_model_len = cfg.proxy.max_model_len
         self.max_model_len: dict[str, int] = {}  # per upstream url, as its /tokenize reported

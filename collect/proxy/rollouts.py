@@ -1,5 +1,8 @@
 """The rollout registry: which rollouts are open, under which id and API key, with which sampling.
 
+A call is taken only with its rollout's key (the id alone, part of a URL that shows up in logs
+and trial dirs, is not a credential); the file below holds every key and is the owner's only.
+
 Every open and close is appended to <wal_dir>/rollouts.jsonl, so a restarted proxy knows the same
 rollouts and agents keep their URLs and keys; their turn and row counters resume from the WAL and
 the published shards. No HTTP here beyond reading who a request is for (`for_request`).
@@ -17,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
+from collect.credentials import bearer
 from collect.proxy.errors import Reject
 from collect.schema import shard_files
 from collect.proxy.jsonx import dumps
@@ -109,21 +113,22 @@ class RolloutRegistry:
         return True
 
     def for_request(self, request: web.Request) -> Rollout:
-        """The open rollout an agent call belongs to: by its /rollout/<id> URL, else by its API key."""
+        """The open rollout an agent call belongs to, by its API key (Bearer, or Anthropic's x-api-key);
+        on a /rollout/<id> route the key must be that rollout's: knowing an id is not enough."""
+        key = bearer(request.headers, anthropic=True)
+        r = self.by_key.get(key) if key else None
         rid = request.match_info.get("rollout_id")
         if rid is not None:
-            r = self.by_id.get(rid)
-            if r is None:
+            if rid not in self.by_id:
                 raise Reject(404, f"unknown rollout '{rid}': open it with POST /admin/rollouts first",
                              "unknown_rollout", "not_found_error")
-        else:
-            auth = request.headers.get("Authorization", "")
-            # Anthropic clients send the key as x-api-key.
-            key = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-            r = self.by_key.get(key)
-            if r is None:
-                raise Reject(401, "unknown API key: use the api_key POST /admin/rollouts returned, "
-                                  "or the /rollout/<id>/v1 base URL", "unknown_key", "authentication_error")
+            if r is None or r.rollout_id != rid:
+                raise Reject(401, f"rollout '{rid}' needs its own API key (the api_key POST /admin/rollouts "
+                                  "returned) as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+                             "bad_rollout_key", "authentication_error")
+        elif r is None:
+            raise Reject(401, "unknown API key: use the api_key POST /admin/rollouts returned",
+                         "unknown_key", "authentication_error")
         if r.state != "open":
             raise Reject(403, f"rollout '{r.rollout_id}' is closed", "closed_rollout", "permission_error")
         return r

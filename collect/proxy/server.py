@@ -1,10 +1,10 @@
 """The recording proxy: OpenAI chat completions in, vLLM with token ids out, every call a `turns` row.
 
-Agents reach it at /rollout/<id>/v1 (or plain /v1 with a per-rollout API key); the collect
-runner opens and closes rollouts through /admin. Each call is forwarded with the recording
-parameters forced (return_token_ids, logprobs, the configured temperature/top_p), its row is
-in the write-ahead log before the agent gets its answer, and shards are published in the
-background (collect/proxy/shards.py).
+Agents reach it at /rollout/<id>/v1 (or plain /v1), either way with their rollout's API key;
+the collect runner opens and closes rollouts through /admin, on a listener of its own. Each
+call is forwarded with the recording parameters forced (return_token_ids, logprobs, the
+configured temperature/top_p), its row is in the write-ahead log before the agent gets its
+answer, and shards are published in the background (collect/proxy/shards.py).
 
 This module assembles the app and reads the agent's calls. The rest has a module each: the
 upstream call (forward.py), the event stream (sse.py), record-then-answer (recorder.py), the
@@ -13,6 +13,7 @@ rollout registry (rollouts.py), and the /admin, /health and /metrics routes (adm
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import uuid
@@ -22,7 +23,8 @@ import aiohttp
 from aiohttp import web
 
 from collect.config import RunConfig
-from collect.layout import wal_dir
+from collect.credentials import AdminAccess, new_token
+from collect.layout import admin_file, wal_dir
 from collect.proxy import jsonx
 from collect.proxy.admin import AdminAPI
 from collect.proxy.capture import CaptureError, StreamRelay, capture_full, plain_full
@@ -54,7 +56,10 @@ class RecordingProxy:
                                on_sync=self._synced)
         self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
         self.rollouts = RolloutRegistry(self.wal_dir / "rollouts.jsonl")
-        self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base)
+        self.admin_token = p.admin_token or new_token()  # never a fixed default
+        self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base,
+                              self.admin_token)
+        self.admin_url = ""
         self.forward = Forwarder(cfg, self.pool)
         self.recorder = Recorder(self.store, self.metrics)
         self.runner: web.AppRunner | None = None
@@ -82,6 +87,10 @@ class RecordingProxy:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=3.0), read_bufsize=1 << 22,
             auto_decompress=True)
         self.pool.start(self.session)
+        # The admin listener and its file come first: whoever sees the agents' listener healthy
+        # finds admin.json already written.
+        self.admin_url = await self.admin.start(self.cfg.proxy.admin_host, self.cfg.proxy.admin_port)
+        AdminAccess(self.admin_url, self.admin_token, os.getpid()).save(admin_file(self.wal_dir))
         app = web.Application(client_max_size=self.cfg.proxy.max_body_bytes)
         self._routes(app)
         self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -97,6 +106,8 @@ class RecordingProxy:
         """Stop accepting, let calls finish, publish every pending row."""
         if self.runner:
             await self.runner.cleanup()
+        await self.admin.stop()
+        admin_file(self.wal_dir).unlink(missing_ok=True)
         self.pool.stop()
         if self.session:
             await self.session.close()
@@ -115,7 +126,7 @@ class RecordingProxy:
             r.add_post(root + "/messages", self.messages)
             r.add_post(root + "/messages/count_tokens", self.count_tokens)
             r.add_post(root + "/responses", self.responses)
-        self.admin.add_routes(r)
+        self.admin.add_public_routes(r)
 
     async def models(self, request: web.Request) -> web.Response:
         try:
@@ -278,7 +289,8 @@ def _json_body(raw: bytes):
 class BackgroundProxy:
     """A RecordingProxy on its own event loop in a daemon thread (tests, or a runner in one process).
 
-    `with BackgroundProxy(cfg) as p: p.url, p.admin(...)`; stopping publishes every pending row.
+    `with BackgroundProxy(cfg) as p: p.url, p.admin_url, p.admin_token`; stopping publishes every
+    pending row.
     """
 
     def __init__(self, cfg: RunConfig):
@@ -286,6 +298,8 @@ class BackgroundProxy:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="wharf-proxy")
         self.url = ""
+        self.admin_url = ""
+        self.admin_token = self.proxy.admin_token
 
     def call(self, coro, timeout: float | None = 60):
         """Run a coroutine on the proxy's loop and wait for its result."""
@@ -294,6 +308,7 @@ class BackgroundProxy:
     def start(self) -> "BackgroundProxy":
         self._thread.start()
         self.url = self.call(self.proxy.start())
+        self.admin_url = self.proxy.admin_url
         return self
 
     def stop(self) -> None:

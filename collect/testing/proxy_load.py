@@ -23,10 +23,11 @@ import aiohttp
 
 from collect import envdefaults
 from collect.config import load_config
+from collect.credentials import AdminAccess
+from collect.layout import admin_file, wal_dir
 from collect.procs import stage_argv
 
 REPO = Path(__file__).resolve().parents[2]
-ADMIN_TOKEN = "wharf-admin"
 
 
 def free_port() -> int:
@@ -86,6 +87,7 @@ def start_proxy(port: int, upstream: str, out_dir: str | Path, cpus=None, extra=
     cfg = load_config(None, [f"endpoint.url={upstream}", f"proxy.port={port}", f"proxy.out_dir={out_dir}",
                              "proxy.health_interval_s=0", *extra])
     cmd = stage_argv("collect.proxy", cfg, Path(out_dir).parent / f"proxy-{port}.yaml")
+    admin_file(wal_dir(Path(out_dir))).unlink(missing_ok=True)  # a killed proxy's, not this one's
     proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env=envdefaults.child_env())
     wait_url(f"http://127.0.0.1:{port}/health", proc)
@@ -103,9 +105,14 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30.0) -> i
     return proc.returncode
 
 
-def admin(base: str, method: str, path: str, body: dict | None = None) -> dict:
-    req = urllib.request.Request(f"{base}{path}", method=method, data=json.dumps(body or {}).encode(),
-                                 headers={"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"})
+def admin_access(out_dir: str | Path) -> AdminAccess:
+    """The admin URL and token of the proxy start_proxy started on `out_dir` (from its admin.json)."""
+    return AdminAccess.load(admin_file(wal_dir(Path(out_dir))))
+
+
+def admin(access: AdminAccess, method: str, path: str, body: dict | None = None) -> dict:
+    req = urllib.request.Request(f"{access.url}{path}", method=method, data=json.dumps(body or {}).encode(),
+                                 headers={"Authorization": f"Bearer {access.token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 

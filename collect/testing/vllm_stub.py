@@ -42,6 +42,8 @@ import zlib
 
 from aiohttp import web
 
+from collect.engine.auth import auth_middleware
+
 EOS_ID = 2
 IM_START, IM_END = 1, 2
 ERROR_KINDS = ("500", "503", "400", "invalid_json", "no_token_ids", "drop", "short_usage")
@@ -82,10 +84,11 @@ def _error_body(status: int, message: str) -> dict:
 class Stub:
     def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
                  completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200,
-                 script: str | None = None, max_model_len: int | None = None):
+                 script: str | None = None, max_model_len: int | None = None, api_key: str | None = None):
         if script is not None and not script.startswith("shell:"):
             raise ValueError(f"stub script {script!r}: expected 'shell:<command>'")
         self.script = script
+        self.api_key = api_key  # set: /v1 routes need it, as vLLM --api-key
         self.max_model_len = max_model_len
         self.error_rate = error_rate
         self.error_kinds = tuple(error_kinds)
@@ -309,7 +312,8 @@ class Stub:
         return web.json_response(list(self.requests))
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        auth = [auth_middleware(self.api_key)] if self.api_key else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=auth)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/tokenize", self.tokenize)
