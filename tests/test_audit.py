@@ -4,14 +4,13 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-import requests
 
 from collect import schema
 from collect.audit import audit_round, orphan_turns, orphans
 from collect.layout import CollectPaths
 from collect.proxy.server import BackgroundProxy
 from collect.records import RolloutRow
-from tests.test_proxy import close_rollout, make_cfg, open_rollout
+from tests.test_proxy import close_rollout, make_cfg, open_rollout, post
 
 MSG = [{"role": "user", "content": "hello"}]
 
@@ -41,7 +40,7 @@ def test_turns_of_a_rollout_never_closed_are_orphans(tmp_path, stub):
         for rid in ("finished", "killed"):
             info = open_rollout(p, rid)
             for _ in range(2 if rid == "finished" else 3):
-                requests.post(f"{info['base_url']}/chat/completions",
+                post(f"{info['base_url']}/chat/completions",
                               json={"model": "m", "messages": MSG}).raise_for_status()
         close_rollout(p, "finished")
         # "killed" is never closed: its trial died with the round; stopping publishes its rows anyway

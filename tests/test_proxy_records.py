@@ -17,7 +17,7 @@ from collect.config import load_config
 from collect.proxy import wal as wal_mod
 from collect.proxy.server import BackgroundProxy
 from collect.proxy.wal import SegmentLog, read_records
-from tests.test_proxy import close_rollout, make_cfg, open_rollout, rows
+from tests.test_proxy import close_rollout, make_cfg, open_rollout, post, rows
 
 MSG = [{"role": "user", "content": "fix the bug"}]
 
@@ -35,7 +35,7 @@ def proxy(tmp_path, stub):
         yield p
 
 
-def hang_up(url: str, body: dict, wait_for: bytes | None = None, after: float = 0.3) -> bytes:
+def hang_up(url: str, key: str, body: dict, wait_for: bytes | None = None, after: float = 0.3) -> bytes:
     """A real HTTP client that sends one call and closes its connection before the answer is whole:
     after `after` seconds, or as soon as `wait_for` has been read (a stream's first chunk)."""
     u = urllib.parse.urlsplit(url)
@@ -43,7 +43,7 @@ def hang_up(url: str, body: dict, wait_for: bytes | None = None, after: float = 
     got = b""
     with socket.create_connection((u.hostname, u.port)) as s:
         s.sendall(f"POST {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+                  f"Authorization: Bearer {key}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
         if wait_for is None:
             time.sleep(after)
         else:
@@ -60,8 +60,8 @@ def test_default_is_fsync_on():
 def test_full_call_dropped_before_its_slow_answer_is_abandoned_and_a_retry_is_ok(proxy):
     info = open_rollout(proxy, "drop-full")
     url = f"{info['base_url']}/chat/completions"
-    hang_up(url, {"model": "m", "messages": MSG, "stub_delay": 1.0}, after=0.3)
-    r = requests.post(url, json={"model": "m", "messages": MSG})  # the agent's retry
+    hang_up(url, info["api_key"], {"model": "m", "messages": MSG, "stub_delay": 1.0}, after=0.3)
+    r = post(url, json={"model": "m", "messages": MSG})  # the agent's retry
     assert r.status_code == 200
     assert close_rollout(proxy, "drop-full") == {"rollout_id": "drop-full", "n_turns": 2, "n_errors": 0}
     got = sorted(rows(proxy, "drop-full"), key=lambda t: t["turn"])
@@ -74,7 +74,7 @@ def test_full_call_dropped_before_its_slow_answer_is_abandoned_and_a_retry_is_ok
 
 def test_stream_dropped_before_it_starts_is_abandoned(proxy):
     info = open_rollout(proxy, "drop-early")
-    hang_up(f"{info['base_url']}/chat/completions",
+    hang_up(f"{info['base_url']}/chat/completions", info["api_key"],
             {"model": "m", "messages": MSG, "stream": True, "stub_delay": 1.0}, after=0.3)
     close_rollout(proxy, "drop-early")
     assert [t["status"] for t in rows(proxy, "drop-early")] == ["abandoned"]
@@ -82,7 +82,7 @@ def test_stream_dropped_before_it_starts_is_abandoned(proxy):
 
 def test_stream_dropped_midway_is_abandoned_not_an_upstream_error(proxy):
     info = open_rollout(proxy, "drop-mid")
-    seen = hang_up(f"{info['base_url']}/chat/completions",
+    seen = hang_up(f"{info['base_url']}/chat/completions", info["api_key"],
                    {"model": "m", "messages": MSG, "stream": True, "stub_chunk_delay": 0.1}, wait_for=b"data: ")
     assert b"200 OK" in seen
     assert close_rollout(proxy, "drop-mid")["n_errors"] == 0
@@ -138,7 +138,7 @@ def test_answer_waits_for_its_fsync(proxy, monkeypatch):
     monkeypatch.setattr(wal_mod, "_sync_all", lambda fds, d: (gate.wait(10), real(fds, d)))
     info = open_rollout(proxy, "slow-disk")
     box = {}
-    t = threading.Thread(target=lambda: box.update(r=requests.post(
+    t = threading.Thread(target=lambda: box.update(r=post(
         f"{info['base_url']}/chat/completions", json={"model": "m", "messages": MSG})))
     t.start()
     time.sleep(0.5)
@@ -159,7 +159,7 @@ def test_fsync_failure_answers_503_from_then_on(proxy, monkeypatch):
     info = open_rollout(proxy, "eio")
     url = f"{info['base_url']}/chat/completions"
     for _ in range(2):  # the kernel may have dropped the pages: nothing after a failed fsync is acknowledged
-        r = requests.post(url, json={"model": "m", "messages": MSG})
+        r = post(url, json={"model": "m", "messages": MSG})
         assert r.status_code == 503 and "WAL fsync failed" in r.json()["error"]["message"]
 
 
@@ -171,7 +171,7 @@ def test_shard_renames_and_new_segments_fsync_their_directory(tmp_path, stub, mo
         monkeypatch.setattr(mod, "fsync_dir", lambda d, real=real: (synced.append(os.path.realpath(d)), real(d)))
     with BackgroundProxy(make_cfg(tmp_path, stub.url)) as p:
         info = open_rollout(p, "dirs")
-        requests.post(f"{info['base_url']}/chat/completions", json={"model": "m", "messages": MSG}).raise_for_status()
+        post(f"{info['base_url']}/chat/completions", json={"model": "m", "messages": MSG}).raise_for_status()
         assert os.path.realpath(p.proxy.wal_dir) in synced  # the segment's creation, before the answer
         close_rollout(p, "dirs")  # publishes a shard
         assert os.path.realpath(p.proxy.out_dir) in synced
