@@ -8,7 +8,7 @@ import pytest
 from collect import schema
 from collect.audit import audit_round, orphan_turns, orphans
 from collect.layout import CollectPaths
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.records import RolloutRow
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post
 

@@ -8,7 +8,7 @@ import requests
 
 from collect import endpoint
 from collect.config import load_config
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.schema import read_dir
 from collect.testing.proxy_load import free_port
 

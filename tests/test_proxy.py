@@ -13,7 +13,7 @@ import requests
 
 from collect.testing.vllm_stub import StubServer
 from collect.config import load_config
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.proxy.wal import read_records
 from collect.schema import read_dir
 

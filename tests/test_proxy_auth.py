@@ -14,7 +14,7 @@ import requests
 from collect.config import ConfigError, dump_config, load_config
 from collect.credentials import AdminAccess
 from collect.layout import admin_file
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.proxy_client import ProxyAdmin, proxy_process
 from collect.tasksets import PlannedRollout, Task, new_rollout_id
 from collect.testing.proxy_load import free_port

@@ -17,7 +17,7 @@ from collect.testing.vllm_stub import StubServer
 from collect.config import load_config
 from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.schema import read_dir
 from test_proxy import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_engine import Tap, engine_view

@@ -16,7 +16,7 @@ import requests
 from aiohttp import web
 
 from collect.config import load_config
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.schema import read_dir
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",

@@ -15,7 +15,7 @@ import requests
 
 from collect.config import load_config
 from collect.proxy import wal as wal_mod
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from collect.proxy.wal import SegmentLog, read_records
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post, rows
 

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from collect.testing.vllm_stub import StubServer
-from collect.proxy.server import BackgroundProxy
+from collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
 from tests.fixtures.redteam import ATTACKS
 from tests.test_proxy import make_cfg
