@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.trials import grade_tasks
+
 REPO = Path(__file__).resolve().parents[1]
 LEARN = REPO / "datasets" / "learn"
 TASKS = sorted(p for p in LEARN.iterdir() if (p / "task.toml").is_file())
@@ -31,31 +33,12 @@ def test_task_set_shape():
         assert command in (task / "instruction.md").read_text(), task.name
 
 
-async def _grade(agent: str, tmp_path: Path) -> dict[str, dict]:
-    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-    from harbor.trial.trial import Trial
-
-    sem = asyncio.Semaphore(4)
-
-    async def one(task: Path) -> tuple[str, dict]:
-        cfg = TrialConfig(task=TaskConfig(path=task), trial_name=f"{task.name}__{agent}", trials_dir=tmp_path / "trials",
-                          agent=AgentConfig(name=agent),
-                          environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
-                                                        kwargs={"state_dir": str(tmp_path / "state")}))
-        async with sem:
-            result = await (await Trial.create(cfg)).run()
-        assert result.exception_info is None, f"{task.name}: {result.exception_info}"
-        return task.name, result.verifier_result.rewards
-
-    return dict(await asyncio.gather(*(one(t) for t in TASKS)))
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 def test_oracle_solves_every_task_and_nop_none(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
-    oracle = asyncio.run(_grade("oracle", tmp_path / "oracle"))
+    oracle = asyncio.run(grade_tasks("oracle", TASKS, tmp_path / "oracle", concurrency=4))
     assert {k: v["reward"] for k, v in oracle.items()} == {t.name: 1.0 for t in TASKS}
-    nop = asyncio.run(_grade("nop", tmp_path / "nop"))
+    nop = asyncio.run(grade_tasks("nop", TASKS, tmp_path / "nop", concurrency=4))
     for name, rewards in nop.items():
         assert (rewards["reward"], rewards["log_ok"], rewards["p2p_passed"]) == (0.0, 1, 1), name

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.trials import grade_tasks
+
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "datasets" / "toy"
 TASKS = sorted(p for p in TOY.iterdir() if (p / "task.toml").is_file())
@@ -42,38 +44,13 @@ def test_tasks_grade_with_the_shared_tools():
         assert not (task / "tests" / "grading.py").exists(), task.name
 
 
-async def _run_trials(agent: str, tmp_path: Path, concurrency: int = 2) -> dict[str, dict]:
-    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-    from harbor.trial.trial import Trial
-
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(task: Path) -> tuple[str, dict]:
-        cfg = TrialConfig(
-            task=TaskConfig(path=task),
-            trial_name=f"{task.name}__{agent}",
-            trials_dir=tmp_path / "trials",
-            agent=AgentConfig(name=agent),
-            environment=EnvironmentConfig(
-                import_path="collect.sandbox.bwrap:BwrapEnvironment",
-                kwargs={"state_dir": str(tmp_path / "state")},
-            ),
-        )
-        async with sem:
-            result = await (await Trial.create(cfg)).run()
-        assert result.exception_info is None, f"{task.name}: {result.exception_info}"
-        return task.name, result.verifier_result.rewards
-
-    return dict(await asyncio.gather(*(one(t) for t in TASKS)))
-
-
 @needs_bwrap
 @pytest.mark.slow
 def test_oracle_solves_every_task_and_nop_none(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
-    oracle = asyncio.run(_run_trials("oracle", tmp_path / "oracle"))
+    oracle = asyncio.run(grade_tasks("oracle", TASKS, tmp_path / "oracle"))
     assert {k: v["reward"] for k, v in oracle.items()} == {t.name: 1.0 for t in TASKS}
-    nop = asyncio.run(_run_trials("nop", tmp_path / "nop"))
+    nop = asyncio.run(grade_tasks("nop", TASKS, tmp_path / "nop"))
     # an untouched repo: the FAIL_TO_PASS test fails, PASS_TO_PASS passes, the log is gradable
     for name, rewards in nop.items():
         assert (rewards["reward"], rewards["log_ok"], rewards["p2p_passed"]) == (0.0, 1, 1), name
