@@ -59,6 +59,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def stub():
+    """A vLLM-format stub upstream (collect/testing/vllm_stub.py), one per test module."""
+    from collect.testing.vllm_stub import StubServer
+
+    with StubServer() as s:
+        yield s
+
+
 @pytest.fixture(scope="session")
 def engine_url():
     """Base URL ("http://127.0.0.1:PORT") of a `python -m collect.engine` started for this session."""

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
 
 from collect import schema
 from collect.audit import audit_round, orphan_turns, orphans
@@ -13,13 +12,6 @@ from collect.records import RolloutRow
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post
 
 MSG = [{"role": "user", "content": "hello"}]
-
-
-@pytest.fixture(scope="module")
-def stub():
-    from collect.testing.vllm_stub import StubServer
-    with StubServer() as s:
-        yield s
 
 
 def rollout_row(rid: str, n_turns: int) -> dict:

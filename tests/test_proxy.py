@@ -33,12 +33,6 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
 
 
-@pytest.fixture(scope="module")
-def stub():
-    with StubServer() as s:
-        yield s
-
-
 def make_cfg(tmp_path, upstream, *extra):
     return load_config(None, [f"endpoint.url={upstream}", "proxy.port=0", f"proxy.out_dir={tmp_path}/turns",
                               "proxy.health_interval_s=0", "proxy.shard_seconds=0", "sampling.temperature=0.7",

@@ -30,12 +30,6 @@ def cfg_for(tmp_path, upstream, *extra):
                               "proxy.health_interval_s=0", "proxy.shard_seconds=0", *extra])
 
 
-@pytest.fixture(scope="module")
-def stub():
-    with StubServer() as s:
-        yield s
-
-
 @pytest.fixture
 def proxy(tmp_path, stub):
     with BackgroundProxy(cfg_for(tmp_path, stub.url)) as p:

@@ -22,13 +22,6 @@ from tests.test_proxy import close_rollout, make_cfg, open_rollout, post, rows
 MSG = [{"role": "user", "content": "fix the bug"}]
 
 
-@pytest.fixture(scope="module")
-def stub():
-    from collect.testing.vllm_stub import StubServer
-    with StubServer() as s:
-        yield s
-
-
 @pytest.fixture
 def proxy(tmp_path, stub):
     with BackgroundProxy(make_cfg(tmp_path, stub.url)) as p:
