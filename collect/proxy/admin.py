@@ -17,6 +17,7 @@ from aiohttp import web
 from collect.config import RunConfig
 from collect.credentials import bearer, same
 from collect.proxy.errors import Reject, reject_response
+from collect.proxy.listen import bind
 from collect.proxy.metrics import Metrics
 from collect.proxy.rollouts import Rollout, RolloutRegistry
 from collect.proxy.shards import TurnStore
@@ -58,12 +59,8 @@ class AdminAPI:
         """Bind the admin listener; returns its base URL."""
         app = web.Application()
         self.add_routes(app.router)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]
-        return f"http://{_connect_host(host)}:{bound}"
+        self._runner, url = await bind(app, host, port)
+        return url
 
     async def stop(self) -> None:
         if self._runner is not None:
@@ -169,8 +166,3 @@ class AdminAPI:
                   "open_rollouts": self.rollouts.n_open(),
                   "upstreams_healthy": sum(u.healthy for u in self.pool.upstreams)}
         return web.Response(text=self.metrics.render(gauges), content_type="text/plain", charset="utf-8")
-
-
-def _connect_host(host: str) -> str:
-    """A host to connect to for a bind address (a wildcard bind is reached on loopback)."""
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host

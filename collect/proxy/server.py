@@ -32,6 +32,7 @@ from collect.proxy.dialects import anthropic as anthropic_dialect
 from collect.proxy.dialects import responses as responses_dialect
 from collect.proxy.errors import Reject, UpstreamFailure, reject_response
 from collect.proxy.forward import Forwarder, forced_request, requested_max_tokens
+from collect.proxy.listen import bind
 from collect.proxy.metrics import Metrics
 from collect.proxy.recorder import FullReply, Recorder, StreamReply
 from collect.proxy.rollouts import Rollout, RolloutRegistry
@@ -92,13 +93,7 @@ class RecordingProxy:
         AdminAccess(self.admin_url, self.admin_token, os.getpid()).save(admin_file(self.wal_dir))
         app = web.Application(client_max_size=self.cfg.proxy.max_body_bytes)
         self._routes(app)
-        self.runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, self.cfg.proxy.host, self.cfg.proxy.port, backlog=1024)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        host = self.cfg.proxy.host if self.cfg.proxy.host not in ("0.0.0.0", "::", "") else "127.0.0.1"
-        self.url = f"http://{host}:{port}"
+        self.runner, self.url = await bind(app, self.cfg.proxy.host, self.cfg.proxy.port, backlog=1024)
         return self.url
 
     async def stop(self) -> None:
