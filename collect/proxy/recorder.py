@@ -127,6 +127,9 @@ class Recorder:
             self.metrics.inc("completion_tokens_total", len(row.completion_token_ids),
                              help="Completion tokens recorded", policy=rollout.policy)
 
+    def _abandoned(self, rollout: Rollout) -> None:
+        self.metrics.inc("abandoned_total", help="Calls whose agent hung up before the answer", policy=rollout.policy)
+
     async def _record_error(self, rollout: Rollout, row: TurnRow, fail: UpstreamFailure, dialect,
                             gone: bool) -> tuple[str, bytes]:
         """Record the failed call; the message and body the agent gets (in its own dialect)."""
@@ -138,8 +141,7 @@ class Recorder:
         row.response = body.decode("utf-8", "replace")
         row.prompt_token_ids, row.completion_token_ids, row.completion_logprobs = [], [], []
         if gone:
-            self.metrics.inc("abandoned_total", help="Calls whose agent hung up before the answer",
-                             policy=rollout.policy)
+            self._abandoned(rollout)
         else:
             self.metrics.inc("errors_total", help="Recorded calls that failed upstream", policy=rollout.policy,
                              kind=fail.kind)
@@ -164,8 +166,7 @@ class Recorder:
         row.response, row.ended_at = response.decode(), time.time()
         if gone:  # the answer is complete but reaches no one: kept for the record, never trained on
             row.status, row.error = "abandoned", "the agent closed its connection before the answer was sent"
-            self.metrics.inc("abandoned_total", help="Calls whose agent hung up before the answer",
-                             policy=rollout.policy)
+            self._abandoned(rollout)
         try:
             await self.commit(rollout, row)
         except RecordFailure as e:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 
 from collect import schema
 from collect.proxy import jsonx
-from collect.proxy.wal import SegmentLog, fsync_dir, read_records
+from collect.proxy.wal import SegmentLog, read_records
 
 log = logging.getLogger("wharf.proxy.shards")
 
@@ -159,7 +159,7 @@ class TurnStore:
             else:
                 path.unlink()
         if segments:
-            fsync_dir(self.wal.dir)  # the renames above, before new segments are numbered after them
+            schema.fsync_dir(self.wal.dir)  # the renames above, before new segments are numbered after them
         self.wal.open()
         info = {"segments": len(segments), "recovered_rows": len(rows), "shard": str(shard) if shard else None,
                 "bad_segments": [str(p) for p in bad_files]}
