@@ -179,3 +179,12 @@ def test_the_runner_hands_the_proxy_child_its_token(tmp_path, stub):
     assert not admin_file(tmp_path / "turns" / "_wal").exists(), "a stopped proxy leaves no admin file"
     log = (tmp_path / "logs" / "proxy.log").read_text()
     assert access.token not in log and json.dumps(access.token) not in log, "the token is never logged"
+
+
+@pytest.mark.parametrize("text", ["", "{not json", '{"url": "http://127.0.0.1:1"}', '{"url": "u", "token": "t", "pid": "x"}'])
+def test_a_corrupt_admin_file_is_refused_naming_it(tmp_path, text):
+    f = tmp_path / "admin.json"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=rf"{re.escape(str(f))}: not a readable proxy admin file"):
+        AdminAccess.load(f)
+    assert f.read_text() == text  # nothing rewritten
