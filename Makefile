@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# The same defaults as collect/envdefaults.py (which every entry point applies itself).
+# The same defaults as wharf/envdefaults.py (which every entry point applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -53,7 +53,7 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 
 # One real trial per agent through the recording proxy: the agent matrix (README).
 agents-check: setup agents
-	$(PY) -m collect.agents.check $(ARGS)
+	$(PY) -m pipeline.agents_check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
@@ -92,17 +92,17 @@ publish: setup
 # collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
 ROUNDS ?=
 loop: setup
-	$(PY) -m train.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+	$(PY) -m pipeline.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
 
 # convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
 JOBS ?=
 replay: setup
-	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+	$(PY) -m pipeline.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
 
 # Rewrite runs/<run>/report.html: make report RUN=runs/learn
 RUN ?= runs/default
 report: setup
-	$(PY) -m train.report $(RUN)
+	$(PY) -m pipeline.report $(RUN)
 
 test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)

@@ -3,7 +3,7 @@ length bucketing beside naive pad-to-longest (fixed rows per batch, shuffled).
 
 `python -m bench.convert [--rollouts 1000] [--dir DIR] [--keep]`
 
-The job is real parquet written through collect.schema (collect/testing/synthetic_job.py):
+The job is real parquet written through wharf.schema (testing/synthetic_job.py):
 rollouts of many turns whose prompts carry the whole history, with prefix breaks and retries.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from collect.config import load_config
-from collect.layout import CollectPaths
-from collect.testing.synthetic_job import make_job
+from wharf.config import load_config
+from wharf.layout import CollectPaths
+from testing.synthetic_job import make_job
 
 
 def _rss_mb() -> float:
@@ -30,7 +30,7 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from collect import envdefaults
+    from wharf import envdefaults
 
     envdefaults.apply()  # before torch loads (convert imports it lazily)
     p = argparse.ArgumentParser(prog="python -m bench.convert", description=__doc__.splitlines()[0])

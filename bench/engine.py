@@ -6,7 +6,7 @@ The 2 cores here are shared: read the figures as noisy.
 """
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -64,7 +64,7 @@ def run_engine(url: str, concurrency: int, n_requests: int, tokens: int, api_key
 def run_generate(n_requests: int, tokens: int, threads: int) -> tuple[int, float]:
     import torch
 
-    from collect.engine import model_store
+    from wharf import model_store
 
     torch.set_num_threads(threads)
     model, tok = model_store.load_model(model_store.embedded_model_dir(), "cpu", "float32")
@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (engine and generate)")
     args = ap.parse_args(argv)
 
-    from collect.config import load_config
-    from collect.endpoint import launch
+    from wharf.config import load_config
+    from wharf.endpoint import launch
 
     url = f"http://127.0.0.1:{_free_port()}"
     cfg = load_config(None, [f"endpoint.url={url}", f"engine.threads={args.threads}"])

@@ -3,12 +3,12 @@ with the WAL's group-commit fsync on (the default: power-loss durable) and off, 
 
 `python -m bench.proxy [--calls N] [--latency-calls N] [--clients 64] [--procs 2] [--seconds 10]`
 
-The stub upstream (collect/testing/vllm_stub.py) and the proxy run as their own processes; the load comes
+The stub upstream (testing/vllm_stub.py) and the proxy run as their own processes; the load comes
 from several Python processes with aiohttp clients. With `taskset` available and 2+ CPUs, the
 proxy is pinned to CPU 0 and the stub and load generator to the others, so the figures show the
 proxy's own core. Each figure is one run on a machine shared with other work: expect noise.
 
-The processes and the load generator are collect/testing/proxy_load.py, shared with
+The processes and the load generator are testing/proxy_load.py, shared with
 tests/test_proxy_load.py.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from collect.testing.proxy_load import (_cpus, admin, admin_access, chat_body, free_port, pinned, run_load,
+from testing.proxy_load import (_cpus, admin, admin_access, chat_body, free_port, pinned, run_load,
                                         start_proxy, start_stub, stop)
 
 _WRK_SCRIPT = """
@@ -148,7 +148,7 @@ def via_proxy(bench: Bench, stub_port: int, body: bytes, fsync: bool, cpus) -> d
             admin(access, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
     finally:
         stop(proxy)
-    from collect.schema import read_dir
+    from wharf.schema import read_dir
     status = collections.Counter(read_dir(tmp / "turns", "turns").column("status").to_pylist())
     return {"lat": lat, "tp": tp, "status": dict(status), "fsyncs": syncs}
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from collect import envdefaults
+from wharf import envdefaults
 
 VARIANTS = ["loss-naive", "loss-chunked", "loss-time", "step-naive", "step-chunked", "step-naive-ckpt",
             "step-chunked-ckpt"]
@@ -45,7 +45,7 @@ def _peak_mb(device: str, base_mb: float) -> float:
 def _model(device: str, ckpt: bool):
     from peft import LoraConfig, get_peft_model
 
-    from collect.engine.model_store import embedded_model_dir, load_model
+    from wharf.model_store import embedded_model_dir, load_model
 
     model, _ = load_model(embedded_model_dir(), device, "float32")
     lc = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -75,7 +75,7 @@ def _loss_path(variant: str, seq: int, chunk: int, device: str, repeats: int) ->
 
     from safetensors import safe_open
 
-    from collect.engine.model_store import embedded_model_dir
+    from wharf.model_store import embedded_model_dir
 
     with safe_open(str(embedded_model_dir() / "model.safetensors"), "pt") as f:
         weight = f.get_tensor("model.embed_tokens.weight").to(device)  # the tied lm_head

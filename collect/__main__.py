@@ -1,15 +1,15 @@
 """`python -m collect --config FILE [key=value ...]`: run one collect round (make collect)."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()  # before harbor and the agents load
 
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from collect.config import cli_config  # noqa: E402
-from collect.endpoint import EndpointError  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
+from wharf.endpoint import EndpointError  # noqa: E402
 from collect.proxy_client import ServiceError  # noqa: E402
 from collect.runner import run  # noqa: E402
 from collect.tasksets import TaskSetError  # noqa: E402

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from collect import envdefaults, schema
+from wharf import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
-from collect.layout import CollectPaths
+from wharf.layout import CollectPaths
 
 def _tool_calls(row: dict) -> bool:
     """Whether the recorded answer holds a tool call (its ids then decode to more than the text)."""
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     envdefaults.apply()  # before transformers loads
     from transformers import AutoTokenizer
 
-    from collect.engine.model_store import resolve_model_dir
+    from wharf.model_store import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_dir(None))
     report = audit_round(args.collect_dir, lambda ids: tok.decode(ids), tok.eos_token or "")

@@ -2,14 +2,14 @@
 completion with its token ids and per-token log-probs (what the recording proxy will capture)."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()
 
 import sys  # noqa: E402
 
-from .config import cli_config  # noqa: E402
-from .endpoint import EndpointError, launch  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
+from wharf.endpoint import EndpointError, launch  # noqa: E402
 
 PROMPT = "Write a shell command that prints the current directory."
 

@@ -8,11 +8,11 @@ from typing import Iterator
 
 import aiohttp
 
-from collect import procs
-from collect.config import RunConfig
-from collect.credentials import AdminAccess, new_token
-from collect.layout import admin_file, wal_dir
-from collect.endpoint import Endpoint
+from wharf import procs
+from wharf.config import RunConfig
+from wharf.credentials import AdminAccess, new_token
+from wharf.layout import admin_file, wal_dir
+from wharf.endpoint import Endpoint
 from collect.records import ClosedRollout, OpenedRollout, RecordError
 
 

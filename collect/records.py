@@ -4,7 +4,7 @@
   `OpenedRollout`, `ClosedRollout`, `RolloutState`. On the wire they are JSON objects with
   exactly these field names.
 - The parquet rows as they are built: `TurnRow` (the proxy, one per recorded call) and
-  `RolloutRow` (the runner, one per trial); their fields are collect.schema's TURNS and
+  `RolloutRow` (the runner, one per trial); their fields are wharf.schema's TURNS and
   ROLLOUTS columns, in order (tests/test_records.py holds them to it).
 - `Outcome`: what a finished harbor trial came to (collect/trials.py -> the runner).
 """

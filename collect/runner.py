@@ -20,10 +20,10 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from collect import endpoint, schema
+from wharf import endpoint, schema
 from collect.audit import orphan_turns
-from collect.config import RunConfig, dump_config
-from collect.layout import CollectPaths
+from wharf.config import RunConfig, dump_config
+from wharf.layout import CollectPaths
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.records import Outcome, RolloutRow
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed

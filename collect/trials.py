@@ -9,7 +9,7 @@ from pathlib import Path
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
 from harbor.models.trial.result import TrialResult
 
-from collect.config import CollectConfig
+from wharf.config import CollectConfig
 from collect.records import Outcome
 
 # harbor agents that take the endpoint as a constructor option rather than from the environment;

@@ -2,14 +2,14 @@
 collect dirs -> micro-batches, index.json and stats.json (make convert)."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()  # before torch loads
 
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from collect.config import cli_config  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
 from convert.reader import ConvertInputError  # noqa: E402
 from convert.stage import convert_round  # noqa: E402
 

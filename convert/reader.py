@@ -1,4 +1,4 @@
-"""Read one stored collect dir (a job) through collect.schema, refusing bad input by name.
+"""Read one stored collect dir (a job) through wharf.schema, refusing bad input by name.
 
 The turns' list columns stay flat numpy arrays (values + offsets): a call's prompt, completion
 and log-probs are zero-copy slices of them, so nothing walks the tokens in Python.
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tqdm import tqdm
 
-from collect import schema
-from collect.layout import CollectPaths
+from wharf import schema
+from wharf.layout import CollectPaths
 from convert.rows import Call
 
 log = logging.getLogger("convert")

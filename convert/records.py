@@ -46,7 +46,7 @@ import orjson
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
-from collect.layout import ConvertPaths
+from wharf.layout import ConvertPaths
 
 FORMAT = "wharf.microbatches"
 FORMAT_VERSION = 1

@@ -16,8 +16,8 @@ import numpy as np
 import orjson
 from tqdm import tqdm
 
-from collect.config import RunConfig
-from collect.layout import ConvertPaths, RunLayout
+from wharf.config import RunConfig
+from wharf.layout import ConvertPaths, RunLayout
 from convert import batching
 from convert.advantages import ESTIMATORS
 from convert.build import Built, build

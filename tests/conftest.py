@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collect import envdefaults, procs
-from collect.endpoint import Endpoint
+from wharf import envdefaults, procs
+from wharf.endpoint import Endpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def stub():
-    """A vLLM-format stub upstream (collect/testing/vllm_stub.py), one per test module."""
-    from collect.testing.vllm_stub import StubServer
+    """A vLLM-format stub upstream (testing/vllm_stub.py), one per test module."""
+    from testing.vllm_stub import StubServer
 
     with StubServer() as s:
         yield s

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from collect.testing.vllm_stub import StubServer
+from testing.vllm_stub import StubServer
 from collect.agents import node_clis
 from collect.agents.claude_code import QUIET_ENV, anthropic_root
 from collect.agents.codex import QUIET_CONFIG

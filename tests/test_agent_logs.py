@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from collect.agents.check import prompt_bytes, why
+from pipeline.agents_check import prompt_bytes, why
 from collect.agents.logs import compare, read_agent_log
 
 

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
-from collect.testing.vllm_stub import StubServer
-from collect import schema
+from testing.vllm_stub import StubServer
+from wharf import schema
 from collect.agents.logs import compare, read_agent_log
 from collect.audit import audit_round
 from conftest import REPO, free_port

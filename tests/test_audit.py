@@ -4,9 +4,9 @@ from __future__ import annotations
 import datetime as dt
 
 
-from collect import schema
+from wharf import schema
 from collect.audit import audit_round, orphan_turns, orphans
-from collect.layout import CollectPaths
+from wharf.layout import CollectPaths
 from collect.proxy.background import BackgroundProxy
 from collect.records import RolloutRow
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post

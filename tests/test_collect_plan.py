@@ -5,7 +5,7 @@ import pytest
 from harbor.models.trial.result import ExceptionInfo, TrialResult
 from harbor.models.verifier.result import VerifierResult
 
-from collect.config import CollectConfig
+from wharf.config import CollectConfig
 from collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
 from collect.trials import RolloutRoute, TrialSetupError, classify, preflight, primary_reward, trial_config
 

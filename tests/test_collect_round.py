@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from collect.testing.vllm_stub import StubServer
-from collect import schema
-from collect.config import load_config
+from testing.vllm_stub import StubServer
+from wharf import schema
+from wharf.config import load_config
 from collect.runner import Round
 from conftest import free_port
 
@@ -37,7 +37,7 @@ def round_cfg(tmp_path, agent, endpoint_url, *extra):
 
 def run_round(cfg, tmp_path):
     config_path = tmp_path / "config.yaml"
-    from collect.config import dump_config
+    from wharf.config import dump_config
 
     dump_config(cfg, config_path)
     summary = asyncio.run(Round(cfg, config_path).run(progress=False))

@@ -1,6 +1,6 @@
 import pytest
 
-from collect.config import ConfigError, RunConfig, dump_config, load_config, parse_override
+from wharf.config import ConfigError, RunConfig, dump_config, load_config, parse_override
 
 
 def test_default_config_loads_and_overrides_apply():

@@ -13,9 +13,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from collect.agents.logs import read_agent_log
-from collect.config import load_config
-from collect.engine.model_store import resolve_model_dir
-from collect.layout import CollectPaths
+from wharf.config import load_config
+from wharf.model_store import resolve_model_dir
+from wharf.layout import CollectPaths
 from conftest import free_port
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round

@@ -1,4 +1,4 @@
-"""convert_round on real parquet jobs (generated through collect.schema): the micro-batches and
+"""convert_round on real parquet jobs (generated through wharf.schema): the micro-batches and
 index train reads, replay of mixed jobs, determinism, and bad input refused by name with nothing
 written (or skipped and listed with convert.skip_bad)."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from collect import schema
-from collect.config import load_config
-from collect.layout import CollectPaths
-from collect.testing.synthetic_job import make_job
+from wharf import schema
+from wharf.config import load_config
+from wharf.layout import CollectPaths
+from testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
 from convert.records import load_micro_batch, read_index
 from convert.stage import convert_round

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from collect import schema
+from wharf import schema
 from collect.audit import audit_round
-from collect.engine.model_store import resolve_model_dir
+from wharf.model_store import resolve_model_dir
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""collect.endpoint against the real engine, and against small fakes of a misconfigured vLLM."""
+"""wharf.endpoint against the real engine, and against small fakes of a misconfigured vLLM."""
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +8,8 @@ import threading
 import pytest
 from aiohttp import web
 
-from collect.config import load_config
-from collect.endpoint import Endpoint, EndpointError, launch
+from wharf.config import load_config
+from wharf.endpoint import Endpoint, EndpointError, launch
 from conftest import free_port
 
 

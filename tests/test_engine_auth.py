@@ -6,11 +6,11 @@ import openai
 import pytest
 import requests
 
-from collect import endpoint
-from collect.config import load_config
+from wharf import endpoint
+from wharf.config import load_config
 from collect.proxy.background import BackgroundProxy
-from collect.schema import read_dir
-from collect.testing.proxy_load import free_port
+from wharf.schema import read_dir
+from testing.proxy_load import free_port
 
 REPO = endpoint.REPO_ROOT
 CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}

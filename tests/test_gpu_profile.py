@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from collect.config import load_config
+from wharf.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))

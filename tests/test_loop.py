@@ -21,12 +21,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from collect import procs, schema
-from collect.config import load_config
-from collect.endpoint import Endpoint
-from collect.layout import RunLayout
+from wharf import procs, schema
+from wharf.config import load_config
+from wharf.endpoint import Endpoint
+from wharf.layout import RunLayout
 from conftest import REPO, free_port
-from train.loop import read_marker, run_loop
+from pipeline.loop import read_marker, run_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),  # two rounds, a kill, a resume, a replay
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -74,7 +74,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
     try:
         args = _overrides(tmp_path, "loop", port)
         run = RunLayout(tmp_path / "loop")
-        cmd = [sys.executable, "-m", "train.loop", "--config", str(REPO / "configs/learn.yaml"), *args]
+        cmd = [sys.executable, "-m", "pipeline.loop", "--config", str(REPO / "configs/learn.yaml"), *args]
         _kill_during_train(cmd, run, tmp_path / "killed.log")
         assert read_marker(run.round(1), "convert") and read_marker(run.round(1), "train") is None
 
@@ -119,7 +119,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         procs.stop(engine)
 
     # replay: both rounds (different policies) into a new run, no endpoint
-    from train.replay import check_jobs, replay_config, run_replay
+    from pipeline.replay import check_jobs, replay_config, run_replay
 
     jobs = check_jobs([str(run.round(0).collect.root), str(run.round(1).collect.root)])
     rcfg = replay_config(load_config(REPO / "configs/learn.yaml", [f"runs_dir={tmp_path}", "name=replay",

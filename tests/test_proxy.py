@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 
-from collect.testing.vllm_stub import StubServer
-from collect.config import load_config
+from testing.vllm_stub import StubServer
+from wharf.config import load_config
 from collect.proxy.background import BackgroundProxy
 from collect.proxy.wal import read_records
-from collect.schema import read_dir
+from wharf.schema import read_dir
 
 # Configured here (proxy.admin_token); left unset, each proxy draws its own (test_proxy_auth.py).
 ADMIN_TOKEN = "test-admin-token"
@@ -449,7 +449,7 @@ def test_foreign_file_in_out_dir_is_named(tmp_path, stub):
     out = tmp_path / "turns"
     out.mkdir()
     (out / "part-0.parquet").write_bytes(b"not parquet")
-    from collect.schema import SchemaError
+    from wharf.schema import SchemaError
     with pytest.raises(SchemaError, match="part-0.parquet"):
         BackgroundProxy(make_cfg(tmp_path, stub.url)).start()
     assert os.path.exists(out / "part-0.parquet")
@@ -479,7 +479,7 @@ def test_wal_write_failure_never_answers_unrecorded(proxy):
 def test_fast_shard_table_equals_schema_conversion():
     import array
 
-    from collect import schema
+    from wharf import schema
     from collect.proxy.shards import turns_table
     base = {"rollout_id": "r", "api": "chat", "policy": "p", "request": "{}", "response": None, "sampling": "{}",
             "finish_reason": "stop", "status": "ok", "error": None}
@@ -499,7 +499,7 @@ def test_second_proxy_on_the_same_dir_is_refused(proxy, stub):
 
 
 def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, stub):
-    from collect import schema
+    from wharf import schema
     cfg = make_cfg(tmp_path, stub.url)
     with BackgroundProxy(cfg) as p:
         url = f"{open_rollout(p, 'twice')['base_url']}/chat/completions"

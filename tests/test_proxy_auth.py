@@ -11,14 +11,14 @@ import openai
 import pytest
 import requests
 
-from collect.config import ConfigError, dump_config, load_config
-from collect.credentials import AdminAccess
-from collect.layout import admin_file
+from wharf.config import ConfigError, dump_config, load_config
+from wharf.credentials import AdminAccess
+from wharf.layout import admin_file
 from collect.proxy.background import BackgroundProxy
 from collect.proxy_client import ProxyAdmin, proxy_process
 from collect.tasksets import PlannedRollout, Task, new_rollout_id
-from collect.testing.proxy_load import free_port
-from collect.testing.vllm_stub import StubServer
+from testing.proxy_load import free_port
+from testing.vllm_stub import StubServer
 from tests.test_proxy import rows, wal_lines
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -13,12 +13,12 @@ import openai
 import pytest
 import requests
 
-from collect.testing.vllm_stub import StubServer
-from collect.config import load_config
+from testing.vllm_stub import StubServer
+from wharf.config import load_config
 from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect
 from collect.proxy.background import BackgroundProxy
-from collect.schema import read_dir
+from wharf.schema import read_dir
 from test_proxy import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_engine import Tap, engine_view
 

@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from collect.testing.proxy_load import (admin, admin_access, chat_body, free_port, run_load, start_proxy,
+from testing.proxy_load import (admin, admin_access, chat_body, free_port, run_load, start_proxy,
                                         start_stub, stop)
-from collect.schema import read_dir
+from wharf.schema import read_dir
 
 
 def open_targets(base: str, access, n: int, stream_every: int = 0, prefix: str = "load"):

@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 import requests
 
-from collect.config import load_config
+from wharf.config import load_config
 from collect.proxy import wal as wal_mod
 from collect.proxy.background import BackgroundProxy
 from collect.proxy.wal import SegmentLog, read_records
@@ -157,7 +157,7 @@ def test_fsync_failure_answers_503_from_then_on(proxy, monkeypatch):
 
 
 def test_shard_renames_and_new_segments_fsync_their_directory(tmp_path, stub, monkeypatch):
-    import collect.schema as schema_mod
+    import wharf.schema as schema_mod
     synced = []
     for mod in (schema_mod, wal_mod):
         real = mod.fsync_dir

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from collect import schema
+from wharf import schema
 from collect.records import ROLLOUT_FIELDS, TURN_FIELDS, ClosedRollout, OpenedRollout, RecordError, TurnRow
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from collect.testing.vllm_stub import StubServer
+from testing.vllm_stub import StubServer
 from collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
 from tests.fixtures.redteam import ATTACKS

@@ -1,5 +1,5 @@
 """The run report on a run dir written the way the stages write theirs (real parquet through
-collect.schema, convert's stats.json, train's metrics.jsonl, the loop's markers): every plot with
+wharf.schema, convert's stats.json, train's metrics.jsonl, the loop's markers): every plot with
 data is drawn, the page references only files that exist, and a partial run still gets a page."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from collect import schema
-from collect.layout import RunLayout
-from train.loop import write_marker
-from train.report import gather, write_report
-from train.report.__main__ import main as report_main
+from wharf import schema
+from wharf.layout import RunLayout
+from pipeline.loop import write_marker
+from pipeline.report import gather, write_report
+from pipeline.report.__main__ import main as report_main
 
 NOW = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)
 

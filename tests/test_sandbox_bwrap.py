@@ -218,7 +218,7 @@ def test_the_boundary(tmp_path):
             for ns in ("user", "pid", "net", "ipc", "uts", "mnt"):
                 inside = (await env.exec(f"readlink /proc/self/ns/{ns}")).stdout.strip()
                 assert inside != os.readlink(f"/proc/self/ns/{ns}"), ns
-            r = await env.exec(f"ls {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow {REPO / 'collect/config.py'}")
+            r = await env.exec(f"ls {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow {REPO / 'wharf/config.py'}")
             assert r.return_code != 0 and not r.stdout
             # the repo dir holds only the path down to the agent CLIs bound at their real path
             # (collect/agents/node/node_modules, when `make agents` installed them): no source

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from collect.config import dump_config
-from collect.endpoint import Endpoint
+from wharf.config import dump_config
+from wharf.endpoint import Endpoint
 from train import publish as publish_mod
 from train.publish import PublishError
 from train.stage import train_round
@@ -53,8 +53,8 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
 
     if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
         pytest.skip("needs CUDA and vllm")
-    from collect.endpoint import launch, with_key
-    from collect.engine.model_store import embedded_model_dir
+    from wharf.endpoint import launch, with_key
+    from wharf.model_store import embedded_model_dir
 
     model = str(embedded_model_dir())  # vLLM serves the same converted base the trainer loads
     cfg = run_config(tmp_path, "train.lr=0.01", "train.publish=true", "train.device=cuda",

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from collect.config import dump_config
-from collect.layout import RunLayout
+from wharf.config import dump_config
+from wharf.layout import RunLayout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import convert_path, run_config, sample_rows, write_round  # noqa: E402

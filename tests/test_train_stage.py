@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from collect.layout import RunLayout
+from wharf.layout import RunLayout
 from convert.records import BatchFormatError
 from train.model import AdapterError
 from train.stage import TrainError, train_round

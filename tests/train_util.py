@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from collect.config import RunConfig, load_config
-from collect.engine.model_store import embedded_model_dir, load_model
-from collect.layout import RunLayout
+from wharf.config import RunConfig, load_config
+from wharf.model_store import embedded_model_dir, load_model
+from wharf.layout import RunLayout
 from convert.records import BatchFile, BatchIndex, MicroBatch, PAD_ID, save_micro_batch, write_index
 
 PROMPTS = ["Write the word yes.", "Count from one to three.", "Name a colour.", "Say hello to Ada.",

@@ -1,15 +1,15 @@
 """`python -m train --config FILE [key=value ...]`: train round `round` and publish its adapter."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()  # before torch loads
 
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from collect.config import cli_config  # noqa: E402
-from collect.engine.model_store import ModelError  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
+from wharf.model_store import ModelError  # noqa: E402
 from convert.records import BatchFormatError  # noqa: E402
 
 from .model import AdapterError  # noqa: E402

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from collect.config import RunConfig
-from collect.engine.model_store import ModelError, load_model, resolve_model_dir
+from wharf.config import RunConfig
+from wharf.model_store import ModelError, load_model, resolve_model_dir
 
 from .loss import sampled_logprobs
 

@@ -110,7 +110,7 @@ def _job_policies(job_dir: str) -> set[str]:
 
 def write(convert_dir: Path, out: Path, model_dir: Path, device: str = "cpu", adapter: Path | None = None) -> list[dict]:
     """Load the starting policy, compute per-job statistics, write them atomically to `out`."""
-    from collect.engine.model_store import load_model
+    from wharf.model_store import load_model
 
     model, _ = load_model(model_dir, device, "float32")
     if adapter is not None:

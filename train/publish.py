@@ -13,10 +13,10 @@ import re
 import sys
 from pathlib import Path
 
-from collect import envdefaults
-from collect.config import RunConfig, cli_config
-from collect.endpoint import Endpoint, EndpointError
-from collect.layout import RunLayout, policy_name
+from wharf import envdefaults
+from wharf.config import RunConfig, cli_config
+from wharf.endpoint import Endpoint, EndpointError
+from wharf.layout import RunLayout, policy_name
 
 log = logging.getLogger("wharf.train")
 

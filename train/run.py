@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from collect.config import RunConfig
-from collect.layout import RunLayout
+from wharf.config import RunConfig
+from wharf.layout import RunLayout
 
 from . import checkpoint
 from .loss import LossConfig

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from collect.config import RunConfig, to_dict
-from collect.layout import ConvertPaths, RunLayout, policy_name
+from wharf.config import RunConfig, to_dict
+from wharf.layout import ConvertPaths, RunLayout, policy_name
 from convert.records import BatchFormatError, load_micro_batch, read_index
 
 from .loss import LossConfig

@@ -1,14 +1,14 @@
 """`python -m collect.engine --config FILE [key=value ...]`: serve the engine section of a run config."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()  # before torch loads
 
 import logging  # noqa: E402
 import sys  # noqa: E402
 
-from ..config import cli_config  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from aiohttp import web
 
-    from .model_store import ModelError
+    from wharf.model_store import ModelError
     from .server import Engine, make_app
 
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..credentials import bearer, same
+from wharf.credentials import bearer, same
 
 
 def auth_middleware(api_key: str):

@@ -12,8 +12,8 @@ import functools
 import time
 from typing import Any
 
-from ..config import EngineConfig
-from . import model_store
+from wharf.config import EngineConfig
+from wharf import model_store
 from .batcher import Batcher, Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found

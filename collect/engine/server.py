@@ -14,7 +14,7 @@ import uuid
 
 from aiohttp import web
 
-from ..config import EngineConfig
+from wharf.config import EngineConfig
 from . import chat_api, completions_api
 from .auth import auth_middleware
 from .chat_format import ChatError

@@ -1,7 +1,7 @@
 """`python -m collect.proxy --config FILE [key=value ...]`: serve until SIGTERM/SIGINT, then publish every row."""
 from __future__ import annotations
 
-from collect import envdefaults
+from wharf import envdefaults
 
 envdefaults.apply()
 
@@ -10,8 +10,8 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
-from collect.config import cli_config  # noqa: E402
-from collect.layout import admin_file  # noqa: E402
+from wharf.config import cli_config  # noqa: E402
+from wharf.layout import admin_file  # noqa: E402
 from collect.proxy.server import RecordingProxy  # noqa: E402
 
 

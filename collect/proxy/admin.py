@@ -14,8 +14,8 @@ from typing import Callable
 
 from aiohttp import web
 
-from collect.config import RunConfig
-from collect.credentials import bearer, same
+from wharf.config import RunConfig
+from wharf.credentials import bearer, same
 from collect.proxy.errors import Reject, reject_response
 from collect.proxy.listen import bind
 from collect.proxy.metrics import Metrics

@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from ..config import RunConfig
+from wharf.config import RunConfig
 from .server import RecordingProxy
 
 

@@ -10,7 +10,7 @@ import asyncio
 
 import aiohttp
 
-from collect.config import RunConfig
+from wharf.config import RunConfig
 from collect.proxy import jsonx
 from collect.proxy.dialects import NOTES
 from collect.proxy.errors import JSON, UpstreamFailure

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 import pyarrow.parquet as pq
 
-from collect.credentials import bearer
+from wharf.credentials import bearer
 from collect.proxy.errors import Reject
-from collect.schema import shard_files
+from wharf.schema import shard_files
 from collect.proxy.jsonx import dumps
 from collect.proxy.wal import read_records, write_all
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from collect.config import RunConfig
-from collect.credentials import AdminAccess, new_token
-from collect.layout import admin_file, wal_dir
+from wharf.config import RunConfig
+from wharf.credentials import AdminAccess, new_token
+from wharf.layout import admin_file, wal_dir
 from collect.proxy import jsonx
 from collect.proxy.admin import AdminAPI
 from collect.proxy.capture import CaptureError, StreamRelay, capture_full, plain_full

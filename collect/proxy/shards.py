@@ -1,4 +1,4 @@
-"""Turn rows: WAL first, then published as parquet shards (collect.schema TURNS) in the background.
+"""Turn rows: WAL first, then published as parquet shards (wharf.schema TURNS) in the background.
 
 Protocol, so that a row is never lost nor written twice:
 1. `add(row)` appends the row to the current WAL segment and to `pending` in one synchronous step;
@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from collect import schema
+from wharf import schema
 from collect.proxy import jsonx
 from collect.proxy.wal import SegmentLog, read_records
 

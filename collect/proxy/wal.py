@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from collect.schema import fsync_dir
+from wharf.schema import fsync_dir
 
 log = logging.getLogger("wharf.proxy.wal")
 

@@ -41,7 +41,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_f
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
-from collect import envdefaults
+from wharf import envdefaults
 from collect.sandbox import changes
 from collect.sandbox.ns import Sandbox, Spec, minimal_expose
 from collect.sandbox.relay import Relay, parse_forward

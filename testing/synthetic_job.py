@@ -1,4 +1,4 @@
-"""A generated collect job (turns shards + rollouts.parquet, real parquet through collect.schema)
+"""A generated collect job (turns shards + rollouts.parquet, real parquet through wharf.schema)
 for tests and bench/convert: rollouts of many calls whose prompts carry the whole history, as
 agents send it, with prefix breaks (a re-tokenized end of the last completion), retried calls,
 finish_reason=length completions and lengths spread like an agent's."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from collect import schema
-from collect.layout import CollectPaths
+from wharf import schema
+from wharf.layout import CollectPaths
 
 VOCAB = 49_000
 GROUP = 8  # attempts per task

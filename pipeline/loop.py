@@ -1,7 +1,7 @@
 """The RL loop: for k = 0..rounds-1, collect round k from policy-v<k> (round 0: the base model),
 convert it, train it, publish policy-v<k+1>; the run report is rewritten after every round.
 
-`python -m train.loop --config FILE [key=value ...]` (`make loop ROUNDS=N`: `rounds=N`).
+`python -m pipeline.loop --config FILE [key=value ...]` (`make loop ROUNDS=N`: `rounds=N`).
 
 Resumable: each finished stage leaves a marker (RoundLayout.marker: its wall time and what it
 made); run again after a kill anywhere, the loop skips the marked stages and resumes the one it
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from collect.config import RunConfig, dump_config
-from collect.endpoint import Endpoint, launch, with_key
-from collect.layout import RoundLayout, RunLayout, policy_name
+from wharf.config import RunConfig, dump_config
+from wharf.endpoint import Endpoint, launch, with_key
+from wharf.layout import RoundLayout, RunLayout, policy_name
 
 log = logging.getLogger("wharf.loop")
 
@@ -166,7 +166,7 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
 
 
 def write_report(run_dir: Path) -> None:
-    from train.report import write_report as write
+    from pipeline.report import write_report as write
 
     try:
         log.info("report: %s", write(run_dir))
@@ -197,7 +197,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
 
 def stage_errors() -> tuple[type, ...]:
     """The stages' own 'bad input / cannot go on' errors: printed as one line, not a traceback."""
-    from collect.endpoint import EndpointError
+    from wharf.endpoint import EndpointError
     from collect.proxy_client import ServiceError
     from collect.tasksets import TaskSetError
     from collect.trials import TrialSetupError
@@ -213,13 +213,13 @@ def stage_errors() -> tuple[type, ...]:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    from collect import envdefaults
+    from wharf import envdefaults
 
     envdefaults.apply()  # before torch loads (this module imports it lazily)
     from collect.__main__ import setup_logging
-    from collect.config import cli_config
+    from wharf.config import cli_config
 
-    cfg = cli_config(argv, "python -m train.loop")
+    cfg = cli_config(argv, "python -m pipeline.loop")
     setup_logging()
     try:
         done = run_loop(cfg)

@@ -1,7 +1,7 @@
 """Replay: convert + train from stored collect dirs only (any mix of runs and rounds) into a new
 run dir, with no agent and no endpoint. `make replay JOBS="DIR ..."`, i.e.
 
-    python -m train.replay --config FILE --job DIR [--job DIR ...] [key=value ...]
+    python -m pipeline.replay --config FILE --job DIR [--job DIR ...] [key=value ...]
 
 The new run (`name`, default replay-<UTC time>) gets round 0's convert/ and train/ (a new adapter
 from the base model), rounds/0/train/offpolicy.json (how far off-policy each job is for the
@@ -17,8 +17,8 @@ import logging
 import sys
 from pathlib import Path
 
-from collect.config import ConfigError, RunConfig, dump_config, load_config
-from collect.layout import CollectPaths, RunLayout
+from wharf.config import ConfigError, RunConfig, dump_config, load_config
+from wharf.layout import CollectPaths, RunLayout
 
 from .loop import LoopError, stage_errors, run_stage, train_stage, convert_stage, write_report
 
@@ -48,7 +48,7 @@ def replay_config(cfg: RunConfig, jobs: list[str]) -> RunConfig:
 
 
 def offpolicy_stage(cfg: RunConfig) -> dict:
-    from collect.engine.model_store import pick_device, resolve_model_dir
+    from wharf.model_store import pick_device, resolve_model_dir
     from train import offpolicy
 
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
@@ -81,12 +81,12 @@ def run_replay(cfg: RunConfig) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from collect import envdefaults
+    from wharf import envdefaults
 
     envdefaults.apply()  # before torch loads (this module imports it lazily)
     from collect.__main__ import setup_logging
 
-    p = argparse.ArgumentParser(prog="python -m train.replay")
+    p = argparse.ArgumentParser(prog="python -m pipeline.replay")
     p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
     p.add_argument("--job", action="append", default=[], help="a stored collect dir (repeat for more)")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-4")

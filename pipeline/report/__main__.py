@@ -1,5 +1,5 @@
-"""`python -m train.report RUN_DIR` writes RUN_DIR/report.html (make report RUN=...);
-`python -m train.report --compare LABEL=RUN_DIR ... --out FILE.png` draws the mean reward of
+"""`python -m pipeline.report RUN_DIR` writes RUN_DIR/report.html (make report RUN=...);
+`python -m pipeline.report --compare LABEL=RUN_DIR ... --out FILE.png` draws the mean reward of
 several runs side by side (the learning experiment's figure)."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _mean_round_wall(rounds) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m train.report")
+    p = argparse.ArgumentParser(prog="python -m pipeline.report")
     p.add_argument("run_dirs", nargs="*", help="run dirs (runs/<run>) to write report.html for")
     p.add_argument("--compare", nargs="+", metavar="LABEL=RUN_DIR", help="runs to draw side by side")
     p.add_argument("--out", default="docs/learning.png", help="the --compare figure (default: %(default)s)")

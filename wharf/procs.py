@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collect import envdefaults
-from collect.config import RunConfig, dump_config
+from wharf import envdefaults
+from wharf.config import RunConfig, dump_config
 
 _PR_SET_PDEATHSIG = 1
 

@@ -1,9 +1,9 @@
 """The run report: runs/<run>/report.html and its PNG plots, rewritten after every round.
 
-`write_report(run_dir)` reads what the stages left in the run dir (train/report/data.py) and
+`write_report(run_dir)` reads what the stages left in the run dir (pipeline/report/data.py) and
 writes a self-contained page: the plots as files beside it (relative paths), the tables inline,
 no scripts, so it opens from the file system with nothing running.
-`python -m train.report RUN_DIR` (or `--compare LABEL=RUN_DIR ... --out FILE.png`).
+`python -m pipeline.report RUN_DIR` (or `--compare LABEL=RUN_DIR ... --out FILE.png`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import html
 import os
 from pathlib import Path
 
-from collect.layout import RunLayout
+from wharf.layout import RunLayout
 
 from .data import STAGES, RoundData, gather
 from .plots import PLOTS, draw_all

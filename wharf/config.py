@@ -1,7 +1,7 @@
 """Run configuration: one YAML file per run, `key=value` overrides, typed dataclass sections.
 
 One file configures a whole run; each stage reads the sections it needs. The loader
-(collect/configio.py) refuses unknown keys, wrong types and values out of range, naming the
+(wharf/configio.py) refuses unknown keys, wrong types and values out of range, naming the
 file and the dotted key, so a typo never silently does nothing. A range is written on the
 field: `Annotated[int, Field(ge=1)]`.
 """
@@ -14,9 +14,9 @@ from typing import Annotated, Any, Sequence
 
 from pydantic import AfterValidator, Field
 
-from collect import configio
-from collect.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
-from collect.layout import RoundLayout, RunLayout
+from wharf import configio
+from wharf.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
+from wharf.layout import RoundLayout, RunLayout
 
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
 Positive = Annotated[int, Field(ge=1)]
@@ -220,7 +220,7 @@ class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
     round: NonNegative = 0
-    # Rounds the loop runs (train/loop.py; `make loop ROUNDS=N` sets it); running again with a
+    # Rounds the loop runs (pipeline/loop.py; `make loop ROUNDS=N` sets it); running again with a
     # larger value continues a finished loop.
     rounds: Positive = 1
     engine: EngineConfig = field(default_factory=EngineConfig)

@@ -1,8 +1,8 @@
 """The recording proxy and its stub upstream as processes, and a multi-process load generator:
 what tests/test_proxy_load.py and the proxy benchmark (bench/proxy.py) drive.
 
-The stub is `python -m collect.testing.vllm_stub`; the proxy gets its config as every child stage
-does (collect.procs.stage_argv). With `cpus`, a process is pinned there with taskset.
+The stub is `python -m testing.vllm_stub`; the proxy gets its config as every child stage
+does (wharf.procs.stage_argv). With `cpus`, a process is pinned there with taskset.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from pathlib import Path
 
 import aiohttp
 
-from collect import envdefaults
-from collect.config import load_config
-from collect.credentials import AdminAccess
-from collect.layout import admin_file, wal_dir
-from collect.procs import stage_argv
+from wharf import envdefaults
+from wharf.config import load_config
+from wharf.credentials import AdminAccess
+from wharf.layout import admin_file, wal_dir
+from wharf.procs import stage_argv
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
@@ -76,7 +76,7 @@ def wait_url(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
 
 
 def start_stub(port: int, cpus=None, error_rate: float = 0.0, completion_tokens: int = 50, log=None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "collect.testing.vllm_stub", "--port", str(port), "--error-rate", str(error_rate),
+    cmd = [sys.executable, "-m", "testing.vllm_stub", "--port", str(port), "--error-rate", str(error_rate),
            "--completion-tokens", str(completion_tokens)]
     proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
     wait_url(f"http://127.0.0.1:{port}/health", proc)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect.layout import RoundLayout, RunLayout
+from wharf.layout import RoundLayout, RunLayout
 
 log = logging.getLogger("wharf.report")
 
@@ -78,7 +78,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def _rollouts(rnd: RoundLayout) -> list[dict]:
     if not rnd.collect.rollouts.is_file():
         return []
-    from collect import schema
+    from wharf import schema
 
     try:
         return schema.read_table(rnd.collect.rollouts, "rollouts").select(
@@ -92,7 +92,7 @@ def _turn_lengths(rnd: RoundLayout) -> list[int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from collect import schema
+    from wharf import schema
 
     lengths: list[int] = []
     for f in schema.shard_files(rnd.collect.turns):

@@ -1,6 +1,6 @@
 """The generic half of the run config: YAML files, `key=value` overrides, validation.
 
-Validation is pydantic's, over the plain dataclasses of collect/config.py: types, and ranges
+Validation is pydantic's, over the plain dataclasses of wharf/config.py: types, and ranges
 written as `Annotated[int, Field(ge=1)]` on a field. Its errors are reworded to name the
 file and the dotted key, and an unknown key gets the closest known one as a hint.
 """
@@ -149,7 +149,7 @@ def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = (
 
 def dump(cfg: Any, path: str | Path) -> None:
     """Write `cfg` as YAML, owner-only: a resolved config can hold tokens and API keys."""
-    from collect.credentials import write_private
+    from wharf.credentials import write_private
 
     write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 

@@ -7,7 +7,7 @@ Upstream: the local engine (SmolLM2-135M, CPU) for agents whose prompt fits its 
 vLLM-shaped stub otherwise (scripted: one call of the agent's shell tool, then a final answer).
 Agents harbor installs from the internet are tried as they are; their row says why they fail here.
 
-`python -m collect.agents.check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
+`python -m pipeline.agents_check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
 claude-code, codex) does not run cleanly.
 """
@@ -23,10 +23,10 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collect import envdefaults, schema
+from wharf import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 TASK = "write-hello"  # datasets/toy: the instruction spells out the command
 STUB_COMMAND = "echo hello > hello.txt"
 
@@ -111,7 +111,7 @@ class Result:
 
 
 def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out: Path) -> Result:
-    from collect.config import dump_config, load_config
+    from wharf.config import dump_config, load_config
     from collect.runner import Round
 
     res = Result(agent)
@@ -164,9 +164,9 @@ def table(results: list[Result]) -> str:
 def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
     """{engine, stub}: (base URL, API key) of the local engine (started when needed, with a key of
     its own) and of the scripted stub."""
-    from collect.testing.vllm_stub import StubServer
-    from collect import endpoint
-    from collect.config import load_config
+    from testing.vllm_stub import StubServer
+    from wharf import endpoint
+    from wharf.config import load_config
 
     with StubServer(script=f"shell:{STUB_COMMAND}", max_model_len=131072, model="smollm2-135m") as stub:
         if not need_engine:
@@ -180,7 +180,7 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     envdefaults.apply()  # before harbor, litellm and the agents load
-    p = argparse.ArgumentParser(prog="python -m collect.agents.check", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m pipeline.agents_check", description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated agent names (default: all)")
     p.add_argument("--engine-port", type=int, default=8110)
     p.add_argument("--proxy-port", type=int, default=8210)

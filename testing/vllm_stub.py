@@ -23,7 +23,7 @@ concurrent rollouts each get their two turns.
 `max_model_len`: /v1/models reports it, /tokenize counts a prompt as vLLM's does, and a request
 whose prompt plus max_tokens does not fit is refused with vLLM's wording.
 
-`python -m collect.testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
+`python -m testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
 """
 from __future__ import annotations
@@ -375,7 +375,7 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m collect.testing.vllm_stub", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m testing.vllm_stub", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--error-kinds", default=",".join(ERROR_KINDS))
