@@ -2,9 +2,11 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+# The one command line (pipeline/cli.py; `make setup` installs it as the `wharf` console script).
+WHARF := $(VENV)/bin/wharf
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# The same defaults as wharf/envdefaults.py (which every entry point applies itself).
+# The same defaults as wharf/envdefaults.py (which every wharf command applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -53,56 +55,56 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 
 # One real trial per agent through the recording proxy: the agent matrix (README).
 agents-check: setup agents
-	$(PY) -m pipeline.agents_check $(ARGS)
+	$(WHARF) agents-check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
-	$(PY) -m collect.audit runs/default/rounds/0/collect
+	$(WHARF) audit runs/default/rounds/0/collect
 
 # One chat completion from the local engine, shown with its token ids and log-probs.
 chat: setup
-	$(PY) -m collect.demo --config $(CONFIG) $(ARGS)
+	$(WHARF) chat --config $(CONFIG) $(ARGS)
 
 serve: setup
-	$(PY) -m collect.engine --config $(CONFIG) $(ARGS)
+	$(WHARF) serve --config $(CONFIG) $(ARGS)
 
 proxy: setup
-	$(PY) -m collect.proxy --config $(CONFIG) $(ARGS)
+	$(WHARF) proxy --config $(CONFIG) $(ARGS)
 
 collect: setup
-	$(PY) -m collect --config $(CONFIG) $(DOTTED) $(ARGS)
+	$(WHARF) collect --config $(CONFIG) $(DOTTED) $(ARGS)
 
 # Round <k>'s collect dir (or convert.jobs=[DIR,...]) -> micro-batches + stats.json under rounds/<k>/convert.
 convert: setup
-	$(PY) -m convert --config $(CONFIG) $(DOTTED) $(ARGS)
+	$(WHARF) convert --config $(CONFIG) $(DOTTED) $(ARGS)
 
 audit: setup
-	$(PY) -m collect.audit $(DIR)
+	$(WHARF) audit $(DIR)
 
 # LoRA GRPO on round `round`'s micro-batches (runs convert first when they are missing), then
 # the adapter is published to the endpoint as policy-v<round+1> when one answers.
 # MALLOC_MMAP_THRESHOLD_: glibc otherwise keeps freed activations, inflating peak RSS by GiBs.
 train: setup
-	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(PY) -m train --config $(CONFIG) $(ARGS)
+	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(WHARF) train --config $(CONFIG) $(ARGS)
 
 # Publish (again) the adapter `make train` wrote, e.g. after the endpoint was down.
 publish: setup
-	$(PY) -m train.publish --config $(CONFIG) $(ARGS)
+	$(WHARF) publish --config $(CONFIG) $(ARGS)
 
 # collect -> convert -> train -> publish, ROUNDS times (default: the config's `rounds`); resumable.
 ROUNDS ?=
 loop: setup
-	$(PY) -m pipeline.loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
+	$(WHARF) loop --config $(CONFIG) $(if $(ROUNDS),rounds=$(ROUNDS)) $(ARGS)
 
 # convert + train from stored collect dirs only, into a new run dir: make replay JOBS="DIR ..."
 JOBS ?=
 replay: setup
-	$(PY) -m pipeline.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+	$(WHARF) replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
 
 # Rewrite runs/<run>/report.html: make report RUN=runs/learn
 RUN ?= runs/default
 report: setup
-	$(PY) -m pipeline.report $(RUN)
+	$(WHARF) report $(RUN)
 
 test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)

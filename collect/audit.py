@@ -5,7 +5,7 @@ Calls recorded as `abandoned` (the agent hung up before the answer) are not in t
 are left out of that comparison. Turns of rollouts missing from the rollouts table (orphans: trials
 of a killed round that never finished) are counted, not compared; convert ignores them.
 
-`python -m collect.audit runs/<run>/rounds/<k>/collect [--tokenizer DIR]` prints one line per
+`wharf audit runs/<run>/rounds/<k>/collect [--tokenizer DIR]` prints one line per
 rollout that disagrees and a summary; exit code 1 when any does.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from wharf import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
+from wharf import envdefaults, schema
+from wharf.entry import guarded
 from wharf.layout import CollectPaths
 
 def _tool_calls(row: dict) -> bool:
@@ -97,12 +98,16 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collect.audit", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "wharf audit") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("collect_dir", help="runs/<run>/rounds/<k>/collect")
     p.add_argument("--tokenizer", help="a HF tokenizer dir to decode completion ids with (default: the embedded model's)")
     args = p.parse_args(argv)
-    envdefaults.apply()  # before transformers loads
+    return guarded(prog, lambda: _audit(args))
+
+
+def _audit(args) -> int:
+    envdefaults.apply()  # before transformers loads (`python -m collect.audit` comes here first)
     from transformers import AutoTokenizer
 
     from wharf.model_store import resolve_model_dir

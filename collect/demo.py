@@ -1,34 +1,29 @@
-"""`python -m collect.demo --config FILE`: start the endpoint if needed and show one real chat
+"""`wharf chat --config FILE`: start the endpoint if needed and show one real chat
 completion with its token ids and per-token log-probs (what the recording proxy will capture)."""
 from __future__ import annotations
 
-from wharf import envdefaults
+from openai import OpenAI
 
-envdefaults.apply()
-
-import sys  # noqa: E402
-
-from wharf.config import cli_config  # noqa: E402
-from wharf.endpoint import EndpointError, launch  # noqa: E402
+from wharf.config import cli_config
+from wharf.endpoint import launch
+from wharf.entry import guarded
 
 PROMPT = "Write a shell command that prints the current directory."
 
 
-def main(argv: list[str] | None = None) -> None:
-    cfg = cli_config(argv, "python -m collect.demo")
-    from openai import OpenAI
+def main(argv: list[str] | None = None, prog: str = "wharf chat") -> int:
+    cfg = cli_config(argv, prog, "One chat completion from the endpoint, with its token ids and log-probs.")
+    return guarded(prog, lambda: _chat(cfg))
 
-    try:
-        with launch(cfg) as ep:
-            client = OpenAI(base_url=f"{ep.url}/v1", api_key=ep.api_key or "EMPTY")  # the SDK wants one
-            max_tokens = min(cfg.sampling.max_tokens or 48, 48)
-            r = client.chat.completions.create(
-                model=cfg.endpoint.model, messages=[{"role": "user", "content": PROMPT}],
-                temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, max_tokens=max_tokens,
-                seed=cfg.engine.seed, logprobs=True, extra_body={"return_token_ids": True})
-    except EndpointError as e:
-        print(f"collect.demo: {e}", file=sys.stderr)
-        raise SystemExit(1) from None
+
+def _chat(cfg) -> int:
+    with launch(cfg) as ep:
+        client = OpenAI(base_url=f"{ep.url}/v1", api_key=ep.api_key or "EMPTY")  # the SDK wants one
+        max_tokens = min(cfg.sampling.max_tokens or 48, 48)
+        r = client.chat.completions.create(
+            model=cfg.endpoint.model, messages=[{"role": "user", "content": PROMPT}],
+            temperature=cfg.sampling.temperature, top_p=cfg.sampling.top_p, max_tokens=max_tokens,
+            seed=cfg.engine.seed, logprobs=True, extra_body={"return_token_ids": True})
     choice = r.choices[0]
     ids = choice.model_extra["token_ids"]
     prompt_ids = r.model_extra["prompt_token_ids"]
@@ -42,7 +37,4 @@ def main(argv: list[str] | None = None) -> None:
     total = sum(e.logprob for e in choice.logprobs.content)
     print(f"\nassistant ({choice.finish_reason}, {r.usage.completion_tokens} tokens, "
           f"sum logprob {total:.3f}):\n{choice.message.content}")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

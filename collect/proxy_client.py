@@ -14,9 +14,10 @@ from wharf.credentials import AdminAccess, new_token
 from wharf.layout import admin_file, wal_dir
 from wharf.endpoint import Endpoint
 from collect.records import ClosedRollout, OpenedRollout, RecordError
+from wharf.errors import WharfError
 
 
-class ServiceError(RuntimeError):
+class ServiceError(WharfError, RuntimeError):
     """A service that would not start or answer."""
 
 

@@ -6,8 +6,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from wharf.errors import WharfError
 
-class TaskSetError(ValueError):
+
+class TaskSetError(WharfError, ValueError):
     """A dataset path that holds no usable harbor task."""
 
 

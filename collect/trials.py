@@ -11,6 +11,7 @@ from harbor.models.trial.result import TrialResult
 
 from wharf.config import CollectConfig
 from collect.records import Outcome
+from wharf.errors import WharfError
 
 # harbor agents that take the endpoint as a constructor option rather than from the environment;
 # our own agents (collect.agents.*) take base_url and api_key.
@@ -82,7 +83,7 @@ def environment_config(cc: CollectConfig, ep: RolloutRoute | None = None) -> Env
     return EnvironmentConfig(**ref, kwargs=kwargs)
 
 
-class TrialSetupError(ValueError):
+class TrialSetupError(WharfError, ValueError):
     """An agent or environment that harbor cannot load or that refuses its options."""
 
 

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from convert.records import PAD_ID, MicroBatch
+from wharf.batches import PAD_ID, MicroBatch
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -57,7 +57,7 @@ def naive_batches(n_rows: int, rows_per_batch: int, seed: int = 0) -> list[np.nd
 def pack(rows: Sequence, pad_multiple: int, advantages: np.ndarray, weights: np.ndarray,
          rollout_index: np.ndarray, group_index: np.ndarray) -> MicroBatch:
     """Rows (convert.rows.Row) and their per-row values -> one right-padded MicroBatch
-    (layout: convert/records.py)."""
+    (layout: wharf/batches.py)."""
     b = len(rows)
     t = round_up(max(len(r) for r in rows), pad_multiple)
     ids = np.full((b, t), PAD_ID, np.int64)

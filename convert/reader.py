@@ -20,6 +20,7 @@ from tqdm import tqdm
 from wharf import schema
 from wharf.layout import CollectPaths
 from convert.rows import Call
+from wharf.errors import WharfError
 
 log = logging.getLogger("convert")
 
@@ -30,7 +31,7 @@ COLUMNS = ["rollout_id", "turn", "sampling", "prompt_token_ids", "completion_tok
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
 
 
-class ConvertInputError(ValueError):
+class ConvertInputError(WharfError, ValueError):
     """Bad input: the message names the file (and rollout) and the reason."""
 
 

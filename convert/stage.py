@@ -22,7 +22,7 @@ from convert import batching
 from convert.advantages import ESTIMATORS
 from convert.build import Built, build
 from convert.reader import ConvertInputError, read_job
-from convert.records import BatchFile, BatchIndex, save_micro_batch, write_index
+from wharf.batches import BatchFile, BatchIndex, save_micro_batch, write_index
 from convert.rows import RowOptions
 
 log = logging.getLogger("convert")

@@ -7,7 +7,7 @@ Upstream: the local engine (SmolLM2-135M, CPU) for agents whose prompt fits its 
 vLLM-shaped stub otherwise (scripted: one call of the agent's shell tool, then a final answer).
 Agents harbor installs from the internet are tried as they are; their row says why they fail here.
 
-`python -m pipeline.agents_check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
+`wharf agents-check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
 claude-code, codex) does not run cleanly.
 """
@@ -23,8 +23,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wharf import envdefaults, schema
 from collect.agents.logs import compare, read_agent_log
+from collect.runner import Round
+from testing.vllm_stub import StubServer  # a repo tool: the scripted upstream ships with the tests, not the wheel
+from wharf import endpoint, schema
+from wharf.config import dump_config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "write-hello"  # datasets/toy: the instruction spells out the command
@@ -111,9 +114,6 @@ class Result:
 
 
 def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out: Path) -> Result:
-    from wharf.config import dump_config, load_config
-    from collect.runner import Round
-
     res = Result(agent)
     upstream_url, api_key = upstream
     cfg = load_config(None, [
@@ -164,10 +164,6 @@ def table(results: list[Result]) -> str:
 def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
     """{engine, stub}: (base URL, API key) of the local engine (started when needed, with a key of
     its own) and of the scripted stub."""
-    from testing.vllm_stub import StubServer
-    from wharf import endpoint
-    from wharf.config import load_config
-
     with StubServer(script=f"shell:{STUB_COMMAND}", max_model_len=131072, model="smollm2-135m") as stub:
         if not need_engine:
             yield {"stub": (stub.url, None)}
@@ -178,9 +174,8 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
             yield {"stub": (stub.url, None), "engine": (cfg.endpoint.url, ep.api_key)}
 
 
-def main(argv: list[str] | None = None) -> int:
-    envdefaults.apply()  # before harbor, litellm and the agents load
-    p = argparse.ArgumentParser(prog="python -m pipeline.agents_check", description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str = "wharf agents-check") -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--only", default="", help="comma-separated agent names (default: all)")
     p.add_argument("--engine-port", type=int, default=8110)
     p.add_argument("--proxy-port", type=int, default=8210)
@@ -199,7 +194,3 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     print(f"\ntrials under {out}")
     return 0 if all(r.ran for r in results if r.agent.shipped) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

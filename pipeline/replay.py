@@ -1,7 +1,7 @@
 """Replay: convert + train from stored collect dirs only (any mix of runs and rounds) into a new
 run dir, with no agent and no endpoint. `make replay JOBS="DIR ..."`, i.e.
 
-    python -m pipeline.replay --config FILE --job DIR [--job DIR ...] [key=value ...]
+    wharf replay --config FILE --job DIR [--job DIR ...] [key=value ...]
 
 The new run (`name`, default replay-<UTC time>) gets round 0's convert/ and train/ (a new adapter
 from the base model), rounds/0/train/offpolicy.json (how far off-policy each job is for the
@@ -10,17 +10,19 @@ resumes at the stage where it stopped (the loop's stage markers).
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import datetime as dt
 import logging
-import sys
 from pathlib import Path
 
-from wharf.config import ConfigError, RunConfig, dump_config, load_config
+from train import offpolicy
+from wharf import configio
+from wharf.config import RunConfig, dump_config, load_config
+from wharf.entry import guarded
 from wharf.layout import CollectPaths, RunLayout
+from wharf.model_store import pick_device, resolve_model_dir
 
-from .loop import LoopError, stage_errors, run_stage, train_stage, convert_stage, write_report
+from .stages import LoopError, convert_stage, run_stage, train_stage, write_report
 
 log = logging.getLogger("wharf.replay")
 
@@ -28,33 +30,30 @@ log = logging.getLogger("wharf.replay")
 def check_jobs(jobs: list[str]) -> list[str]:
     """Every job dir must be a finished collect dir; the same dir twice would count twice."""
     if not jobs:
-        raise LoopError("replay: no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
+        raise LoopError("no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
     out = []
     for j in jobs:
         p = CollectPaths(Path(j))
         if not p.rollouts.is_file():
-            raise LoopError(f"replay: {j} is not a collect dir (no rollouts.parquet): name "
+            raise LoopError(f"{j} is not a collect dir (no rollouts.parquet): name "
                             "runs/<run>/rounds/<k>/collect dirs")
         resolved = str(p.root.resolve())
         if resolved in out:
-            raise LoopError(f"replay: {j} is named twice; its rollouts would count twice")
+            raise LoopError(f"{j} is named twice; its rollouts would count twice")
         out.append(resolved)
     return out
 
 
 def replay_config(cfg: RunConfig, jobs: list[str]) -> RunConfig:
-    train = dataclasses.replace(cfg.train, publish=False) if hasattr(cfg.train, "publish") else cfg.train
+    train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=0, convert=dataclasses.replace(cfg.convert, jobs=jobs), train=train)
 
 
 def offpolicy_stage(cfg: RunConfig) -> dict:
-    from wharf.model_store import pick_device, resolve_model_dir
-    from train import offpolicy
-
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    model_dir = resolve_model_dir(getattr(cfg.train, "model", None) or cfg.engine.model)
+    model_dir = resolve_model_dir(cfg.train.model or cfg.engine.model)
     jobs = offpolicy.write(rnd.convert.root, rnd.train.root / "offpolicy.json", model_dir,
-                           pick_device(getattr(cfg.train, "device", "auto")))
+                           pick_device(cfg.train.device))
     for j in jobs:
         log.info("job %s (%s): %d tokens, mismatch mean %.4f, ratio mean %.3f", j["name"], j["policies"],
                  j["tokens"], j.get("mismatch_mean", float("nan")), j.get("ratio_mean", float("nan")))
@@ -67,7 +66,7 @@ def run_replay(cfg: RunConfig) -> Path:
     if prev.is_file():
         old = load_config(prev)
         if sorted(old.convert.jobs) != sorted(cfg.convert.jobs):
-            raise LoopError(f"replay: {layout.root} is a replay of other jobs ({old.convert.jobs}); "
+            raise LoopError(f"{layout.root} is a replay of other jobs ({old.convert.jobs}); "
                             "choose another name=")
     layout.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, layout.config)
@@ -80,33 +79,17 @@ def run_replay(cfg: RunConfig) -> Path:
     return layout.root
 
 
-def main(argv: list[str] | None = None) -> int:
-    from wharf import envdefaults
-
-    envdefaults.apply()  # before torch loads (this module imports it lazily)
-    from collect.__main__ import setup_logging
-
-    p = argparse.ArgumentParser(prog="python -m pipeline.replay")
-    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+def main(argv: list[str] | None = None, prog: str = "wharf replay") -> int:
+    p = configio.parser(prog, RunConfig, "convert + train from stored collect dirs into a new run dir; no agent, "
+                                         "no endpoint.")
     p.add_argument("--job", action="append", default=[], help="a stored collect dir (repeat for more)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. train.lr=1e-4")
     args = p.parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    try:
-        cfg = load_config(args.config, [f"name=replay-{stamp}", *args.overrides])
-        cfg = replay_config(cfg, check_jobs(args.job))
-    except (ConfigError, LoopError) as e:
-        print(f"replay: {e}", file=sys.stderr)
-        return 2
-    setup_logging()
-    try:
-        root = run_replay(cfg)
-    except stage_errors() as e:
-        print(f"replay: {e}", file=sys.stderr)
-        return 1
+    cfg = configio.from_args(args, prog, RunConfig, extra=[f"name=replay-{stamp}"])
+    return guarded(prog, lambda: _replay(cfg, args.job))
+
+
+def _replay(cfg: RunConfig, jobs: list[str]) -> int:
+    root = run_replay(replay_config(cfg, check_jobs(jobs)))
     print(f"replay: adapter in {RunLayout(root).round(0).train.adapter}; report: {RunLayout(root).report}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

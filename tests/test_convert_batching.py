@@ -1,4 +1,4 @@
-"""convert.batching (length bucketing, padding) and the micro-batch files of convert.records."""
+"""convert.batching (length bucketing, padding) and the micro-batch files of wharf.batches."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from convert import batching
-from convert.records import FORMAT, FORMAT_VERSION, PAD_ID, BatchFormatError, load_micro_batch, save_micro_batch
+from wharf.batches import FORMAT, FORMAT_VERSION, PAD_ID, BatchFormatError, load_micro_batch, save_micro_batch
 from convert.rows import Row
 
 

@@ -17,7 +17,7 @@ from wharf.config import load_config
 from wharf.model_store import resolve_model_dir
 from wharf.layout import CollectPaths
 from conftest import free_port
-from convert.records import load_micro_batch, read_index
+from wharf.batches import load_micro_batch, read_index
 from convert.stage import convert_round
 
 REPO = Path(__file__).resolve().parents[1]

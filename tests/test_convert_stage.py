@@ -20,7 +20,7 @@ from wharf.config import load_config
 from wharf.layout import CollectPaths
 from testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
-from convert.records import load_micro_batch, read_index
+from wharf.batches import load_micro_batch, read_index
 from convert.stage import convert_round
 
 REPO = Path(__file__).resolve().parents[1]

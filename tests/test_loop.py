@@ -26,7 +26,8 @@ from wharf.config import load_config
 from wharf.endpoint import Endpoint
 from wharf.layout import RunLayout
 from conftest import REPO, free_port
-from pipeline.loop import read_marker, run_loop
+from pipeline.loop import run_loop
+from pipeline.stages import read_marker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),  # two rounds, a kill, a resume, a replay
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -74,7 +75,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
     try:
         args = _overrides(tmp_path, "loop", port)
         run = RunLayout(tmp_path / "loop")
-        cmd = [sys.executable, "-m", "pipeline.loop", "--config", str(REPO / "configs/learn.yaml"), *args]
+        cmd = [sys.executable, "-m", "pipeline.cli", "loop", "--config", str(REPO / "configs/learn.yaml"), *args]
         _kill_during_train(cmd, run, tmp_path / "killed.log")
         assert read_marker(run.round(1), "convert") and read_marker(run.round(1), "train") is None
 

@@ -14,9 +14,9 @@ import pytest
 
 from wharf import schema
 from wharf.layout import RunLayout
-from pipeline.loop import write_marker
+from pipeline.stages import write_marker
 from pipeline.report import gather, write_report
-from pipeline.report.__main__ import main as report_main
+from pipeline.report.cli import main as report_main
 
 NOW = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)
 

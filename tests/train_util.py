@@ -1,5 +1,5 @@
 """Small real rounds for the train tests: completions sampled from the base model itself, written
-as convert's micro-batches (convert.records), so the stored log-probs are exactly on-policy."""
+as convert's micro-batches (wharf.batches), so the stored log-probs are exactly on-policy."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,7 @@ import torch
 from wharf.config import RunConfig, load_config
 from wharf.model_store import embedded_model_dir, load_model
 from wharf.layout import RunLayout
-from convert.records import BatchFile, BatchIndex, MicroBatch, PAD_ID, save_micro_batch, write_index
+from wharf.batches import BatchFile, BatchIndex, MicroBatch, PAD_ID, save_micro_batch, write_index
 
 PROMPTS = ["Write the word yes.", "Count from one to three.", "Name a colour.", "Say hello to Ada.",
            "What is 2 + 2?", "Name an animal.", "Spell cat.", "Give one fruit."]

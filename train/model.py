@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from wharf.adapters import AdapterInvalid, AdapterNotFound, check_adapter
 from wharf.config import RunConfig
+from wharf.errors import WharfError
 from wharf.model_store import ModelError, load_model, resolve_model_dir
 
 from .loss import sampled_logprobs
@@ -22,7 +24,7 @@ from .loss import sampled_logprobs
 REFUSED_TARGETS = ("lm_head", "embed_tokens")
 
 
-class AdapterError(ValueError):
+class AdapterError(WharfError, ValueError):
     """An adapter config or dir that vLLM would refuse or that does not fit the base model."""
 
 
@@ -50,8 +52,6 @@ def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
 
 def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
     """A previous round's adapter: readable, LoRA, this rank, these targets, this base model's shapes."""
-    from collect.engine.lora import AdapterInvalid, AdapterNotFound, check_adapter
-
     try:
         check_adapter(path.name, str(path), model)
     except (AdapterInvalid, AdapterNotFound) as e:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from wharf.model_store import load_model
+
 
 @dataclass
 class JobAcc:
@@ -78,7 +80,7 @@ def _logprobs(model, mb):
 
 def compute(convert_dir: Path, model) -> list[dict]:
     """Per-job statistics for the micro-batches in `convert_dir` under `model` (eval mode)."""
-    from convert.records import load_micro_batch, read_index
+    from wharf.batches import load_micro_batch, read_index
 
     index = read_index(convert_dir)
     names = job_names(index.jobs)
@@ -110,8 +112,6 @@ def _job_policies(job_dir: str) -> set[str]:
 
 def write(convert_dir: Path, out: Path, model_dir: Path, device: str = "cpu", adapter: Path | None = None) -> list[dict]:
     """Load the starting policy, compute per-job statistics, write them atomically to `out`."""
-    from wharf.model_store import load_model
-
     model, _ = load_model(model_dir, device, "float32")
     if adapter is not None:
         from peft import PeftModel

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from convert.records import BatchIndex
+from wharf.batches import BatchIndex
 
 
 @dataclass(frozen=True)

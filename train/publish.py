@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 from pathlib import Path
 
-from wharf import envdefaults
 from wharf.config import RunConfig, cli_config
 from wharf.endpoint import Endpoint, EndpointError
+from wharf.entry import guarded
+from wharf.errors import WharfError
 from wharf.layout import RunLayout, policy_name
 
 log = logging.getLogger("wharf.train")
 
 
-class PublishError(RuntimeError):
+class PublishError(WharfError, RuntimeError):
     """The endpoint refused the adapter or does not serve it afterwards; the adapter stays on disk."""
 
 
@@ -86,20 +86,14 @@ def _version(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    envdefaults.apply()
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = cli_config(argv, "python -m train.publish")
+def main(argv: list[str] | None = None, prog: str = "wharf publish") -> int:
+    cfg = cli_config(argv, prog, "Publish (again) the adapter round `round` trained, as policy-v<round+1>.")
+    return guarded(prog, lambda: _publish(cfg))
+
+
+def _publish(cfg: RunConfig) -> int:
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
     name = policy_name(cfg.round + 1)
-    try:
-        publish(cfg, adapter, name)
-    except (PublishError, EndpointError) as e:
-        print(f"publish: {e}", file=sys.stderr)
-        return 1
+    publish(cfg, adapter, name)
     print(f"published {adapter} as {name} on {cfg.endpoint.url}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

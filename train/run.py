@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from wharf.config import RunConfig
+from wharf.errors import WharfError
 from wharf.layout import RunLayout
 
 from . import checkpoint
@@ -39,18 +40,18 @@ def _accelerator(cfg: RunConfig, project_dir: Path):
     if t.device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"train.device={t.device!r}: expected auto, cpu or cuda")
     if t.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
+        raise WharfError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
     return Accelerator(cpu=t.device == "cpu", mixed_precision=t.mixed_precision,
                        log_with=list(t.log_with) or None, project_dir=str(project_dir))
 
 
-def build(cfg: RunConfig, init_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
+def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
     from accelerate.utils import set_seed
 
     run = RunLayout.of(cfg.runs_dir, cfg.name)
     acc = _accelerator(cfg, run.trackers)
     set_seed(cfg.train.seed)
-    peft_model, _ = load_policy(cfg, init_adapter, device="cpu")
+    peft_model, _ = load_policy(cfg, start_adapter, device="cpu")
     policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -85,7 +86,7 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
         return {"step": 0, "skipped": 0, "metrics_bytes": 0, "run_s": 0.0}
     meta = state["meta"]
     if meta.get("fingerprint") != fingerprint:
-        raise RuntimeError(f"{paths.checkpoint}: written by another train config or other micro-batches; "
+        raise WharfError(f"{paths.checkpoint}: written by another train config or other micro-batches; "
                            f"delete {paths.root} to start this round's training over")
     set_lora_state(setup.peft, state["lora"])
     setup.trainer.opt.load_state_dict(state["optimizer"])
@@ -95,8 +96,6 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
 
 def _prox(setup: Setup, steps, start: int, paths) -> None:
     """Recompute (step 0) or reload (resume) the sampling policy's log-probs of this process's files."""
-    from .stage import load_prox
-
     tr, acc = setup.trainer, setup.acc
     if tr.loss_cfg.mismatch == "none":
         return
@@ -108,6 +107,12 @@ def _prox(setup: Setup, steps, start: int, paths) -> None:
     if not tr.stochastic and steps:
         files -= set(mine(steps[0]))  # step 0 runs at the sampling policy: its own log-probs are prox
     tr.compute_prox(sorted(files))
+
+
+def load_prox(path: Path) -> dict[int, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {int(k): v for k, v in load_file(str(path)).items()} if path.is_file() else {}
 
 
 def _prox_path(setup: Setup, paths) -> Path:

@@ -1,6 +1,6 @@
 """`train_round(cfg)`: round k's micro-batches -> rounds/<k>/train/adapter (policy-v<k+1>).
 
-Reads only convert's micro-batches (convert.records), writes metrics.jsonl per optimizer step,
+Reads only convert's micro-batches (wharf.batches), writes metrics.jsonl per optimizer step,
 checkpoints atomically (a killed run resumes where it stopped and ends with the same adapter),
 and publishes the adapter to the endpoint when one answers.
 """
@@ -13,21 +13,24 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
-import torch
-
+from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
+from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, policy_name
-from convert.records import BatchFormatError, load_micro_batch, read_index
 
 from .loss import LossConfig
+from .model import save_adapter
 from .plan import plan_steps
+from .publish import try_publish
+from .run import build, run_steps
 
 log = logging.getLogger("wharf.train")
 RESULT = "result.json"
 
 
-class TrainError(RuntimeError):
+class TrainError(WharfError, RuntimeError):
     """Training cannot start or go on; the message says what to do."""
 
 
@@ -52,7 +55,9 @@ def convert_dir(cfg: RunConfig) -> Path:
     return RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).convert.root
 
 
-def ensure_converted(cfg: RunConfig, progress: bool) -> Path:
+def ensure_converted(cfg: RunConfig, progress: bool, convert: Callable | None) -> Path:
+    """The round's micro-batches; made first by `convert(cfg, progress=...)` when missing (the
+    orchestration passes convert's stage in: train imports no other stage)."""
     d = convert_dir(cfg)
     if ConvertPaths(d).index.is_file():
         return d
@@ -63,13 +68,11 @@ def ensure_converted(cfg: RunConfig, progress: bool) -> Path:
                 raise TrainError(f"{d}: the first process did not finish convert within an hour")
             time.sleep(1)
         return d
-    try:
-        from convert.stage import convert_round
-    except ImportError:
-        raise TrainError(f"{d}: no micro-batches (index.json), and this checkout has no convert stage "
-                         "(convert.stage) to make them: run convert on this round first") from None
+    if convert is None:
+        raise TrainError(f"{d}: no micro-batches (index.json): run convert on this round first "
+                         "(`wharf convert`, or `wharf train`, which converts first)")
     log.info("no micro-batches in %s: running convert first", d)
-    convert_round(cfg, progress=progress)
+    convert(cfg, progress=progress)
     return d
 
 
@@ -106,19 +109,17 @@ def load_batches(d: Path):
     return index, batches
 
 
-def train_round(cfg: RunConfig, progress: bool = True) -> TrainResult:
+def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None = None) -> TrainResult:
     paths = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train
     done = paths.root / RESULT
     if done.is_file() and (paths.adapter / "adapter_config.json").is_file():
         result = TrainResult(**json.loads(done.read_text()))
         log.info("round %d is already trained: %s", cfg.round, result.adapter)
     else:
-        d = ensure_converted(cfg, progress)
+        d = ensure_converted(cfg, progress, convert)
         index, batches = load_batches(d)
         result = _train(cfg, paths, index, batches, progress)
     if cfg.train.publish and not result.published and _is_main():
-        from .publish import try_publish
-
         result.published, result.publish_message = try_publish(cfg, Path(result.adapter), result.policy)
         _write_json(done, asdict(result))
     return result
@@ -129,8 +130,6 @@ def _is_main() -> bool:
 
 
 def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult:
-    from .run import build, run_steps
-
     steps = plan_steps(index, cfg.train.rows_per_step, cfg.train.tokens_per_step, cfg.train.epochs, cfg.train.seed)
     setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg, max(f.seq_len for f in index.files)))
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
@@ -151,8 +150,6 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
 
 
 def _save_final(setup, paths) -> None:
-    from .model import save_adapter
-
     tmp = paths.root / ".adapter.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     save_adapter(setup.peft, tmp)
@@ -164,9 +161,3 @@ def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
     os.replace(tmp, path)
-
-
-def load_prox(path: Path) -> dict[int, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {int(k): v for k, v in load_file(str(path)).items()} if path.is_file() else {}

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import torch
 
-from convert.records import MicroBatch
+from wharf.batches import MicroBatch
 
 from .loss import LossConfig, StepNorm, grpo_loss, mismatch_stats
 from .plan import Step

@@ -261,6 +261,7 @@ def dump_config(cfg: Any, path: str | Path) -> None:
     configio.dump(cfg, path)
 
 
-def cli_config(argv: list[str] | None, prog: str, cls: type = RunConfig) -> Any:
-    """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
-    return configio.cli(argv, prog, cls)
+def cli_config(argv: list[str] | None, prog: str, description: str = "", cls: type = RunConfig) -> Any:
+    """`--config FILE key=value ...` as every stage's entry point takes it; `--help` lists the keys;
+    exits 2 on a bad config."""
+    return configio.cli(argv, prog, cls, description)

@@ -16,8 +16,10 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from wharf.errors import WharfError
 
-class ConfigError(ValueError):
+
+class ConfigError(WharfError, ValueError):
     """A config file or override that does not fit the schema."""
 
 
@@ -154,17 +156,46 @@ def dump(cfg: Any, path: str | Path) -> None:
     write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 
-def cli(argv: list[str] | None, prog: str, cls: type) -> Any:
-    """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
+def keys_help(cls: type, prefix: str = "") -> list[str]:
+    """`key (default)` for every leaf key of `cls`, dotted: what `--help` lists."""
+    out = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        sub = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
+        if sub is not None:
+            out += keys_help(sub, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
+        out.append(f"  {prefix}{f.name} = {default!r}")
+    return out
+
+
+def parser(prog: str, cls: type, description: str = ""):
+    """The argparse parser of every config-taking command: `--config FILE key=value ...`, and a
+    `--help` that lists every key with its default."""
     import argparse
+
+    p = argparse.ArgumentParser(prog=prog, description=description or None,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="config keys (key = default; set in the YAML file or as key=value):\n"
+                                       + "\n".join(keys_help(cls)))
+    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. collect.attempts=8")
+    return p
+
+
+def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> Any:
+    """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2."""
     import sys
 
-    parser = argparse.ArgumentParser(prog=prog)
-    parser.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. collect.attempts=8")
-    args = parser.parse_args(argv)
     try:
-        return load(cls, args.config, args.overrides)
+        return load(cls, args.config, [*extra, *args.overrides])
     except ConfigError as e:
         print(f"{prog}: bad config: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def cli(argv: list[str] | None, prog: str, cls: type, description: str = "") -> Any:
+    """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
+    return from_args(parser(prog, cls, description).parse_args(argv), prog, cls)

@@ -23,11 +23,12 @@ from urllib.parse import urlsplit
 from . import envdefaults, procs
 from .config import RunConfig
 from .credentials import new_token
+from .errors import WharfError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class EndpointError(RuntimeError):
+class EndpointError(WharfError, RuntimeError):
     """The endpoint is missing, unhealthy or misconfigured; the message says what to do."""
 
 

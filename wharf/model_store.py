@@ -12,12 +12,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from wharf.errors import WharfError
+
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-class ModelError(RuntimeError):
+class ModelError(WharfError, RuntimeError):
     """The model cannot be found or loaded; the message says what to do."""
 
 

@@ -16,6 +16,8 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wharf.errors import WharfError
+
 SCHEMA_VERSION = 1
 KNOWN_VERSIONS = {1}
 
@@ -71,7 +73,7 @@ ROLLOUTS = pa.schema(
 TABLES = {"turns": TURNS, "rollouts": ROLLOUTS}
 
 
-class SchemaError(ValueError):
+class SchemaError(WharfError, ValueError):
     """A parquet file that is not one of ours, is corrupt, or has a version we do not know."""
 
 

@@ -1,4 +1,4 @@
-"""Per-row sampling with vLLM's *processed* log-probs.
+"""Per-row sampling with vLLM's *processed* log-probs (wharf/logprobs.py, shared with train).
 
 vLLM (`--logprobs-mode processed_logprobs`) reports log_softmax of the logits after temperature
 and top-p, and samples from that same distribution; we do the same so a stored log-prob is the
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-GREEDY_EPS = 1e-5  # vLLM treats temperatures below this as greedy
+from wharf.logprobs import GREEDY_EPS, processed_logprobs  # noqa: F401  (batcher's names)
 
 
 @dataclass
@@ -25,21 +25,6 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     top_logprobs: int = 0  # top alternatives to report per position
-
-
-def processed_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """log_softmax(logits / T) over a 1-D vocab row, with tokens outside the top-p set at -inf."""
-    logits = logits.float()
-    if temperature >= GREEDY_EPS:
-        logits = logits / temperature
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = (torch.cumsum(probs, dim=-1) - probs) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.empty_like(logits).scatter_(0, order, sorted_logits)
-    return torch.log_softmax(logits, dim=-1)
 
 
 def sample(logprobs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:

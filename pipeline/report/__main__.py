@@ -1,50 +1,7 @@
-"""`python -m pipeline.report RUN_DIR` writes RUN_DIR/report.html (make report RUN=...);
-`python -m pipeline.report --compare LABEL=RUN_DIR ... --out FILE.png` draws the mean reward of
-several runs side by side (the learning experiment's figure)."""
-from __future__ import annotations
-
-import argparse
+"""`python -m pipeline.report` is `wharf report`: see pipeline/report/cli.py."""
 import sys
-from pathlib import Path
 
-from . import gather, write_report
-from .plots import compare_rewards
-
-
-def _mean_round_wall(rounds) -> float | None:
-    """Mean wall time of the whole rounds (collect through train)."""
-    walls = [sum(r.walls.get(s, 0.0) for s in ("collect", "convert", "train", "publish"))
-             for r in rounds if not r.partial and {"collect", "train"} <= set(r.walls)]
-    return sum(walls) / len(walls) if walls else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.report")
-    p.add_argument("run_dirs", nargs="*", help="run dirs (runs/<run>) to write report.html for")
-    p.add_argument("--compare", nargs="+", metavar="LABEL=RUN_DIR", help="runs to draw side by side")
-    p.add_argument("--out", default="docs/learning.png", help="the --compare figure (default: %(default)s)")
-    args = p.parse_args(argv)
-    if not args.run_dirs and not args.compare:
-        p.error("name a run dir, or --compare LABEL=RUN_DIR ...")
-    for d in args.run_dirs:
-        if not Path(d).is_dir():
-            print(f"report: {d} is not a run dir", file=sys.stderr)
-            return 1
-        print(f"wrote {write_report(d)}")
-    if args.compare:
-        runs, walls = {}, {}
-        for item in args.compare:
-            label, _, d = item.rpartition("=")
-            label = label or Path(d).name
-            runs[label] = gather(d)
-            w = _mean_round_wall(runs[label])
-            if w is not None:
-                walls[label] = w
-            rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label] if not r.partial)
-            print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
-        print(f"wrote {compare_rewards(runs, Path(args.out))}")
-    return 0
-
+from wharf.entry import launch
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launch("pipeline.report.cli", "python -m pipeline.report", sys.argv[1:]))

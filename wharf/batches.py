@@ -47,6 +47,7 @@ from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
 from wharf.layout import ConvertPaths
+from wharf.errors import WharfError
 
 FORMAT = "wharf.microbatches"
 FORMAT_VERSION = 1
@@ -73,7 +74,7 @@ STORAGE: dict[str, np.dtype] = {
 }
 
 
-class BatchFormatError(ValueError):
+class BatchFormatError(WharfError, ValueError):
     """A convert dir or micro-batch file that is not in the layout this module defines."""
 
 

@@ -1,0 +1,22 @@
+"""`wharf collect --config FILE [key=value ...]`: run one collect round (make collect)."""
+from __future__ import annotations
+
+from collect.runner import run
+from wharf.config import cli_config
+from wharf.entry import guarded
+
+
+def main(argv: list[str] | None = None, prog: str = "wharf collect") -> int:
+    cfg = cli_config(argv, prog, "Run one collect round: the agents' trials through the recording proxy.")
+    return guarded(prog, lambda: _collect(cfg))
+
+
+def _collect(cfg) -> int:
+    summary = run(cfg)
+    out = cfg.round_layout.collect
+    mean = "-" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
+    print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
+          f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
+    print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
+    print(f"wrote {out.rollouts}, {out.turns}/, {out.manifest}")
+    return 0

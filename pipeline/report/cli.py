@@ -1,0 +1,51 @@
+"""`wharf report RUN_DIR` writes RUN_DIR/report.html (make report RUN=...);
+`wharf report --compare LABEL=RUN_DIR ... --out FILE.png` draws the mean reward of
+several runs side by side (the learning experiment's figure)."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from wharf.entry import guarded
+from wharf.errors import WharfError
+
+from . import gather, write_report
+from .plots import compare_rewards
+
+
+def _mean_round_wall(rounds) -> float | None:
+    """Mean wall time of the whole rounds (collect through train)."""
+    walls = [sum(r.walls.get(s, 0.0) for s in ("collect", "convert", "train", "publish"))
+             for r in rounds if not r.partial and {"collect", "train"} <= set(r.walls)]
+    return sum(walls) / len(walls) if walls else None
+
+
+def main(argv: list[str] | None = None, prog: str = "wharf report") -> int:
+    p = argparse.ArgumentParser(prog=prog, description="Write a run's report.html, or draw runs' rewards side by side.")
+    p.add_argument("run_dirs", nargs="*", help="run dirs (runs/<run>) to write report.html for")
+    p.add_argument("--compare", nargs="+", metavar="LABEL=RUN_DIR", help="runs to draw side by side")
+    p.add_argument("--out", default="docs/learning.png", help="the --compare figure (default: %(default)s)")
+    args = p.parse_args(argv)
+    if not args.run_dirs and not args.compare:
+        p.error("name a run dir, or --compare LABEL=RUN_DIR ...")
+    return guarded(prog, lambda: _report(args))
+
+
+def _report(args) -> int:
+    for d in args.run_dirs:
+        if not Path(d).is_dir():
+            raise WharfError(f"{d} is not a run dir")
+        print(f"wrote {write_report(d)}")
+    if args.compare:
+        runs, walls = {}, {}
+        for item in args.compare:
+            label, _, d = item.rpartition("=")
+            label = label or Path(d).name
+            runs[label] = gather(d)
+            w = _mean_round_wall(runs[label])
+            if w is not None:
+                walls[label] = w
+            rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label] if not r.partial)
+            print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
+        print(f"wrote {compare_rewards(runs, Path(args.out))}")
+    return 0

@@ -1,0 +1,115 @@
+"""The plan of the house, checked on the source: the shared floor (wharf/) imports no stage, the
+three stages (collect, convert, train) stand side by side on it and import no other stage, the
+orchestration (pipeline/) stands above them, and no module imports, at any depth (function-local
+imports included), a module that imports it back. Also: replay loads neither collect nor harbor."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("wharf", "collect", "convert", "train", "pipeline", "testing")
+# What each package may import of ours (besides itself).
+ALLOWED = {
+    "wharf": set(),
+    "collect": {"wharf"},
+    "convert": {"wharf"},
+    "train": {"wharf"},
+    "pipeline": {"wharf", "collect", "convert", "train", "testing"},  # testing: agents-check's scripted stub
+    "testing": {"wharf", "collect"},
+}
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module of ours `path` imports, anywhere in the file (relative imports resolved)."""
+    mod = _module(path)
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(pkg.split(".")[: len(pkg.split(".")) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {n for n in names if n.split(".")[0] in PACKAGES}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    mods = {_module(p): p for p in files}
+    graph = {}
+    for m, p in mods.items():
+        # `from a.b import c`: c is a module when a/b/c.py exists, else a name in a.b
+        graph[m] = {n if n in mods else n.rpartition(".")[0] for n in _imports(p)} - {m}
+        graph[m] = {n for n in graph[m] if n in mods}
+    return graph
+
+
+def test_each_package_imports_only_the_floors_below_it():
+    bad = [f"{m} imports {n}" for m, deps in _graph().items() for n in deps
+           if n.split(".")[0] != m.split(".")[0] and n.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_circles():
+    graph = _graph()
+    index, low, stack, on, sccs = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.add(w)
+                if w == v:
+                    break
+            sccs.append(comp)
+
+    sys.setrecursionlimit(10000)
+    for v in graph:
+        if v not in index:
+            visit(v)
+    # a package's __init__ naming its own submodules is no circle of behaviour
+    circles = [c for c in sccs if len(c) > 1 and not all(m.startswith(min(c, key=len)) for m in c)]
+    assert not circles, circles
+
+
+def test_the_checker_sees_a_function_local_import(tmp_path):
+    # the rule covers imports inside functions too: a local `from collect...` in train is found
+    f = REPO / "train" / "_probe_arch.py"
+    f.write_text("def f():\n    from collect.runner import run\n")
+    try:
+        assert "train._probe_arch" in _graph() and "collect.runner" in _graph()["train._probe_arch"]
+    finally:
+        f.unlink()
+
+
+def test_replay_loads_neither_collect_nor_harbor():
+    code = ("import sys; import pipeline.replay, pipeline.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harbor', 'collect')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
