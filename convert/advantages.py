@@ -8,11 +8,14 @@ Which rollouts enter a group at all (infra failures out) is the caller's choice.
 """
 from __future__ import annotations
 
+import typing
 from typing import Sequence
 
 import numpy as np
 
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "zero")
+from wharf.config import Advantage
+
+ESTIMATORS = typing.get_args(Advantage)  # the config's choices (checked when it loads)
 
 
 def group_advantages(rewards: Sequence[float], estimator: str = "grpo",

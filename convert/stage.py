@@ -19,28 +19,12 @@ from tqdm import tqdm
 from wharf.config import RunConfig
 from wharf.layout import ConvertPaths, RunLayout
 from convert import batching
-from convert.advantages import ESTIMATORS
 from convert.build import Built, build
 from convert.reader import ConvertInputError, read_job
 from wharf.batches import BatchFile, BatchIndex, save_micro_batch, write_index
 from convert.rows import RowOptions
 
 log = logging.getLogger("convert")
-
-CHOICES = {"advantage": ESTIMATORS, "overlong": ("truncate", "drop"), "length_completions": ("keep", "mask")}
-
-
-def check_settings(cfg: RunConfig) -> None:
-    c = cfg.convert
-    for key, allowed in CHOICES.items():
-        if getattr(c, key) not in allowed:
-            raise ConvertInputError(f"convert.{key}: {getattr(c, key)!r} is not one of {', '.join(allowed)}")
-    for key in ("max_seq_len", "max_tokens_per_batch", "pad_multiple"):
-        if getattr(c, key) < 1:
-            raise ConvertInputError(f"convert.{key} must be >= 1, got {getattr(c, key)}")
-    if not 0 <= c.max_row_padding <= 1:
-        raise ConvertInputError(f"convert.max_row_padding must be in [0, 1], got {c.max_row_padding}")
-
 
 def job_dirs(cfg: RunConfig) -> list[Path]:
     if cfg.convert.jobs:
@@ -90,7 +74,6 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     """Convert this round's collect dir (or convert.jobs) and return the stats it wrote."""
     t0 = time.perf_counter()
     c = cfg.convert
-    check_settings(cfg)
     dirs = job_dirs(cfg)
     out = out_paths(cfg)
     log.info("reading %d job(s) -> %s", len(dirs), out.root)

@@ -60,6 +60,43 @@ def test_values_out_of_range_or_shape_name_the_key(override, message):
         load_config(None, [override])
 
 
+@pytest.mark.parametrize("override,message", [
+    # every section is checked when the config loads, the stages' sections included
+    ("convert.advantage=ppo", r"convert.advantage: 'ppo' is not one of grpo, dr_grpo, rloo, zero"),
+    ("convert.overlong=cut", r"convert.overlong: 'cut' is not one of truncate, drop"),
+    ("convert.length_completions=drop", r"convert.length_completions: 'drop' is not one of keep, mask"),
+    ("convert.max_seq_len=0", r"convert.max_seq_len: input should be greater than or equal to 1"),
+    ("convert.pad_multiple=0", r"convert.pad_multiple: input should be greater than or equal to 1"),
+    ("convert.max_row_padding=1.5", r"convert.max_row_padding: input should be less than or equal to 1"),
+    ("train.lr=0", r"train.lr: input should be greater than 0"),
+    ("train.epochs=0", r"train.epochs: input should be greater than or equal to 1"),
+    ("train.eps_low=-0.1", r"train.eps_low: input should be greater than or equal to 0"),
+    ("train.loss_agg=sum", r"train.loss_agg: 'sum' is not one of token_mean, seq_mean, constant"),
+    ("train.mismatch=clip", r"train.mismatch: 'clip' is not one of tis, mask, none"),
+    ("train.mixed_precision=fp8", r"train.mixed_precision: 'fp8' is not one of no, bf16, fp16"),
+    ("train.device=tpu", r"train.device: 'tpu' is not one of auto, cpu, cuda"),
+    ("engine.dtype=int8", r"engine.dtype: 'int8' is not one of float32, bfloat16, float16"),
+    ("train.lora_rank=128", r"train.lora_rank=128 is above train.max_lora_rank=64"),
+    ("train.lora_target_modules=[]", r"train.lora_target_modules is empty"),
+])
+def test_stage_sections_are_checked_at_load_time(tmp_path, override, message):
+    f = tmp_path / "run.yaml"
+    f.write_text("name: x\n")
+    with pytest.raises(ConfigError, match=rf"^{f}: " + message):
+        load_config(f, [override])
+
+
+def test_help_lists_every_key_with_its_default(capsys):
+    from wharf.config import cli_config
+
+    with pytest.raises(SystemExit) as e:
+        cli_config(["--help"], "wharf train")
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    for line in ("  convert.advantage = 'grpo'", "  train.lr = 0.0002", "  collect.attempts = 4", "  rounds = 1"):
+        assert line in out
+
+
 def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["collect.attempts=0", "proxy.prot=1"])
@@ -83,3 +120,13 @@ def test_only_true_and_false_are_booleans():
     cfg = load_config(None, ["train.mixed_precision=no", "endpoint.launch=false"])
     assert cfg.train.mixed_precision == "no" and cfg.endpoint.launch is False
     assert load_config(None, ["endpoint.launch=no"]).endpoint.launch is False  # a bool field still reads no
+
+
+def test_readme_lists_every_key_with_its_default():
+    from pathlib import Path
+
+    from wharf.configio import keys_help
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = "\n".join(keys_help(RunConfig))
+    assert f"```\n{block}\n```" in readme, "README's configuration list is stale: print keys_help(RunConfig) into it"

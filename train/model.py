@@ -34,12 +34,7 @@ def base_model_dir(cfg: RunConfig) -> Path:
 
 
 def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
-    t = cfg.train
-    if t.lora_rank < 1 or t.lora_rank > t.max_lora_rank:
-        raise AdapterError(f"train.lora_rank={t.lora_rank}: must be between 1 and train.max_lora_rank="
-                           f"{t.max_lora_rank} (the endpoint's --max-lora-rank)")
-    if not t.lora_target_modules:
-        raise AdapterError("train.lora_target_modules is empty: name the linear layers to adapt, e.g. q_proj")
+    t = cfg.train  # rank and non-empty targets are checked when the config loads (wharf/config.py)
     linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     for target in t.lora_target_modules:
         if target in REFUSED_TARGETS:

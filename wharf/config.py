@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
 
 from pydantic import AfterValidator, Field
 
@@ -24,6 +24,10 @@ PositiveFloat = Annotated[float, Field(gt=0)]
 Probability = Annotated[float, Field(gt=0, le=1)]
 NonNegative = Annotated[int, Field(ge=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Device = Literal["auto", "cpu", "cuda"]
+# The group-relative advantage estimators (convert/advantages.py implements each).
+Advantage = Literal["grpo", "dr_grpo", "rloo", "zero"]
 
 
 def _secret(value: str) -> str:
@@ -45,8 +49,8 @@ class EngineConfig:
     # A local HF model directory; None serves the embedded SmolLM2-135M-Instruct.
     model: str | None = None
     served_name: str = "smollm2-135m"
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "float32"  # fp32 is faster than bf16 on this kind of CPU
+    device: Device = "auto"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # fp32 is faster than bf16 on this kind of CPU
     max_model_len: Positive = 2048
     max_batch: Positive = 16
     max_loras: Positive = 4
@@ -61,7 +65,7 @@ class EngineConfig:
 class EndpointConfig:
     """The OpenAI-compatible endpoint the proxy forwards to."""
 
-    kind: str = "local"  # local (our engine) | vllm
+    kind: Literal["local", "vllm"] = "local"  # local: our engine
     url: str = "http://127.0.0.1:8100"
     model: str = "smollm2-135m"  # base model name as served
     # Sent as `Authorization: Bearer KEY`. None: none sent, and an endpoint a run launches
@@ -140,7 +144,7 @@ class CollectConfig:
 
 @dataclass
 class ConvertConfig:
-    """Stored collect dirs -> training rows -> advantages -> micro-batches (python -m convert)."""
+    """Stored collect dirs -> training rows -> advantages -> micro-batches (wharf convert)."""
 
     # Stored collect dirs to read (replay, mixing); empty: this run's rounds/<round>/collect.
     jobs: list[str] = field(default_factory=list)
@@ -148,22 +152,22 @@ class ConvertConfig:
     out_dir: str | None = None
     # Group-relative advantage: grpo ((r - mean) / (std + std_eps)), dr_grpo (r - mean), rloo
     # (leave-one-out mean), or zero (a control run: the groups grpo keeps, every advantage 0).
-    advantage: str = "grpo"
-    std_eps: float = 1e-6
+    advantage: Advantage = "grpo"
+    std_eps: PositiveFloat = 1e-6
     # Reward of a policy-side failure that has none (agent crashed before the verifier ran);
     # None leaves such rollouts out. infra_error/verifier_error rollouts are always left out.
     null_reward: float | None = 0.0
     # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
-    max_seq_len: int = 4096
-    overlong: str = "truncate"  # truncate | drop
+    max_seq_len: Positive = 4096
+    overlong: Literal["truncate", "drop"] = "truncate"
     # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
-    length_completions: str = "keep"
+    length_completions: Literal["keep", "mask"] = "keep"
     # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
-    max_tokens_per_batch: int = 16384
-    pad_multiple: int = 16  # padded length rounded up to a multiple of this
+    max_tokens_per_batch: Positive = 16384
+    pad_multiple: Positive = 16  # padded length rounded up to a multiple of this
     # A row joins a micro-batch only if at most this share of it would be padding (1.0: fill
     # every micro-batch up to the budget whatever the lengths).
-    max_row_padding: float = 0.25
+    max_row_padding: Fraction = 0.25
     seed: int = 0  # same seed, same micro-batches in the same order
     # Bad input (corrupt shard, foreign file, log-prob length mismatch): false stops with an
     # error and writes nothing; true skips it and lists it in stats.json.
@@ -172,47 +176,54 @@ class ConvertConfig:
 
 @dataclass
 class TrainConfig:
-    """LoRA GRPO on convert's micro-batches (python -m train)."""
+    """LoRA GRPO on convert's micro-batches (wharf train)."""
 
     # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
     model: str | None = None
     seed: int = 0
     # Optimizer (AdamW) and schedule: linear warmup over `warmup` steps, then constant.
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    warmup: int = 0
+    lr: PositiveFloat = 2e-4
+    weight_decay: NonNegativeFloat = 0.0
+    warmup: NonNegative = 0
     # Rows per optimizer step (whole micro-batches are packed until this is reached); 0: all rows.
-    rows_per_step: int = 16
+    rows_per_step: NonNegative = 16
     # Or a budget of loss tokens per optimizer step (0: off); a step ends at whichever comes first.
-    tokens_per_step: int = 0
-    epochs: int = 1  # passes over the round's micro-batches
-    max_grad_norm: float = 1.0  # clip the gradient's global norm (0: off)
+    tokens_per_step: NonNegative = 0
+    epochs: Positive = 1  # passes over the round's micro-batches
+    max_grad_norm: NonNegativeFloat = 1.0  # clip the gradient's global norm (0: off)
     # LoRA: vLLM loads attention and MLP projections only (no modules_to_save, no embeddings).
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
+    lora_rank: Positive = 16  # at most max_lora_rank
+    lora_alpha: Positive = 32
+    lora_dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
     lora_target_modules: list[str] = field(default_factory=lambda: [
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    max_lora_rank: int = 64  # the endpoint's limit (vLLM --max-lora-rank); a larger rank is refused
+    max_lora_rank: Positive = 64  # the endpoint's limit (vLLM --max-lora-rank); a larger rank is refused
     # PPO clip of the ratio to the behaviour log-probs: [1 - eps_low, 1 + eps_high] (DAPO clip-higher).
-    eps_low: float = 0.2
-    eps_high: float = 0.28
+    eps_low: NonNegativeFloat = 0.2
+    eps_high: NonNegativeFloat = 0.28
     # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO: sum / loss_constant)
-    loss_agg: str = "token_mean"
-    loss_constant: float = 0.0  # the constant of `constant`; 0: the longest row's completion length
-    kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
+    loss_agg: Literal["token_mean", "seq_mean", "constant"] = "token_mean"
+    loss_constant: NonNegativeFloat = 0.0  # the constant of `constant`; 0: the longest row's completion length
+    kl_coef: NonNegativeFloat = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
     # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
     # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.
-    mismatch: str = "tis"
-    mismatch_cap: float = 2.0
-    mismatch_bound: float = 0.5
-    logprob_chunk: int = 1024  # positions per lm_head chunk (no [B, T, V] fp32 tensor)
+    mismatch: Literal["tis", "mask", "none"] = "tis"
+    mismatch_cap: PositiveFloat = 2.0
+    mismatch_bound: PositiveFloat = 0.5
+    logprob_chunk: Positive = 1024  # positions per lm_head chunk (no [B, T, V] fp32 tensor)
     grad_checkpointing: bool = False  # recompute decoder layers in backward (memory for time)
-    mixed_precision: str = "no"  # no | bf16 | fp16 (accelerate); fp32 is faster on this CPU
-    device: str = "auto"  # auto | cpu | cuda (accelerate picks the process's device under launch)
-    checkpoint_every: int = 1  # optimizer steps between checkpoints (0: only at the end)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # accelerate's; fp32 is faster on this CPU
+    device: Device = "auto"  # accelerate picks the process's device under launch
+    checkpoint_every: NonNegative = 1  # optimizer steps between checkpoints (0: only at the end)
     log_with: list[str] = field(default_factory=list)  # accelerate trackers (tensorboard, wandb, ...)
     publish: bool = True  # load the adapter into the endpoint as policy-v<k+1> after training
+
+    def __post_init__(self):
+        if self.lora_rank > self.max_lora_rank:  # checked at load time: pydantic names the section
+            raise ValueError(f"train.lora_rank={self.lora_rank} is above train.max_lora_rank={self.max_lora_rank} "
+                             "(the endpoint's --max-lora-rank): lower the rank or raise the limit")
+        if not self.lora_target_modules:
+            raise ValueError("train.lora_target_modules is empty: name the linear layers to adapt, e.g. q_proj")
 
 
 @dataclass

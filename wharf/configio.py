@@ -91,6 +91,11 @@ def _explain(cls: type, err: dict) -> str:
         hint = f"; did you mean '{close[0]}'?" if close else f"; known keys: {', '.join(names)}"
         return f"unknown key '{where}'{hint}"
     value = err.get("input")
+    if err["type"] == "literal_error":
+        choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
+        return f"{where}: {value!r} is not one of {', '.join(choices)}"
+    if err["type"] == "value_error":  # a check across keys (__post_init__): its message names them
+        return str(err["ctx"]["error"])
     if err["type"] in _EXPECTED:
         return f"{where}: expected {_EXPECTED[err['type']]}, got {value!r}"
     return f"{where}: {err['msg'].lower()} (got {value!r})"
@@ -156,18 +161,36 @@ def dump(cfg: Any, path: str | Path) -> None:
     write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 
+def _allowed(tp) -> str:
+    """`a | b` for a Literal, `>= 1`-style bounds for an Annotated range, '' otherwise."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is typing.Literal:
+        return " | ".join(map(str, args))
+    if typing.get_origin(tp) is typing.Annotated:
+        ops = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+        bounds = []
+        for meta in args[1:]:
+            for m in getattr(meta, "metadata", [meta]):  # pydantic's Field keeps Ge, Le, ... here
+                bounds += [f"{op} {getattr(m, k)}" for k, op in ops.items() if getattr(m, k, None) is not None]
+        return ", ".join(bounds)
+    return next((a for a in map(_allowed, args) if a), "")  # Optional[...]: the inner type's
+
+
 def keys_help(cls: type, prefix: str = "") -> list[str]:
-    """`key (default)` for every leaf key of `cls`, dotted: what `--help` lists."""
+    """`key = default  (allowed values)` for every leaf key of `cls`, dotted: what `--help` and
+    README's configuration section list."""
     out = []
+    hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
-        tp = typing.get_type_hints(cls)[f.name]
+        tp = hints[f.name]
         sub = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
         if sub is not None:
             out += keys_help(sub, f"{prefix}{f.name}.")
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else "required")
-        out.append(f"  {prefix}{f.name} = {default!r}")
+        allowed = _allowed(tp)
+        out.append(f"  {prefix}{f.name} = {default!r}" + (f"  ({allowed})" if allowed else ""))
     return out
 
 
