@@ -22,7 +22,7 @@ from train.publish import publish
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, launch, with_key
 from wharf.entry import guarded
-from wharf.layout import RunLayout, policy_name
+from wharf.layout import RunLayout, has_adapter, policy_name
 
 from .stages import LoopError, convert_stage, run_stage, train_stage, write_report
 
@@ -45,7 +45,7 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
     if name in ep.models():
         return
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).train.adapter
-    if not (adapter / "adapter_config.json").is_file():
+    if not has_adapter(adapter):
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
                         f"{RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).marker('train')} to train round {k - 1} again")
     log.info("the endpoint does not serve %s: loading %s", name, adapter)

@@ -52,7 +52,7 @@ def replay_config(cfg: RunConfig, jobs: list[str]) -> RunConfig:
 def offpolicy_stage(cfg: RunConfig) -> dict:
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     model_dir = resolve_model_dir(cfg.train.model or cfg.engine.model)
-    jobs = offpolicy.write(rnd.convert.root, rnd.train.root / "offpolicy.json", model_dir,
+    jobs = offpolicy.write(rnd.convert.root, rnd.train.offpolicy, model_dir,
                            pick_device(cfg.train.device))
     for j in jobs:
         log.info("job %s (%s): %d tokens, mismatch mean %.4f, ratio mean %.3f", j["name"], j["policies"],

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from wharf.adapters import AdapterInvalid, AdapterNotFound, check_adapter
 from wharf.config import RunConfig
 from wharf.errors import WharfError
+from wharf.layout import adapter_config
 from wharf.model_store import ModelError, load_model, resolve_model_dir
 
 from .loss import sampled_logprobs
@@ -51,7 +52,7 @@ def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
         check_adapter(path.name, str(path), model)
     except (AdapterInvalid, AdapterNotFound) as e:
         raise AdapterError(f"{path}: {e}") from None
-    ac = json.loads((path / "adapter_config.json").read_text())
+    ac = json.loads(adapter_config(path).read_text())
     if ac.get("modules_to_save"):
         raise AdapterError(f"{path}: modules_to_save={ac['modules_to_save']} (vLLM cannot load it)")
     if ac.get("r") != cfg.train.lora_rank:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wharf.layout import CollectPaths
 from wharf.model_store import load_model
 
 
@@ -105,7 +106,7 @@ def compute(convert_dir: Path, model) -> list[dict]:
 
 def _job_policies(job_dir: str) -> set[str]:
     try:
-        return {json.loads((Path(job_dir) / "manifest.json").read_text()).get("policy") or "?"}
+        return {json.loads(CollectPaths(Path(job_dir)).manifest.read_text()).get("policy") or "?"}
     except (OSError, ValueError):
         return set()
 

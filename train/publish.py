@@ -16,7 +16,7 @@ from wharf.config import RunConfig, cli_config
 from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
 from wharf.errors import WharfError
-from wharf.layout import RunLayout, policy_name
+from wharf.layout import RunLayout, has_adapter, policy_name
 
 log = logging.getLogger("wharf.train")
 
@@ -29,7 +29,7 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str) -> list[str]:
     """Load `adapter_dir` as `name`, unload older policy-v<j> (j < k, the endpoint's slots are few),
     and check that `name` is listed and answers a completion. Returns the served model names."""
     ep = Endpoint(cfg.endpoint.url, cfg.endpoint.api_key, cfg.endpoint.model)
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+    if not has_adapter(Path(adapter_dir)):
         raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
     served = ep.models()
     if name in served:

@@ -109,7 +109,7 @@ def load_prox(path: Path) -> dict[int, torch.Tensor]:
 
 
 def _prox_path(setup: Setup, paths) -> Path:
-    return paths.root / f"prox-rank{setup.acc.process_index}.safetensors"
+    return paths.prox(setup.acc.process_index)
 
 
 def _save_prox(setup: Setup, paths) -> None:

@@ -6,47 +6,30 @@ and publishes the adapter to the endpoint when one answers.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
 from wharf.errors import WharfError
-from wharf.layout import ConvertPaths, RunLayout, policy_name
+from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
 
 from .loss import LossConfig
 from .model import save_adapter
 from .plan import plan_steps
 from .publish import try_publish
+from .records import TrainResult
 from .run import build, run_steps
 
 log = logging.getLogger("wharf.train")
-RESULT = "result.json"
 
 
 class TrainError(WharfError, RuntimeError):
     """Training cannot start or go on; the message says what to do."""
-
-
-@dataclass
-class TrainResult:
-    round: int
-    policy: str  # the name the adapter is published under (policy-v<k+1>)
-    adapter: str
-    steps: int
-    skipped_steps: int
-    loss_tokens: int
-    mismatch_mean: float | None  # |recomputed - stored| log-prob at the first step
-    mismatch_max: float | None
-    wall_s: float
-    published: bool = False
-    publish_message: str = ""
 
 
 def convert_dir(cfg: RunConfig) -> Path:
@@ -81,7 +64,7 @@ def init_adapter(cfg: RunConfig) -> Path | None:
     if cfg.round == 0:
         return None
     prev = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round - 1).train.adapter
-    if not (prev / "adapter_config.json").is_file():
+    if not has_adapter(prev):
         raise TrainError(f"round {cfg.round} continues from {policy_name(cfg.round)}, but {prev} holds no adapter: "
                          f"train round {cfg.round - 1} first")
     return prev
@@ -111,9 +94,8 @@ def load_batches(d: Path):
 
 def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None = None) -> TrainResult:
     paths = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train
-    done = paths.root / RESULT
-    if done.is_file() and (paths.adapter / "adapter_config.json").is_file():
-        result = TrainResult(**json.loads(done.read_text()))
+    if paths.result.is_file() and has_adapter(paths.adapter):
+        result = TrainResult.read(paths.result)
         log.info("round %d is already trained: %s", cfg.round, result.adapter)
     else:
         d = ensure_converted(cfg, progress, convert)
@@ -121,7 +103,7 @@ def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None 
         result = _train(cfg, paths, index, batches, progress)
     if cfg.train.publish and not result.published and _is_main():
         result.published, result.publish_message = try_publish(cfg, Path(result.adapter), result.policy)
-        _write_json(done, asdict(result))
+        result.write(paths.result)
     return result
 
 
@@ -140,9 +122,9 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
                          wall_s=round(summary["wall_s"], 1))
     if setup.acc.is_main_process:
         _save_final(setup, paths)
-        _write_json(paths.root / RESULT, asdict(result))
+        result.write(paths.result)
         shutil.rmtree(paths.checkpoint, ignore_errors=True)
-        for prox in paths.root.glob("prox-rank*.safetensors"):
+        for prox in paths.prox_files():
             prox.unlink()
     setup.acc.wait_for_everyone()
     setup.acc.end_training()
@@ -155,9 +137,3 @@ def _save_final(setup, paths) -> None:
     save_adapter(setup.peft, tmp)
     shutil.rmtree(paths.adapter, ignore_errors=True)
     os.replace(tmp, paths.adapter)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from wharf.errors import WharfError
+from wharf.layout import adapter_config, adapter_weights
 
 
 class AdapterNotFound(WharfError):
@@ -25,7 +26,7 @@ def check_adapter(name: str, path: str, base_model) -> None:
     """Refuse what vLLM's /v1/load_lora_adapter refuses (a missing dir: 404; bias, DoRA, a bad
     config: 500) and what does not fit the base model."""
     d = Path(path)
-    cfg_path = d / "adapter_config.json"
+    cfg_path = adapter_config(d)
     if not d.is_dir() or not cfg_path.is_file():
         raise AdapterNotFound(name, path)
     try:
@@ -40,7 +41,7 @@ def check_adapter(name: str, path: str, base_model) -> None:
         raise AdapterInvalid(f"Loading lora {name} failed: adapter bias is not supported")
     if cfg.get("use_dora"):
         raise AdapterInvalid(f"Loading lora {name} failed: DoRA adapters are not supported")
-    weights = d / "adapter_model.safetensors"
+    weights = adapter_weights(d)
     if not weights.is_file():
         raise AdapterInvalid(f"Loading lora {name} failed: {weights} is missing")
     try:

@@ -5,7 +5,8 @@ runs/<run>/
   config.yaml
   rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
-  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
+  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>), result.json,
+                        offpolicy.json (replay), prox-rank<r>.safetensors (while training)
   rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
   report.html, report/*.png
 ```
@@ -32,6 +33,25 @@ def wal_dir(turns: Path) -> Path:
 def admin_file(wal: Path) -> Path:
     """The proxy's admin URL and token (JSON, mode 0600), for the runner and for a person's curl."""
     return Path(wal) / "admin.json"
+
+
+def registry_file(wal: Path) -> Path:
+    """The proxy's rollout registry (JSON lines), beside its WAL segments."""
+    return Path(wal) / "rollouts.jsonl"
+
+
+def adapter_config(adapter: Path) -> Path:
+    """A LoRA adapter dir's config, as peft writes it and vLLM's /v1/load_lora_adapter reads it."""
+    return Path(adapter) / "adapter_config.json"
+
+
+def adapter_weights(adapter: Path) -> Path:
+    return Path(adapter) / "adapter_model.safetensors"
+
+
+def has_adapter(adapter: Path) -> bool:
+    """Whether `adapter` holds an adapter (written atomically: its config is there only when it is whole)."""
+    return adapter_config(adapter).is_file()
 
 
 @dataclass(frozen=True)
@@ -105,6 +125,23 @@ class TrainPaths:
     @property
     def adapter(self) -> Path:
         return self.root / "adapter"
+
+    @property
+    def result(self) -> Path:
+        """train's TrainResult (train/records.py), written when the round's training ends."""
+        return self.root / "result.json"
+
+    @property
+    def offpolicy(self) -> Path:
+        """replay's per-job off-policy statistics."""
+        return self.root / "offpolicy.json"
+
+    def prox(self, rank: int) -> Path:
+        """Process `rank`'s proximal log-probs, kept while the round trains (a resume reloads them)."""
+        return self.root / f"prox-rank{rank}.safetensors"
+
+    def prox_files(self) -> list[Path]:
+        return sorted(self.root.glob("prox-rank*.safetensors"))
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from wharf.config import RunConfig
 from wharf.credentials import AdminAccess, new_token
-from wharf.layout import admin_file, wal_dir
+from wharf.layout import admin_file, registry_file, wal_dir
 from collect.proxy import jsonx
 from collect.proxy.admin import AdminAPI
 from collect.proxy.capture import CaptureError, StreamRelay, capture_full, plain_full
@@ -55,7 +55,7 @@ class RecordingProxy:
         self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync,
                                on_sync=self._synced)
         self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
-        self.rollouts = RolloutRegistry(self.wal_dir / "rollouts.jsonl")
+        self.rollouts = RolloutRegistry(registry_file(self.wal_dir))
         self.admin_token = p.admin_token or new_token()  # never a fixed default
         self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base,
                               self.admin_token)

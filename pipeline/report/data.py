@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train.records import TrainResult
+from wharf import schema
 from wharf.layout import RoundLayout, RunLayout
 
 log = logging.getLogger("wharf.report")
@@ -78,8 +80,6 @@ def read_jsonl(path: Path) -> list[dict]:
 def _rollouts(rnd: RoundLayout) -> list[dict]:
     if not rnd.collect.rollouts.is_file():
         return []
-    from wharf import schema
-
     try:
         return schema.read_table(rnd.collect.rollouts, "rollouts").select(
             ["task_id", "group_id", "reward", "policy"]).to_pylist()
@@ -91,8 +91,6 @@ def _rollouts(rnd: RoundLayout) -> list[dict]:
 def _turn_lengths(rnd: RoundLayout) -> list[int]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-
-    from wharf import schema
 
     lengths: list[int] = []
     for f in schema.shard_files(rnd.collect.turns):
@@ -143,15 +141,26 @@ def convert_fields(rd: RoundData, stats: dict | None) -> None:
 
 def train_fields(rd: RoundData, rnd: RoundLayout) -> None:
     rd.steps = read_jsonl(rnd.train.metrics)
-    result = read_json(rnd.train.root / "result.json") or {}
+    result = read_result(rnd.train.result)
     first = next((s for s in rd.steps if _num(s.get("mismatch_mean"))), {})
-    rd.mismatch_mean = result.get("mismatch_mean", first.get("mismatch_mean"))
-    rd.mismatch_max = result.get("mismatch_max", first.get("mismatch_max"))
-    if _num(result.get("wall_s")):
-        rd.walls["train"] = result["wall_s"]
-    off = read_json(rnd.train.root / "offpolicy.json")
+    rd.mismatch_mean = result.mismatch_mean if result else first.get("mismatch_mean")
+    rd.mismatch_max = result.mismatch_max if result else first.get("mismatch_max")
+    if result and _num(result.wall_s):
+        rd.walls["train"] = result.wall_s
+    off = read_json(rnd.train.offpolicy)
     if off:
         rd.jobs = off.get("jobs", [])
+
+
+def read_result(path: Path) -> TrainResult | None:
+    """train's result.json as its record; None when the round is not trained (or the file is bad)."""
+    try:
+        return TrainResult.read(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as e:
+        log.warning("report: %s is unreadable (%s); left out", path, e)
+        return None
 
 
 def _get(d: dict, *keys):
