@@ -18,7 +18,7 @@ from collect.agents.claude_code import QUIET_ENV, anthropic_root
 from collect.agents.codex import QUIET_CONFIG
 from collect.agents.logs import AgentLog, _claude, _codex, compare
 from collect.proxy.background import BackgroundProxy
-from test_proxy import close_rollout, make_cfg, open_rollout
+from proxy_util import close_rollout, make_cfg, open_rollout
 from test_proxy_dialects import check_rows_match_upstream, rows
 from test_proxy_engine import Tap
 

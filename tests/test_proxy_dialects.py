@@ -19,7 +19,7 @@ from collect.proxy.dialects import anthropic as anth
 from collect.proxy.dialects import responses as resp_dialect
 from collect.proxy.background import BackgroundProxy
 from wharf.schema import read_dir
-from test_proxy import close_rollout, make_cfg, open_rollout, post, wal_lines
+from proxy_util import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_engine import Tap, engine_view
 
 A_TOOLS = [{"name": "bash", "description": "Run a shell command",
