@@ -22,6 +22,7 @@ from collect.agents.logs import compare, read_agent_log
 from wharf import envdefaults, schema
 from wharf.entry import guarded
 from wharf.layout import CollectPaths
+from wharf.model_store import resolve_model_dir
 
 def _tool_calls(row: dict) -> bool:
     """Whether the recorded answer holds a tool call (its ids then decode to more than the text)."""
@@ -109,8 +110,6 @@ def main(argv: list[str] | None = None, prog: str = "wharf audit") -> int:
 def _audit(args) -> int:
     envdefaults.apply()  # before transformers loads (`python -m collect.audit` comes here first)
     from transformers import AutoTokenizer
-
-    from wharf.model_store import resolve_model_dir
 
     tok = AutoTokenizer.from_pretrained(args.tokenizer or resolve_model_dir(None))
     report = audit_round(args.collect_dir, lambda ids: tok.decode(ids), tok.eos_token or "")

@@ -27,9 +27,9 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module of ours `path` imports, anywhere in the file (relative imports resolved)."""
-    mod = _module(path)
+def _imports(path: Path, mod: str | None = None) -> set[str]:
+    """Every module of ours `path` (module `mod`) imports, anywhere in the file (relative imports resolved)."""
+    mod = mod or _module(path)
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -96,14 +96,10 @@ def test_no_circles():
     assert not circles, circles
 
 
-def test_the_checker_sees_a_function_local_import(tmp_path):
-    # the rule covers imports inside functions too: a local `from collect...` in train is found
-    f = REPO / "train" / "_probe_arch.py"
-    f.write_text("def f():\n    from collect.runner import run\n")
-    try:
-        assert "train._probe_arch" in _graph() and "collect.runner" in _graph()["train._probe_arch"]
-    finally:
-        f.unlink()
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
+    f = tmp_path / "probe.py"
+    f.write_text("def f():\n    from collect.runner import run\n    from ..wharf import layout\n")
+    assert _imports(f, "train.probe") == {"collect.runner", "collect.runner.run", "wharf", "wharf.layout"}
 
 
 def test_replay_loads_neither_collect_nor_harbor():
@@ -113,3 +109,11 @@ def test_replay_loads_neither_collect_nor_harbor():
                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_test_doubles_are_not_in_the_installed_package():
+    import tomllib
+
+    found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert not any(pat.startswith("testing") for pat in found["include"]), found
+    assert {"wharf*", "collect*", "convert*", "train*", "pipeline*"} <= set(found["include"])

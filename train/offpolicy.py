@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wharf.batches import load_micro_batch, read_index
 from wharf.layout import CollectPaths
 from wharf.model_store import load_model
 
@@ -81,8 +82,6 @@ def _logprobs(model, mb):
 
 def compute(convert_dir: Path, model) -> list[dict]:
     """Per-job statistics for the micro-batches in `convert_dir` under `model` (eval mode)."""
-    from wharf.batches import load_micro_batch, read_index
-
     index = read_index(convert_dir)
     names = job_names(index.jobs)
     accs: dict[str, JobAcc] = {}

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from wharf.credentials import write_private
 from wharf.errors import WharfError
 
 
@@ -156,8 +157,6 @@ def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = (
 
 def dump(cfg: Any, path: str | Path) -> None:
     """Write `cfg` as YAML, owner-only: a resolved config can hold tokens and API keys."""
-    from wharf.credentials import write_private
-
     write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 
