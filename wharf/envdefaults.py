@@ -1,8 +1,8 @@
 """The process environment every wharf process runs with, in one place.
 
-Each entry point (`python -m collect|collect.engine|collect.proxy|collect.demo|collect.audit`,
-the tests' conftest, the benchmarks) calls `apply()` before torch or harbor is imported; child
-processes get `child_env()`. A value already in the environment wins, so a person can still
+Every command (`wharf <command>` and the `python -m` forms: wharf.entry.launch), the tests'
+conftest and the benchmarks call `apply()` before torch or harbor is imported; child processes
+get `child_env()`. A value already in the environment wins, so a person can still
 override any of them. The Makefile exports the same values, but nothing depends on it.
 """
 from __future__ import annotations
