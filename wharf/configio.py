@@ -95,8 +95,8 @@ def _explain(cls: type, err: dict) -> str:
     if err["type"] == "literal_error":
         choices = re.findall(r"'([^']*)'", err.get("ctx", {}).get("expected", ""))
         return f"{where}: {value!r} is not one of {', '.join(choices)}"
-    if err["type"] == "value_error":  # a check across keys (__post_init__): its message names them
-        return str(err["ctx"]["error"])
+    if err["type"] == "value_error" and isinstance(value, dict):  # a section's check across keys
+        return str(err["ctx"]["error"])  # (__post_init__): its message names them
     if err["type"] in _EXPECTED:
         return f"{where}: expected {_EXPECTED[err['type']]}, got {value!r}"
     return f"{where}: {err['msg'].lower()} (got {value!r})"
