@@ -1,0 +1,127 @@
+"""Grading from pytest's own reports (collect/tasks/pytest_grade.py, pytest_report.py,
+report_records.py): the record stream's checks by hand, then grade_pytest.sh run as a task's
+test.sh runs it, outside a sandbox, on the honest fix and on attackers that forge the result
+from inside the test process (the same ones tests/test_redteam.py runs in the sandbox)."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "collect" / "tasks"
+TASK = ROOT / "datasets" / "toy" / "fix-sum-to"
+sys.path.insert(0, str(TOOLS))
+import report_records  # noqa: E402
+from pytest_report import _signer  # noqa: E402
+
+KEY = bytes(range(32))
+
+
+def _line(seq: int, kind: str, *fields: str, key: bytes = KEY) -> bytes:
+    body = f"{seq} {kind} " + " ".join(f.encode().hex() or "-" for f in fields)
+    return f"{body} {hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}\n".encode()
+
+
+def _stream(*recs: tuple, key: bytes = KEY) -> bytes:
+    return b"".join(_line(i, *r, key=key) for i, r in enumerate(recs))
+
+
+GOOD = (("start", "7"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
+        ("test", "t.py::a", "teardown", "passed", "0"), ("finish", "0"))
+
+
+def test_the_plugins_signer_is_hmac_sha256():
+    msg = b"3 test 74 63 61 30"
+    assert _signer(KEY)(msg) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
+
+
+def test_a_complete_verified_stream_has_no_problem():
+    v = report_records.verify(_stream(*GOOD), KEY)
+    assert (v["problems"], v["finished"], v["exitstatus"]) == ([], True, 0)
+    assert report_records.statuses(v["records"]) == {"t.py::a": "PASSED"}
+
+
+@pytest.mark.parametrize("data, words", [
+    (_stream(*GOOD, key=b"k" * 32), "does not verify"),
+    (_stream(*GOOD[:-1]), "did not run to its end"),
+    (_stream(*GOOD)[:-5], "cut off"),
+    (_stream(*GOOD[1:]), "no start record"),
+    (_stream(*GOOD) + _line(5, "test", "t.py::b", "call", "passed", "0"), "after finish"),
+    (_stream(*GOOD[:2]) + _line(3, *GOOD[2]) + _line(4, *GOOD[3]) + _line(5, *GOOD[4]), "expected 2"),
+    (_stream(*GOOD[:2], ("tamper", "_pytest.python.Function.runtest"), *GOOD[2:]), "reporting was changed"),
+    (_stream(*GOOD).replace(b"0 start", b"PASSED t.py::a\n0 start"), "record 0: too short"),
+])
+def test_a_stream_that_is_not_whole_and_genuine_has_a_problem(data, words):
+    problems = report_records.verify(data, KEY)["problems"]
+    assert any(words in p for p in problems), problems
+
+
+def test_statuses_follow_swebench_log_semantics():
+    recs = [("test", n, w, o, x) for n, w, o, x in [
+        ("a", "setup", "passed", "0"), ("a", "call", "failed", "0"),
+        ("b", "setup", "failed", "0"),
+        ("c", "setup", "skipped", "0"),
+        ("d", "setup", "passed", "0"), ("d", "call", "skipped", "1"),
+        ("e", "setup", "passed", "0"), ("e", "call", "passed", "1"),  # XPASS: not a pass
+        ("f", "setup", "passed", "0"), ("f", "call", "passed", "0"), ("f", "teardown", "failed", "0"),
+        ("g", "setup", "passed", "0"),  # no call: the session died in it
+    ]]
+    assert report_records.statuses([(r[0], list(r[1:])) for r in recs]) == {
+        "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
+
+
+def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60) -> dict:
+    """grade_pytest.sh on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+    work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
+    shutil.copytree(TASK / "environment", work)
+    shutil.copytree(TASK / "tests", tests)
+    out.mkdir()
+    if mathutil is not None:
+        (work / "mathutil.py").write_text(mathutil)
+    env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
+           "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
+    # the marker stops forged_report_files' walk up the process tree below this test's own shell
+    cmd = f"bash {TOOLS}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
+    p = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=timeout + 120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((out / "reward.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
+    fixed = _grade(tmp_path / "fix", BUGGY.replace("range(1, n)", "range(1, n + 1)"))
+    assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
+                     "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0}
+    bug = _grade(tmp_path / "bug")
+    assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(GRADING_ATTACKS))
+def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
+    t0 = time.monotonic()
+    r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
+    assert r["reward"] == 0.0, r
+    if attack == "forged_report_files":  # the spec it rewrote is not the one graded against
+        assert json.loads((tmp_path / "tests" / "spec.json").read_text())["FAIL_TO_PASS"] == ["test_task.py::test_mean"]
+        assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    else:
+        assert r["records_ok"] == 0, r
+    if attack in ("forged_output_exit", "patch_reporting"):
+        assert r["log_reward"] == 1.0, "the attack should have fooled the log grader"
+    if attack == "hang_after_success":
+        assert r["timed_out"] == 1 and time.monotonic() - t0 < 60
+    time.sleep(1)  # a daemon the attack left would re-plant reward.json now
+    assert json.loads((tmp_path / "verifier" / "reward.json").read_text()) == r
