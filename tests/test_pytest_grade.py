@@ -109,7 +109,7 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", sorted(GRADING_ATTACKS))
+@pytest.mark.parametrize("attack", sorted(set(GRADING_ATTACKS) - {"kill_grader"}))  # that one: sandbox only
 def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     t0 = time.monotonic()
     r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
@@ -125,3 +125,41 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert r["timed_out"] == 1 and time.monotonic() - t0 < 60
     time.sleep(1)  # a daemon the attack left would re-plant reward.json now
     assert json.loads((tmp_path / "verifier" / "reward.json").read_text()) == r
+
+
+def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
+    d = tmp / "verifier"
+    d.mkdir(parents=True)
+    if reward is not None:
+        (d / "reward.json").write_bytes(reward)
+    if proof is not None:
+        (d / "reward.json.mac").write_text(proof + "\n")
+    (d / "reward.txt").write_text("1")
+    return d
+
+
+def test_reward_proof_keeps_a_reward_whose_mac_verifies_or_whose_grader_does_not_take_part(tmp_path):
+    from collect.sandbox import rewardproof
+
+    key, reward = b"ab" * 32, b'{"reward": 1.0}\n'
+    good = _verifier_dir(tmp_path / "a", reward, hmac.new(key, reward, hashlib.sha256).hexdigest())
+    assert rewardproof.enforce(good, key, key_left=None) is None
+    assert (good / "reward.json").read_bytes() == reward
+    legacy = _verifier_dir(tmp_path / "b", reward, None)  # the key file was left as written
+    assert rewardproof.enforce(legacy, key, key_left=key + b"\n") is None
+    assert (legacy / "reward.json").read_bytes() == reward
+
+
+@pytest.mark.parametrize("reward, proof, key_left, words", [
+    (b'{"reward": 1.0}', None, None, "no reward.json.mac"),  # planted, the grader killed
+    (b'{"reward": 1.0}', hmac.new(b"x" * 64, b'{"reward": 1.0}', hashlib.sha256).hexdigest(), None, "does not verify"),
+    (b'{"reward": 1.0}', None, b"a forged key file", "no reward.json.mac"),
+    (None, None, None, "no reward.json"),
+])
+def test_reward_proof_turns_a_reward_the_grader_did_not_sign_into_0(tmp_path, reward, proof, key_left, words):
+    from collect.sandbox import rewardproof
+
+    d = _verifier_dir(tmp_path, reward, proof)
+    assert words in rewardproof.enforce(d, b"ab" * 32, key_left=key_left)
+    assert json.loads((d / "reward.json").read_text()) == {"reward": 0.0, "reward_rejected": 1}
+    assert not (d / "reward.txt").exists() and words in (d / "reward_rejected.txt").read_text()

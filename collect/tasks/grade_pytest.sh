@@ -24,6 +24,7 @@ unset PYTEST_ADDOPTS PYTEST_PLUGINS
 cd "$WORKDIR" || exit 1
 for f in "$@"; do cp "$TESTS/$f" "$WORKDIR/$f"; done
 "$PY" -I "$TOOLS/pytest_grade.py" --spec "$TESTS/spec.json" --out "$VERIFIER" --timeout "${WHARF_TEST_TIMEOUT:-60}" \
+    --reward-key "$TESTS/.wharf-reward-key" \
     -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$WORKDIR" "$@"
 code=$?
 for f in "$@"; do rm -f "$WORKDIR/$f"; done

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import hashlib
+import hmac
 import os
 import random
 import secrets
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="/logs/verifier", help="dir for test_output.log, reward.json, grading.json")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds the tests may run (then killed: reward 0)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
+    ap.add_argument("--reward-key", help="the sandbox's reward key file: read and deleted before the tests "
+                    "run; reward.json.mac = HMAC-SHA256(key, reward.json) is written beside reward.json")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
     args = ap.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2
+    reward_key = _take_reward_key(args.reward_key)
     key = secrets.token_bytes(32)
     log_path = os.path.join(args.out, "test_output.log")
     with open(log_path, "wb") as log:
@@ -212,15 +217,35 @@ def main(argv: list[str] | None = None) -> int:
         _remove(reward_path)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2
-    for path in (detail_path, reward_path):
+    mac_path = reward_path + ".mac"
+    for path in (detail_path, reward_path, mac_path):
         _remove(path)  # the tests may have left a dir or a link there
     grading._write_json(detail_path, result)
     grading._write_json(reward_path, reward_numbers(result))
+    if reward_key is not None:
+        with open(reward_path, "rb") as f:
+            proof = hmac.new(reward_key, f.read(), hashlib.sha256).hexdigest()
+        with open(mac_path + ".tmp", "w") as f:
+            f.write(proof + "\n")
+        os.replace(mac_path + ".tmp", mac_path)
     n = reward_numbers(result)
     print(f"pytest_grade.py: {spec['instance_id']}: reward {n['reward']} from pytest's reports "
           f"(FAIL_TO_PASS {n['f2p_passed']}/{n['f2p_total']}, PASS_TO_PASS {n['p2p_passed']}/{n['p2p_total']})"
           + "".join(f"; {p}" for p in result["problems"][:3]))
     return 0
+
+
+def _take_reward_key(path: str | None) -> bytes | None:
+    """The sandbox's reward key (collect/sandbox/rewardproof.py), gone from disk before any test runs."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+        os.remove(path)
+    except OSError:
+        return None
+    return key or None
 
 
 def _remove(path: str) -> None:
