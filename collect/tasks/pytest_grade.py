@@ -134,6 +134,7 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
             elif sk.data == "out":
                 log.write(chunk)
                 sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
             elif len(records) < MAX_RECORDS:
                 records += chunk
     if not reaped:  # both pipes closed before we saw it exit
