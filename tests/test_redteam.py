@@ -122,7 +122,10 @@ def test_attack_gets_reward_0(world, attack):
     result, steps, trial_dir = run_attack(world, attack)
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards["reward"] == 0.0, (attack, said(steps)[-3000:])
-    if attack in GRADING_ATTACKS:  # they act while the tests run: the grading must have seen them
+    if attack == "kill_grader":  # no grading survived: the sandbox refused the planted reward
+        assert result.verifier_result.rewards == {"reward": 0.0, "reward_rejected": 1}
+        assert "reward.json.mac" in (trial_dir / "verifier" / "reward_rejected.txt").read_text()
+    elif attack in GRADING_ATTACKS:  # they act while the tests run: the grading must have seen them
         detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
         assert detail["grader"] == "pytest-report" and (detail["problems"] or attack == "forged_report_files"), detail
     out = said(steps)
