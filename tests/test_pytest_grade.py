@@ -81,12 +81,14 @@ def test_statuses_follow_swebench_log_semantics():
         "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
 
 
-def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60) -> dict:
+def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None) -> dict:
     """grade_pytest.sh on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
     out.mkdir()
+    if reward_key is not None:  # as the sandbox puts it there (collect/sandbox/rewardproof.py)
+        (tests / ".wharf-reward-key").write_bytes(reward_key)
     if mathutil is not None:
         (work / "mathutil.py").write_text(mathutil)
     env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
@@ -100,7 +102,13 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60) -> dict:
 
 @pytest.mark.slow
 def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
-    fixed = _grade(tmp_path / "fix", BUGGY.replace("range(1, n)", "range(1, n + 1)"))
+    key = b"0123456789abcdef" * 4
+    fixed = _grade(tmp_path / "fix", BUGGY.replace("range(1, n)", "range(1, n + 1)"), reward_key=key)
+    # the grader took the sandbox's key off the disk and signed its reward.json with it
+    assert not (tmp_path / "fix" / "tests" / ".wharf-reward-key").exists()
+    signed = (tmp_path / "fix" / "verifier" / "reward.json").read_bytes()
+    assert (tmp_path / "fix" / "verifier" / "reward.json.mac").read_text().strip() == \
+        hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
                      "session_finished": 1, "timed_out": 0, "log_reward": 1.0}
