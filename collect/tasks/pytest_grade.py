@@ -137,8 +137,12 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
                 sys.stdout.buffer.flush()
             elif len(records) < MAX_RECORDS:
                 records += chunk
-    if not reaped:  # both pipes closed before we saw it exit
-        timed_out = False
+    if not reaped:  # both pipes closed before it exited: it still has until the deadline
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
         _kill_all(proc)
     os.close(r)
     return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records)}
