@@ -114,6 +114,7 @@ bench: setup
 	$(PY) -m bench.engine
 	$(PY) -m bench.proxy
 	$(PY) -m bench.sandbox
+	$(PY) -m bench.grading
 	$(PY) -m bench.convert
 	MALLOC_MMAP_THRESHOLD_=1048576 $(PY) -m bench.train
 
