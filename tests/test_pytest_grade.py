@@ -171,3 +171,14 @@ def test_reward_proof_turns_a_reward_the_grader_did_not_sign_into_0(tmp_path, re
     assert words in rewardproof.enforce(d, b"ab" * 32, key_left=key_left)
     assert json.loads((d / "reward.json").read_text()) == {"reward": 0.0, "reward_rejected": 1}
     assert not (d / "reward.txt").exists() and words in (d / "reward_rejected.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_test_process_that_closes_its_pipes_and_hangs_is_killed_at_the_timeout(tmp_path):
+    # it shuts every descriptor (the records pipe and the output with them), then hangs: the grader
+    # must not take the closed pipes for an exit
+    payload = "import os, time\nos.closerange(0, 1024)\ntime.sleep(3600)\n"
+    t0 = time.monotonic()
+    r = _grade(tmp_path, payload + BUGGY, timeout=5)
+    assert (r["reward"], r["timed_out"], r["session_finished"]) == (0.0, 1, 0), r
+    assert time.monotonic() - t0 < 60
