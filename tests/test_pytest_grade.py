@@ -21,9 +21,20 @@ from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
 TASK = ROOT / "datasets" / "toy" / "fix-sum-to"
-sys.path.insert(0, str(TOOLS))
-import report_records  # noqa: E402
-from pytest_report import _signer  # noqa: E402
+
+
+def _load(name: str):
+    """A standalone tool of collect/tasks, loaded from its file (they are not imported as a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"wharf_tool_{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report_records = _load("report_records")
+_signer = _load("pytest_report")._signer
 
 KEY = bytes(range(32))
 

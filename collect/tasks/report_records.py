@@ -60,9 +60,9 @@ def verify(data: bytes, key: bytes) -> dict:
         problems.append("no finish record last: the test session did not run to its end")
     if tampered:
         problems.append(f"pytest's reporting was changed during the run: {tampered[:5]}")
+    status = records[-1][1][0] if finished else ""
     return {"records": records, "problems": problems[:MAX_PROBLEMS], "finished": finished,
-            "exitstatus": int(records[-1][1][0]) if finished and records[-1][1][0].lstrip("-").isdigit() else None,
-            "tampered": tampered[:MAX_PROBLEMS]}
+            "exitstatus": int(status) if status.lstrip("-").isdigit() else None, "tampered": tampered[:MAX_PROBLEMS]}
 
 
 def _check_line(raw: bytes, key: bytes, seq: int) -> tuple[str, list[str]] | str:
