@@ -9,7 +9,8 @@ was in (collect keeps its finished rollouts, convert is atomic, train restarts f
 checkpoint). A larger `rounds` continues a finished loop. The endpoint is started once for the
 whole loop when `endpoint.launch` is set and nothing answers (and stopped when the loop ends);
 before each round samples, the loop makes sure the endpoint serves that round's policy, loading
-the adapter again after an endpoint restart.
+the adapter again after an endpoint restart. After each round the loop's health checks
+(train/health.py) run and stop the loop, naming what failed, when it is not learning.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from typing import Callable
 from collect.config import RunConfig, dump_config
 from collect.endpoint import Endpoint, launch, with_key
 from collect.layout import RoundLayout, RunLayout, policy_name
+from train.health import HealthError, enforce
 
 log = logging.getLogger("wharf.loop")
 
@@ -147,6 +149,34 @@ def train_stage(cfg: RunConfig) -> dict:
             "mismatch_mean": out.get("mismatch_mean"), "train_wall_s": out.get("wall_s")}
 
 
+def shift_stage(cfg: RunConfig) -> dict:
+    """How far this round's training moved the policy on its own tokens (train/shift.py)."""
+    from train.model import base_model_dir
+    from train.shift import measure, write
+    from train.stage import convert_dir
+
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    rnd = layout.round(cfg.round)
+    if (read_marker(rnd, "train") or {}).get("carried"):
+        return {"skipped": "policy carried"}
+    prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
+    stats = measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev)
+    write(rnd.train.shift, stats)
+    return {"delta_mean": stats["delta_mean"], "kl": stats["kl"]}
+
+
+def check_health(cfg: RunConfig) -> list:
+    """Round cfg.round's health checks (train/health.py), written to rounds/<k>/health.json."""
+    from train.health import check_round
+
+    rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
+    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health)
+    for c in checks:
+        log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
+                "ok" if c.ok else "FAILED", c.seen)
+    return checks
+
+
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     name = policy_name(cfg.round + 1)
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
@@ -162,6 +192,7 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
+    run_stage(rnd, "shift", lambda: shift_stage(cfg))
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
@@ -187,8 +218,11 @@ def run_loop(cfg: RunConfig) -> list[int]:
         cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
         for k in range(cfg.rounds):
             t0 = time.monotonic()
-            run_round(round_config(cfg, k), ep)
-            write_report(layout.root)
+            rcfg = round_config(cfg, k)
+            run_round(rcfg, ep)
+            checks = check_health(rcfg)
+            write_report(layout.root)  # before stopping: the report's table shows what failed
+            enforce(checks)
             log.info("round %d done (%.0f s this run); %s serves next", k, time.monotonic() - t0, policy_name(k + 1))
             done.append(k)
         ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)
@@ -202,7 +236,7 @@ def stage_errors() -> tuple[type, ...]:
     from collect.tasksets import TaskSetError
     from collect.trials import TrialSetupError
 
-    errs: list[type] = [LoopError, EndpointError, ServiceError, TaskSetError, TrialSetupError]
+    errs: list[type] = [LoopError, HealthError, EndpointError, ServiceError, TaskSetError, TrialSetupError]
     for mod, name in (("convert.reader", "ConvertInputError"), ("convert.records", "BatchFormatError"),
                       ("train.stage", "TrainError"), ("train.publish", "PublishError")):
         with contextlib.suppress(ImportError, AttributeError):

@@ -41,6 +41,8 @@ class RoundData:
     mismatch_max: float | None = None
     walls: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     jobs: list[dict] = field(default_factory=list)  # replay: off-policy statistics per job
+    shift: dict = field(default_factory=dict)  # train/shift.py: the update's |delta log-prob|, KL
+    health: list[dict] = field(default_factory=list)  # train/health.py: the loop's checks
 
     def step_mean(self, key: str) -> float | None:
         vals = [s[key] for s in self.steps if _num(s.get(key))]
@@ -149,6 +151,7 @@ def train_fields(rd: RoundData, rnd: RoundLayout) -> None:
     rd.mismatch_max = result.get("mismatch_max", first.get("mismatch_max"))
     if _num(result.get("wall_s")):
         rd.walls["train"] = result["wall_s"]
+    rd.shift = read_json(rnd.train.shift) or {}
     off = read_json(rnd.train.root / "offpolicy.json")
     if off:
         rd.jobs = off.get("jobs", [])
@@ -180,5 +183,7 @@ def gather(run_dir: str | Path) -> list[RoundData]:
         convert_fields(rd, read_json(rnd.convert.stats))
         train_fields(rd, rnd)
         marker_walls(rd, rnd)
+        health = read_json(rnd.health) if rnd.health.is_file() else None
+        rd.health = health if isinstance(health, list) else []
         out.append(rd)
     return out
