@@ -53,7 +53,7 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
         (rnd.train.root / "result.json").write_text(json.dumps({"mismatch_mean": mismatch, "mismatch_max": 10 * mismatch}))
         if shift is not None:
             rnd.train.shift.write_text(json.dumps(shift))
-    for stage in ("collect", "convert", "train", "shift", "publish"):
+    for stage in ("collect", "convert", "train", "publish"):
         info = {"carried": "policy-v0"} if stage == "train" and not trainable else {}
         write_marker(rnd, stage, 1.0, **info)
 

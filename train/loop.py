@@ -149,20 +149,21 @@ def train_stage(cfg: RunConfig) -> dict:
             "mismatch_mean": out.get("mismatch_mean"), "train_wall_s": out.get("wall_s")}
 
 
-def shift_stage(cfg: RunConfig) -> dict:
-    """How far this round's training moved the policy on its own tokens (train/shift.py)."""
+def measure_shift(cfg: RunConfig) -> None:
+    """How far this round's training moved the policy on its own tokens (train/shift.py), unless
+    rounds/<k>/train/shift.json is there: it lives in train's dir, so a round trained again is
+    measured again."""
     from train.model import base_model_dir
     from train.shift import measure, write
     from train.stage import convert_dir
 
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     rnd = layout.round(cfg.round)
-    if (read_marker(rnd, "train") or {}).get("carried"):
-        return {"skipped": "policy carried"}
+    if rnd.train.shift.is_file() or (read_marker(rnd, "train") or {}).get("carried"):
+        return
+    log.info("round %d: measuring the update on the round's own tokens", cfg.round)
     prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
-    stats = measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev)
-    write(rnd.train.shift, stats)
-    return {"delta_mean": stats["delta_mean"], "kl": stats["kl"]}
+    write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev))
 
 
 def check_health(cfg: RunConfig) -> list:
@@ -192,7 +193,7 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
-    run_stage(rnd, "shift", lambda: shift_stage(cfg))
+    measure_shift(cfg)
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
