@@ -1,0 +1,4 @@
+#!/bin/bash
+set -e
+cd /app
+echo $(basename box/*.txt .txt) > name.txt
