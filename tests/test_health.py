@@ -45,8 +45,9 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
         "rollouts": {"read": len(rows), "used": len(rows) - sum((left_out or {}).values()),
                      "left_out": {**(left_out or {}), **({} if trainable else {"group_no_signal": len(rows)})}},
         "groups": {"used": len(rewards) if trainable else 0, "dropped": {} if trainable else {"no_signal": len(rewards)}},
-        "tokens": {"total": 10 * len(rows), "trainable": trainable}, "rows": {"count": len(rows)},
-        "prefix_breaks": {"total": 0}}))
+        "tokens": {"total": 10 * len(rows), "trainable": trainable},
+        "rows": {"count": len(rows), "rows_per_rollout_mean": 1.5},
+        "prefix_breaks": {"total": 2, "by_agent": {"wharf-minimal": {"pairs": 8, "breaks": 2}}}}))
     rnd.train.root.mkdir(parents=True)
     if trainable:
         rnd.train.metrics.write_text(json.dumps({"step": 1, "rows": len(rows), "masked_rows": masked}) + "\n")
@@ -156,7 +157,7 @@ def test_shift_stats_by_hand():
     assert weight_delta({**a, "x.lora_B.weight": torch.full((2, 2), -0.25)}, a) == 0.25
 
 
-def test_loop_stops_on_an_unhealthy_stored_round(tmp_path, stub):
+def test_loop_stops_on_an_unhealthy_stored_round(tmp_path, stub, capsys):
     """The real loop over two stored rounds (every stage marked done): round 1 was sampled by the
     base model, so the loop stops after it with the check's message."""
     over = [f"runs_dir={tmp_path}", "name=run", "rounds=2", f"endpoint.url={stub.url}", "endpoint.launch=false"]
@@ -166,6 +167,9 @@ def test_loop_stops_on_an_unhealthy_stored_round(tmp_path, stub):
     with pytest.raises(HealthError, match=r"^round 1: health check 'policy_served' failed"):
         run_loop(load_config(None, over))
     assert json.loads(layout.round(0).health.read_text())[0]["ok"] is True
+    printed = capsys.readouterr().out  # each round's figures, as the loop prints them
+    assert ("loop: round 0 (smollm2-135m): mean reward 0.375, success 0.375, calls/rollout 2.00, rows/rollout 1.50, "
+            "prefix breaks 2/8 pairs (25%), trainable tokens 500, |delta log-prob| 0.05, KL to previous 0.002") in printed
     assert "policy_served" in layout.report.read_text() and "FAILED" in layout.report.read_text()
 
 

@@ -197,6 +197,15 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
+def print_round(layout: RunLayout, k: int) -> None:
+    from train.report.data import gather_round, round_line
+
+    try:
+        print(f"loop: {round_line(gather_round(layout, k))}", flush=True)
+    except Exception:  # a summary line never stops a loop
+        log.exception("could not summarise round %d of %s", k, layout.root)
+
+
 def write_report(run_dir: Path) -> None:
     from train.report import write_report as write
 
@@ -222,6 +231,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
             rcfg = round_config(cfg, k)
             run_round(rcfg, ep)
             checks = check_health(rcfg)
+            print_round(layout, k)
             write_report(layout.root)  # before stopping: the report's table shows what failed
             enforce(checks)
             log.info("round %d done (%.0f s this run); %s serves next", k, time.monotonic() - t0, policy_name(k + 1))
