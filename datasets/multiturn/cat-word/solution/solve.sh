@@ -1,4 +1,0 @@
-#!/bin/bash
-set -e
-cd /app
-echo $(sed 's/.* is \(.*\)\./\1/' word.txt) > answer.txt
