@@ -20,7 +20,8 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
+.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean \
+	experiment-multiturn experiment-multiturn-figure
 
 setup: $(VENV)/.installed
 
@@ -98,6 +99,22 @@ loop: setup
 JOBS ?=
 replay: setup
 	$(PY) -m train.replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
+
+# The multi-turn experiment (datasets/multiturn): one arm of 5 rounds (ROUNDS=N) from one seed, in
+# runs/multiturn-<arm>-s<seed>. ARM=grpo, or ARM=zero: the control (the same groups and steps, every
+# advantage 0, so its policy must not move: the loop's policy_moved check is off). Then
+# `make experiment-multiturn-figure` draws docs/multiturn.png from the runs that exist.
+ARM ?= grpo
+SEED ?= 0
+experiment-multiturn: setup
+	$(if $(filter grpo zero,$(ARM)),,$(error ARM=$(ARM): use ARM=grpo or ARM=zero))
+	$(PY) -m train.loop --config configs/multiturn.yaml rounds=$(or $(ROUNDS),5) name=multiturn-$(ARM)-s$(SEED) \
+		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) convert.advantage=$(ARM) \
+		$(if $(filter zero,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)
+
+experiment-multiturn-figure: setup
+	$(PY) -m train.report --out docs/multiturn.png --compare \
+		$(foreach r,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*),$(notdir $(r))=$(r))
 
 # Rewrite runs/<run>/report.html: make report RUN=runs/learn
 RUN ?= runs/default

@@ -216,6 +216,33 @@ class TrainConfig:
 
 
 @dataclass
+class HealthConfig:
+    """The loop's checks after every round (train/health.py); each stops the loop when it fails.
+    The value that turns a check off is given beside it."""
+
+    # Every turns row of round k was sampled by policy-v<k> (round 0: endpoint.model) and the
+    # endpoint answered; false: off.
+    policy_served: bool = True
+    # ... and the trainer's log-probs of that policy agree with the endpoint's (train's first-step
+    # mean |trainer - endpoint| log-prob; an endpoint serving other weights is far off); 0: off.
+    max_served_mismatch: NonNegativeFloat = 0.1
+    # The new adapter moved the policy on the round's own loss tokens: mean |log pi_new - log
+    # pi_prev| at least this (a zero-advantage control run sets 0); 0: off.
+    min_policy_shift: NonNegativeFloat = 1e-4
+    # Loss tokens the round had after convert (0 when every group's rewards were equal; the
+    # policy is then carried unchanged); 0: off.
+    min_trainable_tokens: NonNegative = 1
+    # Share of the round's rollouts left out as infra errors or unscorable (no turns, no reward,
+    # bad input), and share of rows the trainer masked; 1: off.
+    max_bad_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+
+
+@dataclass
+class LoopConfig:
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+
+@dataclass
 class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
@@ -230,6 +257,7 @@ class RunConfig:
     collect: CollectConfig = field(default_factory=CollectConfig)
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
     @property
     def run_dir(self) -> Path:

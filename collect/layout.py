@@ -5,7 +5,8 @@ runs/<run>/
   config.yaml
   rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
-  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>)
+  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>), shift.json
+  rounds/<k>/health.json  the loop's checks of the round
   rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
   report.html, report/*.png
 ```
@@ -106,6 +107,11 @@ class TrainPaths:
     def adapter(self) -> Path:
         return self.root / "adapter"
 
+    @property
+    def shift(self) -> Path:
+        """How far the new adapter moved the policy on the round's own tokens (the loop's health)."""
+        return self.root / "shift.json"
+
 
 @dataclass(frozen=True)
 class RoundLayout:
@@ -123,6 +129,11 @@ class RoundLayout:
     @property
     def train(self) -> TrainPaths:
         return TrainPaths(self.root / "train")
+
+    @property
+    def health(self) -> Path:
+        """The loop's health checks of this round (train/health.py), passed or not."""
+        return self.root / "health.json"
 
     def marker(self, stage: str) -> Path:
         """The loop's done marker of one stage of this round (JSON: wall time, what it made)."""
