@@ -199,7 +199,9 @@ class TrainConfig:
     eps_high: float = 0.28
     # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO: sum / loss_constant)
     loss_agg: str = "token_mean"
-    loss_constant: float = 0.0  # the constant of `constant`; 0: the longest row's completion length
+    # The constant of `constant`, fixed for the run; 0: sampling.max_tokens x
+    # collect.agent_kwargs.max_turns (a rollout's generation budget), refused if either is unset.
+    loss_constant: NonNegativeFloat = 0.0
     kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
     # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
     # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.

@@ -116,10 +116,11 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
                                  "policy": c.rollout.get("policy"),
                                  "reward": c.reward, "advantage": float(adv), "rows": len(c.rows),
                                  "row_turns": [r.turns for r in c.rows]})  # which calls each row holds
+            tokens = sum(row.trainable for row in c.rows)
             for row in c.rows:
                 out.rows.append(row)
                 out.advantages.append(float(adv))
-                out.weights.append(1.0 / len(c.rows))
+                out.weights.append(row.trainable / tokens)  # its share of the rollout (records.py)
                 out.rollout_index.append(ri)
                 out.group_index.append(gi)
     out.stats = _stats(jobs, out, job_left, rstats, breaks, agents, len(kept), Counter(dropped.values()))

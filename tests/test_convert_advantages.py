@@ -75,7 +75,8 @@ def test_failures_the_policy_did_not_cause_are_left_out():
     assert out.stats["rollouts"]["left_out"] == {"infra_error": 2, "verifier_error": 1, "group_one_member": 2,
                                                  "no_turns": 1}
     assert out.stats["groups"] == {"used": 1, "dropped": {"one_member": 2}}
-    # a rollout split into two rows counts once: each row weighs 1/2
+    # a rollout split into two rows counts once: each row weighs its share of the rollout's tokens
+    # (1 and 1 completion tokens here)
     assert [(out.rollouts[i]["rollout_id"], w) for i, w in zip(out.rollout_index, out.weights)] == \
         [("a", 0.5), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
     assert out.stats["prefix_breaks"]["by_agent"]["agent-x"]["breaks"] == 1

@@ -68,7 +68,7 @@ class Trainer:
         dummy = not mine  # this process has no file in the step: a zero-weight pass keeps DDP in step
         if dummy:
             mine = [step.files[0]]
-        norm = StepNorm(loss_tokens=float(step.loss_tokens), rows=float(step.rows))
+        norm = StepNorm(loss_tokens=float(step.loss_tokens), rollouts=float(step.rollouts))
         sums: dict[str, torch.Tensor] = {}
         for j, i in enumerate(mine):
             mb = self.batches[i].to(self.acc.device)
