@@ -197,3 +197,19 @@ def test_the_dr_grpo_constant_is_the_generation_budget_fixed_for_the_run():
     assert loss_config(load_config(None, ["train.loss_agg=constant", "train.loss_constant=7"])).constant == 7.0
     with pytest.raises(TrainError, match="train.loss_constant"):
         loss_config(load_config(None, ["train.loss_agg=constant"]))  # no budget to take it from
+
+
+def test_the_head_stays_float32_under_bf16_autocast():
+    # accelerate's mixed_precision=bf16 runs the whole forward under autocast; the head must not follow
+    g = torch.Generator().manual_seed(3)
+    B, S, H, V = 2, 16, 64, 2000
+    hidden = torch.randn(B, S, H, generator=g)
+    weight = torch.randn(V, H, generator=g) * 0.3
+    targets = torch.randint(0, V, (B, S), generator=g)
+    temps = torch.tensor([1.0, 0.7])
+    z = (hidden.double() @ weight.double().T) / temps.double()[:, None, None]
+    want = torch.log_softmax(z, -1).gather(-1, targets[..., None]).squeeze(-1)  # float64 reference
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        got, _ = sampled_logprobs(hidden, weight, targets, temps, chunk=5)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max().item() < 1e-4
