@@ -77,7 +77,8 @@ class EndpointConfig:
 class SamplingConfig:
     """Forced on every upstream call by the proxy; the trainer divides logits by `temperature`."""
 
-    temperature: NonNegativeFloat = 1.0
+    # > 0: greedy decoding (0) reports log-probs of no distribution the trainer can recompute.
+    temperature: PositiveFloat = 1.0
     top_p: Probability = 1.0
     # Upper bound on max_tokens per call; None leaves the agent's value alone.
     max_tokens: Positive | None = None

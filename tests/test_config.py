@@ -83,3 +83,9 @@ def test_only_true_and_false_are_booleans():
     cfg = load_config(None, ["train.mixed_precision=no", "endpoint.launch=false"])
     assert cfg.train.mixed_precision == "no" and cfg.endpoint.launch is False
     assert load_config(None, ["endpoint.launch=no"]).endpoint.launch is False  # a bool field still reads no
+
+
+def test_greedy_sampling_is_refused_at_load():
+    # the trainer divides logits by the temperature; the endpoint reports greedy log-probs at 1
+    with pytest.raises(ConfigError, match="sampling.temperature"):
+        load_config(None, ["sampling.temperature=0"])

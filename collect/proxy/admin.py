@@ -104,6 +104,8 @@ class AdminAPI:
                 v = body.get(k, getattr(self.cfg.sampling, k))
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise Reject(400, f"{k} {v!r}: expected a number", "bad_request")
+                if v <= 0:  # greedy log-probs are of no distribution the trainer can recompute
+                    raise Reject(400, f"{k} {v!r}: must be > 0", "bad_request")
                 params[k] = float(v)
             seed = body.get("seed")
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
