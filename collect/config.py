@@ -157,8 +157,12 @@ class ConvertConfig:
     # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
     max_seq_len: int = 4096
     overlong: str = "truncate"  # truncate | drop
-    # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
-    length_completions: str = "keep"
+    # finish_reason=length completions (cut at max_tokens): mask (kept as context, loss 0) or
+    # keep (trained on, the cut included).
+    length_completions: str = "mask"
+    # context_exceeded rollouts: mask (their reward counts in the group, their tokens are not
+    # trained: the context limit ended them) or keep (trained as the policy's failures).
+    context_exceeded: str = "mask"
     # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
     max_tokens_per_batch: int = 16384
     pad_multiple: int = 16  # padded length rounded up to a multiple of this

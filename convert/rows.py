@@ -39,7 +39,8 @@ class Call:
 class RowOptions:
     max_seq_len: int = 4096
     overlong: str = "truncate"  # truncate | drop
-    length_completions: str = "keep"  # keep | mask
+    length_completions: str = "mask"  # keep | mask (cut at max_tokens: kept as context, loss 0)
+    context_exceeded: str = "mask"  # keep | mask (a rollout that ran out of context: in its group, loss 0)
 
 
 @dataclass
@@ -92,6 +93,12 @@ class RolloutRows:
     dropped_empty: int = 0  # rows with no trainable token left
     masked_length: int = 0  # finish_reason=length completions masked
     temperature_splits: int = 0
+    # loss tokens each rule took out: length completions masked, rows dropped overlong, the part
+    # of rows cut at max_seq_len, retried duplicates dropped
+    masked_length_tokens: int = 0
+    dropped_overlong_tokens: int = 0
+    truncated_tokens: int = 0
+    duplicate_tokens: int = 0
 
 
 def check_call(call: Call, rollout_id: str) -> None:
@@ -142,15 +149,19 @@ def _row(calls: list[Call], opts: RowOptions, out: RolloutRows) -> None:
     for c in calls:
         if c.finish_reason == "length" and opts.length_completions == "mask":
             out.masked_length += 1  # stays in the row as context, loss 0
+            out.masked_length_tokens += len(c.completion)
         elif len(c.completion):
             spans.append((len(c.prompt), c.logprobs))
     full = len(last.prompt) + len(last.completion)
     row = Row(last.prompt, last.completion, spans, [c.turn for c in calls], last.temperature, full)
+    before = sum(len(lp) for _, lp in spans)
     if full > opts.max_seq_len:
         if opts.overlong == "drop":
             out.dropped_overlong += 1
+            out.dropped_overlong_tokens += before
             return
         row.length, row.truncated = opts.max_seq_len, full - opts.max_seq_len
+    out.truncated_tokens += before - row.trainable
     if not row.trainable:
         out.dropped_empty += 1
         return
@@ -163,7 +174,10 @@ def build_rows(calls: list[Call], opts: RowOptions, rollout_id: str = "?") -> Ro
     out = RolloutRows()
     for c in calls:
         check_call(c, rollout_id)
-    calls, out.duplicates = drop_duplicates(calls)
+    kept, out.duplicates = drop_duplicates(calls)
+    dup = set(out.duplicates)
+    out.duplicate_tokens = sum(len(c.completion) for c in calls if c.turn in dup)
+    calls = kept
     current: list[Call] = []
     for c in calls:
         if current:

@@ -47,7 +47,7 @@ def kept_calls(calls):
 @settings(max_examples=300, deadline=None)
 @given(rollouts())
 def test_rows_reproduce_every_call(calls):
-    out = build_rows(calls, RowOptions(max_seq_len=10_000))
+    out = build_rows(calls, RowOptions(max_seq_len=10_000, length_completions="keep"))
     kept = kept_calls(calls)
     by_turn = {c.turn: c for c in kept}
     assert sorted(out.duplicates) == sorted(set(c.turn for c in calls) - set(by_turn))
@@ -77,7 +77,7 @@ def test_rows_reproduce_every_call(calls):
 @settings(max_examples=200, deadline=None)
 @given(rollouts(), st.integers(2, 30), st.sampled_from(["truncate", "drop"]))
 def test_overlong_rows(calls, max_len, overlong):
-    out = build_rows(calls, RowOptions(max_seq_len=max_len, overlong=overlong))
+    out = build_rows(calls, RowOptions(max_seq_len=max_len, overlong=overlong, length_completions="keep"))
     by_turn = {c.turn: c for c in kept_calls(calls)}
     for r in out.rows:
         assert len(r) <= max_len
