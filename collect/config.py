@@ -186,6 +186,10 @@ class TrainConfig:
     lr: float = 2e-4
     weight_decay: float = 0.0
     warmup: int = 0
+    # Round k > 0 resumes round k-1's AdamW moments and step count (saved as train/optimizer.pt
+    # beside its adapter), so the warmup runs over the whole run and Adam's first updates are not
+    # ~lr x sign(grad) every round. false: a fresh AdamW each round.
+    resume_optimizer: bool = True
     # Rows per optimizer step (whole micro-batches are packed until this is reached); 0: all rows.
     rows_per_step: int = 16
     # Or a budget of loss tokens per optimizer step (0: off); a step ends at whichever comes first.

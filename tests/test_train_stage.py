@@ -184,3 +184,29 @@ def test_tensorboard_tracker_logs_every_step_across_rounds(tmp_path, rows):
     lines = [json.loads(x) for k in (0, 1) for x in train_dir(cfg, k).metrics.read_text().splitlines()]
     assert [e.value for e in loss] == pytest.approx([m["loss"] for m in lines], rel=1e-5)
     assert {"kl", "clip_low", "grad_norm", "mismatch_mean"} <= set(events.Tags()["scalars"])
+
+
+def test_round_one_resumes_adamw_where_round_zero_left_it(tmp_path, rows):
+    from safetensors.torch import load_file
+
+    over = ("train.lr=0.002", "train.rows_per_step=1")  # 2 steps a round
+    cfg = run_config(tmp_path, *over)
+    write_round(convert_path(cfg), rows[:2], ADV[:2], 1.0, rows_per_file=1)
+    train_round(cfg, progress=False)
+    s0 = torch.load(train_dir(cfg).root / "optimizer.pt", weights_only=True)
+    assert s0["steps"] == 2
+    cfg1 = run_config(tmp_path, "round=1", *over)
+    write_round(convert_path(cfg1, 1), rows[:2], [0.0, 0.0], 1.0, rows_per_file=1)  # advantages 0: every gradient is 0
+    train_round(cfg1, progress=False)
+    s1 = torch.load(train_dir(cfg1, 1).root / "optimizer.pt", weights_only=True)
+    assert s1["steps"] == 4
+    # By hand: two AdamW steps on zero gradients decay round 0's moments by beta1^2 and beta2^2.
+    for i, st in s0["optimizer"]["state"].items():
+        new = s1["optimizer"]["state"][i]
+        assert float(new["step"]) == 4
+        torch.testing.assert_close(new["exp_avg"], st["exp_avg"] * 0.9 ** 2)
+        torch.testing.assert_close(new["exp_avg_sq"], st["exp_avg_sq"] * 0.999 ** 2)
+    # the carried moments moved the adapter (a fresh AdamW on zero gradients would not have)
+    a0 = load_file(str(train_dir(cfg).adapter / "adapter_model.safetensors"))
+    a1 = load_file(str(train_dir(cfg1, 1).adapter / "adapter_model.safetensors"))
+    assert any(not torch.equal(a0[k], a1[k]) for k in a0)

@@ -146,7 +146,7 @@ def _is_main() -> bool:
 
 
 def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult:
-    from .run import build, run_steps
+    from .run import OPTIMIZER_FILE, build, run_steps, save_optimizer
 
     steps = plan_steps(index, cfg.train.rows_per_step, cfg.train.tokens_per_step, cfg.train.epochs, cfg.train.seed)
     setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg))
@@ -158,6 +158,7 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
                          wall_s=round(summary["wall_s"], 1))
     if setup.acc.is_main_process:
         _save_final(setup, paths)
+        save_optimizer(setup, paths.root / OPTIMIZER_FILE, len(steps))
         _write_json(paths.root / RESULT, asdict(result))
         shutil.rmtree(paths.checkpoint, ignore_errors=True)
         for prox in paths.root.glob("prox-rank*.safetensors"):
