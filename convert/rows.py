@@ -110,17 +110,19 @@ def check_call(call: Call, rollout_id: str) -> None:
 
 
 def drop_duplicates(calls: list[Call]) -> tuple[list[Call], list[int]]:
-    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt.
-    Prompts are compared only when their length and end ids agree (no hashing of every prompt)."""
+    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt. An
+    earlier call that a call before its repeat built on (that call's prompt extends its prompt +
+    completion) is no retry but a step the agent took and came back from: it stays. Prompts are
+    compared only when their length and end ids agree (no hashing of every prompt)."""
     keep = [True] * len(calls)
-    seen: dict[tuple, list[np.ndarray]] = {}
+    seen: dict[tuple, list[tuple[np.ndarray, int]]] = {}
     for i in range(len(calls) - 1, -1, -1):  # later calls win
         p = calls[i].prompt
         same = seen.setdefault((len(p), int(p[0]) if len(p) else -1, int(p[-1]) if len(p) else -1), [])
-        if any(np.array_equal(p, q) for q in same):
-            keep[i] = False
-        else:
-            same.append(p)
+        j = next((j for q, j in reversed(same) if np.array_equal(p, q)), None)  # the nearest repeat
+        if j is not None:
+            keep[i] = any(extends(calls[i], c) for c in calls[i + 1:j])
+        same.append((p, i))
     return [c for c, k in zip(calls, keep) if k], [c.turn for c, k in zip(calls, keep) if not k]
 
 
