@@ -213,3 +213,30 @@ def test_the_head_stays_float32_under_bf16_autocast():
         got, _ = sampled_logprobs(hidden, weight, targets, temps, chunk=5)
     assert got.dtype == torch.float32
     assert (got.double() - want).abs().max().item() < 1e-4
+
+
+def test_a_scaled_head_is_applied_and_a_soft_capped_one_refused():
+    from peft import LoraConfig, get_peft_model
+
+    from collect.engine.model_store import ModelError, embedded_model_dir, load_model
+    from train.model import PolicyLogprobs
+
+    model, _ = load_model(embedded_model_dir(), "cpu", "float32")
+    ids = torch.tensor([[1, 504, 3145, 314, 260, 2567, 30, 2]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].double()
+    model.config.logit_scale = 2.0  # Cohere's: logits x 2
+    peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    with torch.no_grad():
+        got, _ = PolicyLogprobs(peft, chunk=3)(ids, torch.ones_like(ids), torch.arange(8)[None], torch.tensor([0.5]))
+    want = torch.log_softmax(logits * 2.0 / 0.5, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert (got[0].double() - want).abs().max().item() < 1e-4
+    model.config.logit_scale = None
+    model.config.logits_scaling = 4.0  # Granite's: logits / 4
+    with torch.no_grad():
+        got, _ = PolicyLogprobs(peft, chunk=3)(ids, torch.ones_like(ids), torch.arange(8)[None], torch.tensor([1.0]))
+    want = torch.log_softmax(logits / 4.0, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert (got[0].double() - want).abs().max().item() < 1e-4
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ModelError, match="final_logit_softcapping=30.0"):
+        PolicyLogprobs(peft, chunk=3)

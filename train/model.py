@@ -68,6 +68,24 @@ def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
                            f"{sorted(cfg.train.lora_target_modules)}; use the same targets")
 
 
+def head_scale(config) -> float:
+    """What the model's own head multiplies its logits by (Cohere's logit_scale, Granite's 1 /
+    logits_scaling); the chunked log-probs apply it through the temperature. A soft-capped head
+    (Gemma 2's final_logit_softcapping) is refused: its log-probs would silently be wrong."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        raise ModelError(f"the base model's config sets final_logit_softcapping={cap}: the chunked log-probs "
+                         "do not soft-cap logits; train another base model")
+    scale = 1.0
+    for key, power in (("logit_scale", 1), ("logits_scaling", -1)):
+        v = getattr(config, key, None)
+        if v is not None:
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise ModelError(f"the base model's config sets {key}={v!r}: expected a positive number")
+            scale *= float(v) ** power
+    return scale
+
+
 def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
     """(peft model with the trainable adapter 'default', tokenizer). init_adapter None: a new one."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -80,6 +98,7 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
     except Exception as e:  # transformers' own errors for broken dirs
         raise ModelError(f"{model_dir}: cannot load the base model ({type(e).__name__}: {e})") from None
     check_lora_config(cfg, base)
+    head_scale(base.config)  # refuse a head the chunked log-probs cannot reproduce, before anything runs
     if init_adapter is not None:
         check_adapter_dir(cfg, init_adapter, base)
         model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
@@ -119,6 +138,7 @@ class PolicyLogprobs(nn.Module):
         super().__init__()
         self.peft = peft_model
         self.chunk = chunk
+        self.scale = head_scale(peft_model.get_base_model().config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 temperatures: Tensor) -> tuple[Tensor, Tensor]:
@@ -128,7 +148,8 @@ class PolicyLogprobs(nn.Module):
         head = causal_lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ModelError("lm_head with a bias is not supported by the chunked log-probs")
-        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures, self.chunk)
+        # softmax(z * scale / T) = softmax(z / (T / scale))
+        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures / self.scale, self.chunk)
 
 
 def save_adapter(peft_model: nn.Module, out: Path) -> None:
