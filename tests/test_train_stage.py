@@ -210,3 +210,20 @@ def test_round_one_resumes_adamw_where_round_zero_left_it(tmp_path, rows):
     a0 = load_file(str(train_dir(cfg).adapter / "adapter_model.safetensors"))
     a1 = load_file(str(train_dir(cfg1, 1).adapter / "adapter_model.safetensors"))
     assert any(not torch.equal(a0[k], a1[k]) for k in a0)
+
+
+def test_another_lora_dropout_after_round_zero_is_refused(tmp_path, small_round):
+    from peft import LoraConfig, get_peft_model
+
+    from collect.engine.model_store import embedded_model_dir, load_model
+
+    model, _ = load_model(embedded_model_dir(), "cpu", "float32")
+    lc = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(small_round.train.lora_target_modules))
+    get_peft_model(model, lc).save_pretrained(str(train_dir(small_round, 0).adapter))
+    cfg = run_config(tmp_path, "round=1", "train.lora_dropout=0.1")
+    import shutil
+
+    shutil.copytree(convert_path(small_round), convert_path(cfg, 1))
+    with pytest.raises(AdapterError, match="lora_dropout 0.0, but train.lora_dropout=0.1"):
+        train_round(cfg, progress=False)
+    assert no_train_dir(cfg, 1)

@@ -62,6 +62,10 @@ def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
     if ac.get("r") != cfg.train.lora_rank:
         raise AdapterError(f"{path}: rank {ac.get('r')}, but train.lora_rank={cfg.train.lora_rank}; "
                            "continue with the same rank or start a new run")
+    if float(ac.get("lora_dropout") or 0.0) != cfg.train.lora_dropout:
+        raise AdapterError(f"{path}: lora_dropout {ac.get('lora_dropout')}, but train.lora_dropout="
+                           f"{cfg.train.lora_dropout}: peft keeps the loaded layers' dropout, so the change would "
+                           "only edit the saved config; use the same value or start a new run")
     targets = ac.get("target_modules") or []
     if sorted(targets) != sorted(cfg.train.lora_target_modules):
         raise AdapterError(f"{path}: targets {sorted(targets)}, but train.lora_target_modules="
@@ -102,8 +106,6 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
     if init_adapter is not None:
         check_adapter_dir(cfg, init_adapter, base)
         model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
-        if cfg.train.lora_dropout != model.peft_config["default"].lora_dropout:
-            model.peft_config["default"].lora_dropout = cfg.train.lora_dropout
     else:
         lc = LoraConfig(r=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha,
                         lora_dropout=cfg.train.lora_dropout, target_modules=list(cfg.train.lora_target_modules),
