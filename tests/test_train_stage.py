@@ -227,3 +227,26 @@ def test_another_lora_dropout_after_round_zero_is_refused(tmp_path, small_round)
     with pytest.raises(AdapterError, match="lora_dropout 0.0, but train.lora_dropout=0.1"):
         train_round(cfg, progress=False)
     assert no_train_dir(cfg, 1)
+
+
+def test_a_rank_without_files_adds_nothing_to_the_metrics(small_round):
+    # Under DDP a rank with no file in a step runs a zero-weight pass on another rank's file to
+    # keep the all-reduce in step; its tokens, ratio, clip and entropy must not be counted.
+    from dataclasses import dataclass
+
+    from train.plan import Step, plan_steps
+    from train.run import build
+    from train.stage import load_batches, loss_config
+
+    @dataclass(frozen=True)
+    class NotMine(Step):
+        def for_rank(self, rank, world):
+            return ()
+
+    index, batches = load_batches(convert_path(small_round))
+    setup = build(small_round, None, batches, loss_config(small_round))
+    (step,) = plan_steps(index, 0, 0, 1, 0)
+    m = setup.trainer.step(NotMine(**step.__dict__), first=True)
+    assert m["loss"] == 0 and m["loss_tokens"] == 0 and m["masked_rows"] == 0
+    assert m["ratio_mean"] == m["entropy"] == m["clip_low"] == m["clip_high"] == m["mismatch_mean"] == 0
+    assert m["grad_norm"] == 0
