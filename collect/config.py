@@ -79,13 +79,22 @@ class SamplingConfig:
 
     # > 0: greedy decoding (0) reports log-probs of no distribution the trainer can recompute.
     temperature: PositiveFloat = 1.0
+    # < 1 samples from a truncated distribution while the trainer scores the full softmax (no
+    # correction): refused unless top_p_uncorrected is true.
     top_p: Probability = 1.0
+    top_p_uncorrected: bool = False
     # Upper bound on max_tokens per call; None leaves the agent's value alone.
     max_tokens: Positive | None = None
     # Set: each call is sampled with a seed derived from (seed, round, task, attempt, turn), so a
     # round can be re-collected call for call (vLLM and the local engine honour per-request seeds;
     # batching can still flip a near-tie). None: the endpoint's own randomness.
     seed: int | None = None
+
+    def __post_init__(self):
+        if self.top_p < 1 and not self.top_p_uncorrected:
+            raise ValueError(f"sampling.top_p={self.top_p} samples a truncated distribution the trainer does not "
+                             "reproduce (it scores the full softmax); use top_p: 1.0, or set "
+                             "sampling.top_p_uncorrected: true to train on it anyway")
 
 
 @dataclass
