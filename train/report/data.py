@@ -36,6 +36,7 @@ class RoundData:
     calls: int | None = None
     prefix_breaks: int | None = None
     rows: int | None = None
+    rules: dict[str, dict] = field(default_factory=dict)  # convert's stats `rules`: rule -> rollouts, tokens
     steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl lines
     mismatch_mean: float | None = None  # first step: |trainer - endpoint| log-prob per token
     mismatch_max: float | None = None
@@ -137,6 +138,7 @@ def convert_fields(rd: RoundData, stats: dict | None) -> None:
     rd.groups_used = _get(stats, "groups", "used")
     rd.prefix_breaks = _get(stats, "prefix_breaks", "total")
     rd.rows = _get(stats, "rows", "count")
+    rd.rules = stats.get("rules") if isinstance(stats.get("rules"), dict) else {}
     if _num(stats.get("wall_s")):
         rd.walls["convert"] = stats["wall_s"]
 
