@@ -18,7 +18,7 @@ import numpy as np
 
 from convert.advantages import advantages_by_group
 from convert.reader import ConvertInputError, Job
-from convert.rows import Row, RowError, RowOptions, build_rows
+from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows
 
 INFRA = ("infra_error", "verifier_error")
 # stats.json `rules`: what each rule masked or dropped, from RolloutRows' counters (calls, tokens)
@@ -57,10 +57,11 @@ class _Candidate:
     group: str
     reward: float
     rows: list[Row]
+    built: RolloutRows  # what build_rows masked or dropped (stats' rules)
 
 
 def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out: Counter,
-                rstats: Counter, breaks: dict, agents: dict, skip_bad: bool, rules: dict) -> list[_Candidate]:
+                rstats: Counter, breaks: dict, agents: dict, skip_bad: bool) -> list[_Candidate]:
     out = []
     for r in job.rollouts:
         rid = r["rollout_id"]
@@ -100,10 +101,9 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
             breaks[f"{job.job_id}/{rid}"] = built.breaks
         for k in ("truncated_rows", "dropped_overlong", "dropped_empty", "masked_length", "temperature_splits"):
             rstats[k] += getattr(built, k)
-        _count_rules(rules, built)
         rstats["duplicates"] += len(built.duplicates)
         rstats["calls"] += len(calls[1]) - len(built.duplicates)
-        out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows))
+        out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows, built))
     return out
 
 
@@ -112,8 +112,7 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
     rstats, breaks, agents, rules = Counter(), {}, {}, {}
     job_left = {j.job_id: Counter() for j in jobs}  # reasons per job; the totals are their sum
     cands = [c for job in jobs
-             for c in _candidates(job, opts, null_reward, job_left[job.job_id], rstats, breaks, agents, skip_bad,
-                                  rules)]
+             for c in _candidates(job, opts, null_reward, job_left[job.job_id], rstats, breaks, agents, skip_bad)]
     by_group: dict[str, list[_Candidate]] = {}
     for c in cands:
         by_group.setdefault(c.group, []).append(c)
@@ -126,14 +125,15 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
         gi = len(out.groups)
         out.groups.append(g)
         for c, adv in zip(by_group[g], kept[g]):
-            if not c.rows:
-                job_left[c.job.job_id]["no_rows"] += 1  # every row overlong (dropped) or without a trainable token
-                continue
             if c.rollout["status"] == "context_exceeded" and opts.context_exceeded == "mask":
                 job_left[c.job.job_id]["context_exceeded_masked"] += 1  # its reward still counted in the group
                 r = rules.setdefault("context_exceeded_masked", Counter())
                 r["rollouts"] += 1
                 r["tokens"] += sum(row.trainable for row in c.rows)
+                continue
+            _count_rules(rules, c.built)  # rollouts of groups with signal only: what training lost
+            if not c.rows:
+                job_left[c.job.job_id]["no_rows"] += 1  # every row overlong (dropped) or without a trainable token
                 continue
             ri = len(out.rollouts)
             out.rollouts.append({"rollout_id": c.rollout["rollout_id"], "job": c.job.job_id, "dir": str(c.job.dir),

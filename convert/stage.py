@@ -67,7 +67,8 @@ def _write_batches(built: Built, cfg: RunConfig, tmp: Path, progress: bool) -> t
         name = f"mb-{n:05d}.safetensors"
         save_micro_batch(mb, tmp / name)
         files.append(BatchFile(file=name, rows=len(idx), seq_len=mb.shape[1], tokens=int(lengths[idx].sum()),
-                               loss_tokens=int(mb.completion_mask.numpy().sum()), rollouts=float(w[idx].sum())))  # numpy: no torch thread pool
+                               loss_tokens=int(mb.completion_mask.numpy().sum()),  # numpy: no torch thread pool
+                               rollouts=float(w[idx].sum())))
     padded = sum(f.rows * f.seq_len for f in files)
     rows_per = max(1, round(len(lengths) / len(plan))) if plan else 1
     naive = batching.naive_batches(len(lengths), rows_per, c.seed)

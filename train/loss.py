@@ -114,9 +114,9 @@ def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor,
     rollout's loss tokens (convert.records: they sum to 1 over a rollout's rows). The aggregation
     makes a rollout's loss and per-token gradient independent of how its tokens are split into
     rows: token_mean weighs every loss token 1; seq_mean averages a rollout over its own loss
-    tokens (weight / the row's tokens = 1 / the rollout's tokens); constant sums a rollout's tokens.
-    The step divides by its loss tokens (token_mean) or its rollouts (seq_mean, x constant). prox [B, S]: the trainer's
-    log-probs of the sampling policy (no gradient), needed by tis and mask: the PPO ratio is then
+    tokens (weight / the row's tokens = 1 / the rollout's tokens); constant sums a rollout's
+    tokens. The step divides by its loss tokens (token_mean) or its rollouts (seq_mean, x the
+    constant). prox [B, S]: the trainer's log-probs of the sampling policy (no gradient), needed by tis and mask: the PPO ratio is then
     taken to prox and the train/inference gap prox - behaviour is corrected separately; with
     mismatch none the ratio is taken to behaviour directly. ref [B, S]: base-model log-probs for KL.
     Summing the returned loss over the step's micro-batches gives the step's loss.
