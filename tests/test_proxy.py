@@ -202,6 +202,13 @@ def test_rollout_seed_is_forced_per_turn(tmp_path, stub):
         assert bad.status_code == 400 and "seed" in bad.json()["error"]["message"]
 
 
+def test_a_rollout_top_p_below_one_needs_the_configs_opt_in(tmp_path, stub):
+    with BackgroundProxy(make_cfg(tmp_path, stub.url, "sampling.top_p=1.0", "sampling.top_p_uncorrected=false")) as p:
+        bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "t", "top_p": 0.5}, headers=ADMIN)
+        assert bad.status_code == 400 and "top_p_uncorrected" in bad.json()["error"]["message"]
+        open_rollout(p, "full", top_p=1.0)
+
+
 def test_agent_gets_a_plain_openai_answer(proxy):
     info = open_rollout(proxy, "plain")
     url = f"{info['base_url']}/chat/completions"
