@@ -77,14 +77,24 @@ class EndpointConfig:
 class SamplingConfig:
     """Forced on every upstream call by the proxy; the trainer divides logits by `temperature`."""
 
-    temperature: NonNegativeFloat = 1.0
+    # > 0: greedy decoding (0) reports log-probs of no distribution the trainer can recompute.
+    temperature: PositiveFloat = 1.0
+    # < 1 samples from a truncated distribution while the trainer scores the full softmax (no
+    # correction): refused unless top_p_uncorrected is true.
     top_p: Probability = 1.0
+    top_p_uncorrected: bool = False
     # Upper bound on max_tokens per call; None leaves the agent's value alone.
     max_tokens: Positive | None = None
     # Set: each call is sampled with a seed derived from (seed, round, task, attempt, turn), so a
     # round can be re-collected call for call (vLLM and the local engine honour per-request seeds;
     # batching can still flip a near-tie). None: the endpoint's own randomness.
     seed: int | None = None
+
+    def __post_init__(self):
+        if self.top_p < 1 and not self.top_p_uncorrected:
+            raise ValueError(f"sampling.top_p={self.top_p} samples a truncated distribution the trainer does not "
+                             "reproduce (it scores the full softmax); use top_p: 1.0, or set "
+                             "sampling.top_p_uncorrected: true to train on it anyway")
 
 
 @dataclass
@@ -156,8 +166,12 @@ class ConvertConfig:
     # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
     max_seq_len: int = 4096
     overlong: str = "truncate"  # truncate | drop
-    # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
-    length_completions: str = "keep"
+    # finish_reason=length completions (cut at max_tokens): mask (kept as context, loss 0) or
+    # keep (trained on, the cut included).
+    length_completions: str = "mask"
+    # context_exceeded rollouts: mask (their reward counts in the group, their tokens are not
+    # trained: the context limit ended them) or keep (trained as the policy's failures).
+    context_exceeded: str = "mask"
     # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
     max_tokens_per_batch: int = 16384
     pad_multiple: int = 16  # padded length rounded up to a multiple of this
@@ -181,6 +195,10 @@ class TrainConfig:
     lr: float = 2e-4
     weight_decay: float = 0.0
     warmup: int = 0
+    # Round k > 0 resumes round k-1's AdamW moments and step count (saved as train/optimizer.pt
+    # beside its adapter), so the warmup runs over the whole run and Adam's first updates are not
+    # ~lr x sign(grad) every round. false: a fresh AdamW each round.
+    resume_optimizer: bool = True
     # Rows per optimizer step (whole micro-batches are packed until this is reached); 0: all rows.
     rows_per_step: int = 16
     # Or a budget of loss tokens per optimizer step (0: off); a step ends at whichever comes first.
@@ -199,7 +217,9 @@ class TrainConfig:
     eps_high: float = 0.28
     # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO: sum / loss_constant)
     loss_agg: str = "token_mean"
-    loss_constant: float = 0.0  # the constant of `constant`; 0: the longest row's completion length
+    # The constant of `constant`, fixed for the run; 0: sampling.max_tokens x
+    # collect.agent_kwargs.max_turns (a rollout's generation budget), refused if either is unset.
+    loss_constant: NonNegativeFloat = 0.0
     kl_coef: float = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
     # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
     # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.

@@ -50,7 +50,7 @@ def test_top_level_must_be_mapping(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("proxy.port=70000", r"proxy.port: input should be less than or equal to 65535 \(got 70000\)"),
     ("sampling.top_p=0", r"sampling.top_p: input should be greater than 0"),
-    ("sampling.temperature=-1", r"sampling.temperature: input should be greater than or equal to 0"),
+    ("sampling.temperature=-1", r"sampling.temperature: input should be greater than 0"),
     ("collect.attempts=0", r"collect.attempts: input should be greater than or equal to 1"),
     ("collect.tasks=[1]", r"collect.tasks\[0\]: expected str, got 1"),
     ("engine=3", r"engine: expected a mapping, got 3"),
@@ -83,3 +83,16 @@ def test_only_true_and_false_are_booleans():
     cfg = load_config(None, ["train.mixed_precision=no", "endpoint.launch=false"])
     assert cfg.train.mixed_precision == "no" and cfg.endpoint.launch is False
     assert load_config(None, ["endpoint.launch=no"]).endpoint.launch is False  # a bool field still reads no
+
+
+def test_greedy_sampling_is_refused_at_load():
+    # the trainer divides logits by the temperature; the endpoint reports greedy log-probs at 1
+    with pytest.raises(ConfigError, match="sampling.temperature"):
+        load_config(None, ["sampling.temperature=0"])
+
+
+def test_top_p_below_one_needs_the_opt_in():
+    # the trainer scores the full softmax; a truncated sampling distribution is not corrected
+    with pytest.raises(ConfigError, match="sampling.top_p=0.9 .* sampling.top_p_uncorrected"):
+        load_config(None, ["sampling.top_p=0.9"])
+    assert load_config(None, ["sampling.top_p=0.9", "sampling.top_p_uncorrected=true"]).sampling.top_p == 0.9

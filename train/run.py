@@ -17,6 +17,9 @@ from .model import PolicyLogprobs, load_policy, lora_state, set_lora_state
 from .trainer import Trainer
 
 MIXED = ("no", "bf16", "fp16")
+# Beside round k's adapter: AdamW's state and the steps taken so far, resumed by round k + 1
+# (train.resume_optimizer) so that every round does not restart Adam's moments and the warmup.
+OPTIMIZER_FILE = "optimizer.pt"
 
 
 @dataclass
@@ -28,6 +31,7 @@ class Setup:
     checkpoint_every: int
     tracker_run: str = "wharf"  # the trackers' run name (the run's name)
     step_offset: int = 0  # optimizer steps of earlier rounds: tracker curves run on across rounds
+    sched_offset: int = 0  # optimizer steps the resumed AdamW state has taken (the warmup goes on from there)
 
 
 def _accelerator(cfg: RunConfig, project_dir: Path):
@@ -54,14 +58,45 @@ def build(cfg: RunConfig, init_adapter: Path | None, batches, loss_cfg: LossConf
     policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    done = _resume_optimizer(cfg, init_adapter, opt)
     warmup = max(1, cfg.train.warmup)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (done + s + 1) / warmup))
     # The scheduler stays unprepared: accelerate would step it once per process.
     policy, opt = acc.prepare(policy, opt)
     trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
                       kl=cfg.train.kl_coef > 0)
     return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every,
-                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round))
+                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round), sched_offset=done)
+
+
+def _resume_optimizer(cfg: RunConfig, init_adapter: Path | None, opt) -> int:
+    """Load the previous round's AdamW moments into `opt` (its lr and other settings stay this
+    config's); returns the optimizer steps they hold (0: a fresh optimizer)."""
+    from .stage import TrainError
+
+    if init_adapter is None or not cfg.train.resume_optimizer:
+        return 0
+    path = init_adapter.parent / OPTIMIZER_FILE
+    if not path.is_file():
+        raise TrainError(f"{path}: missing, so round {cfg.round} would restart AdamW from zero; train "
+                         f"round {cfg.round - 1} again, or set train.resume_optimizer=false")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    new = opt.state_dict()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state = saved["optimizer"]["state"]
+    if sorted(state) != list(range(len(params))) or any(
+            state[i]["exp_avg"].shape != p.shape for i, p in enumerate(params)):
+        raise TrainError(f"{path}: the optimizer state does not fit this adapter's parameters; "
+                         "set train.resume_optimizer=false to start AdamW afresh")
+    opt.load_state_dict({**new, "state": state})
+    return int(saved["steps"])
+
+
+def save_optimizer(setup: Setup, path: Path, steps: int) -> None:
+    """AdamW's state after this round, for the next one (written atomically)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"optimizer": setup.trainer.opt.state_dict(), "steps": setup.sched_offset + steps}, tmp)
+    tmp.replace(path)
 
 
 def _earlier_steps(run: RunLayout, k: int) -> int:

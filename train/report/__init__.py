@@ -52,6 +52,11 @@ def _job_rows(rounds: list[RoundData]) -> list[list]:
             for r in rounds for j in r.jobs]
 
 
+def _rule_rows(rounds: list[RoundData]) -> list[list]:
+    return [[r.k, rule, v.get("rollouts"), v.get("count"), v.get("tokens")]
+            for r in rounds for rule, v in sorted(r.rules.items()) if isinstance(v, dict)]
+
+
 CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}"
        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}img{max-width:100%;display:block}"
        "figure{margin:1.5em 0}")
@@ -71,6 +76,10 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
         if health:  # text-aligned: the sentences read left to right
             parts.append("<h2>Loop health</h2>" + _table(["round", "check", "result", "expected", "seen", "file"],
                                                           health).replace("<td>", "<td style='text-align:left'>"))
+        rules = _rule_rows(rounds)
+        if rules:
+            parts.append("<h2>What convert masked or dropped</h2>" + _table(
+                ["round", "rule", "rollouts", "calls/rows", "loss tokens"], rules))
         jobs = _job_rows(rounds)
         if jobs:
             parts.append("<h2>Jobs (how far off-policy)</h2>" + _table(

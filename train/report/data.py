@@ -39,6 +39,7 @@ class RoundData:
     rows_per_rollout: float | None = None  # convert's rows per used rollout (> 1: split at prefix breaks)
     call_pairs: int | None = None  # consecutive call pairs convert looked at for prefix breaks
     trainable_tokens: int | None = None
+    rules: dict[str, dict] = field(default_factory=dict)  # convert's stats `rules`: rule -> rollouts, tokens
     steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl lines
     mismatch_mean: float | None = None  # first step: |trainer - endpoint| log-prob per token
     mismatch_max: float | None = None
@@ -147,6 +148,7 @@ def convert_fields(rd: RoundData, stats: dict | None) -> None:
     by_agent = _get_dict(stats, "prefix_breaks", "by_agent")
     if by_agent:
         rd.call_pairs = sum(int(c.get("pairs", 0)) for c in by_agent.values() if isinstance(c, dict))
+    rd.rules = stats.get("rules") if isinstance(stats.get("rules"), dict) else {}
     if _num(stats.get("wall_s")):
         rd.walls["convert"] = stats["wall_s"]
 
