@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from collect.agents.check import prompt_bytes, why
+import numpy as np
+
+from collect.agents.check import converts, prompt_bytes, why
 from collect.agents.logs import compare, read_agent_log
 from collect.agents.opencode_db import title_of
+from collect.testing.vllm_stub import Stub, render_prompt
+from convert.rows import Call
 
 
 def row(turn, api, response, status="ok", n_prompt=3):
@@ -131,3 +135,32 @@ def test_why_names_the_host_an_install_reaches_for(tmp_path):
     (tmp_path / "exception.txt").write_text("in run\nRuntimeError: boom\nError: the agent gave up\n")
     assert why(tmp_path, "x") == "run: Error: the agent gave up"
     assert why(tmp_path, None) == ""
+
+
+def _call(turn, prompt, completion):
+    return Call(turn, np.array(prompt, np.int32), np.array(completion, np.int32), np.zeros(len(completion), np.float32))
+
+
+def test_converts_counts_training_rows_and_prefix_breaks():
+    a, b = _call(0, [1, 2], [3]), _call(1, [1, 2, 3, 4], [5])  # b's prompt extends a's prompt + answer
+    assert converts([a, b]) == "2 -> 1 row, 0 breaks"
+    side = _call(2, [9, 9], [1])  # another conversation (opencode's title call)
+    assert converts([a, side, b]) == "3 -> 3 rows, 2 breaks"
+    assert converts([a, b, side]) == "3 -> 2 rows, 1 break"
+    assert converts([a, b, _call(3, [1, 2, 3, 4], [5])]) == "2 -> 1 row, 0 breaks"  # a retried duplicate
+
+
+def test_stub_renders_a_tool_call_back_token_for_token():
+    """The stub's template renders the tool call it wrote as it wrote it, even re-serialized by the
+    agent (vLLM parses arguments before templating): the next prompt extends prompt + completion."""
+    stub = Stub(script="shell:echo hi")
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {
+        "type": "object", "properties": {"command": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "go"}]
+    prompt = render_prompt(msgs, tools)
+    gen = stub.generate({"messages": msgs, "tools": tools, "seed": 0}, prompt)
+    assert gen["tool_call"]["function"]["arguments"] == '{"command": "echo hi"}'
+    back = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}}]}
+    nxt = render_prompt(msgs + [back, {"role": "tool", "tool_call_id": "c", "content": "hi"}], tools)
+    assert nxt[:len(prompt) + len(gen["ids"])] == prompt + gen["ids"]

@@ -96,6 +96,29 @@ def why(trial_dir: Path, error: str | None) -> str:
     return f"{where}: {(lines[-1] if lines else error.splitlines()[0])[:200]}"
 
 
+def converts(calls: list) -> str:
+    """What convert makes of a rollout's ok calls (convert.rows.Call, in turn order): training rows
+    and prefix breaks (a call whose prompt does not extend the row so far starts a new row)."""
+    from convert.rows import RowError, RowOptions, build_rows
+
+    try:
+        built = build_rows(calls, RowOptions(max_seq_len=1 << 30))  # no truncation: the split is the question
+    except RowError as e:
+        return f"refused: {e}"
+    n = len(calls) - len(built.duplicates)
+    return f"{n} -> {len(built.rows)} row{'s' * (len(built.rows) != 1)}, {len(built.breaks)} break{'s' * (len(built.breaks) != 1)}"
+
+
+def _converts(collect_dir: Path, rollout_id: str) -> str:
+    from convert.reader import ConvertInputError, read_job
+
+    try:
+        job = read_job(collect_dir)
+    except ConvertInputError as e:
+        return f"refused: {e}"
+    return converts(job.calls.get(rollout_id, (0, []))[1])
+
+
 @dataclass
 class Result:
     agent: Agent
@@ -104,6 +127,7 @@ class Result:
     match: str = "-"
     system: int = 0
     tools: int = 0
+    converts: str = "-"  # calls -> training rows, prefix breaks
     note: str = ""
 
     @property
@@ -141,6 +165,7 @@ def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out
     res.note = why(cdir / rollout["trial_dir"], rollout["error"])
     if rows:  # the largest call's (a side call, e.g. opencode's title, may come first)
         res.system, res.tools = max((prompt_bytes(r) for r in rows), key=sum)
+        res.converts = _converts(cdir, rollout["rollout_id"])
     log = read_agent_log(cdir / rollout["trial_dir"] / "agent")
     if log is None:
         res.match = "no log"
@@ -153,11 +178,12 @@ def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out
 
 
 def table(results: list[Result]) -> str:
-    head = "| agent | upstream | ran | status | calls | rows = agent log | system prompt B | tools B | note |"
-    lines = [head, "|" + "---|" * 9]
+    head = ("| agent | upstream | ran | status | calls | rows = agent log | converts: calls -> rows, breaks "
+            "| system prompt B | tools B | note |")
+    lines = [head, "|" + "---|" * 10]
     for r in results:
         lines.append(f"| {r.agent.name} | {r.agent.upstream} | {'yes' if r.ran else 'no'} | {r.status} | {r.calls} | "
-                     f"{r.match} | {r.system:,} | {r.tools:,} | {r.note.replace('|', '/')} |")
+                     f"{r.match} | {r.converts} | {r.system:,} | {r.tools:,} | {r.note.replace('|', '/')} |")
     return "\n".join(lines)
 
 
