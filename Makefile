@@ -20,7 +20,7 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
 
 setup: $(VENV)/.installed
 
@@ -51,8 +51,20 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
+# from the sandbox read-only like the node CLIs: aider (collect/agents/aider.py).
+AGENTS_PY := .venv-agents
+agents-py: $(AGENTS_PY)/aider/.installed
+
+$(AGENTS_PY)/aider/.installed:
+	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
+	test -x $(AGENTS_PY)/aider/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/aider
+	$(AGENTS_PY)/aider/bin/python -m pip install -q aider-chat==0.86.2
+	mkdir -p $(AGENTS_PY)/bin && ln -sf ../aider/bin/aider $(AGENTS_PY)/bin/aider
+	touch $@
+
 # One real trial per agent through the recording proxy: the agent matrix (README).
-agents-check: setup agents
+agents-check: setup agents agents-py
 	$(PY) -m collect.agents.check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.

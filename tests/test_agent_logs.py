@@ -164,3 +164,19 @@ def test_stub_renders_a_tool_call_back_token_for_token():
         {"id": "c", "type": "function", "function": {"name": "bash", "arguments": '{"command":"echo hi"}'}}]}
     nxt = render_prompt(msgs + [back, {"role": "tool", "tool_call_id": "c", "content": "hi"}], tools)
     assert nxt[:len(prompt) + len(gen["ids"])] == prompt + gen["ids"]
+
+
+def test_aider_llm_history_one_response_block_per_call(tmp_path):
+    (tmp_path / "aider.llm.history.txt").write_text(
+        "TO LLM 2026-11-24T14:41:53\n-------\nSYSTEM Act as an expert.\nUSER Create hello.txt\n"
+        "LLM RESPONSE 2026-11-24T14:41:54\nASSISTANT hello.txt\nASSISTANT \nASSISTANT ```\n"
+        "TO LLM 2026-11-24T14:41:55\nUSER LLM RESPONSE is just text here\n"
+        "LLM RESPONSE 2026-11-24T14:41:56\n")
+    (tmp_path / "trajectory.json").write_text("{}")  # its own log wins over a generic one
+    log = read_agent_log(tmp_path)
+    assert log.source == "aider LLM history" and [c.text for c in log.calls] == ["hello.txt\n\n```", ""]
+    first = row(0, "chat", {"id": "a", "choices": [{"message": {"content": "hello.txt\n\n```\n"}}]})
+    empty = row(1, "chat", {"id": "b", "choices": [{"message": {"content": ""}}]})
+    assert compare([first, empty], log, "r") == []  # the answer's last newline is not in aider's log
+    changed = row(0, "chat", {"id": "a", "choices": [{"message": {"content": "hello.txt\n```"}}]})
+    assert compare([changed, empty], log, "r") == ["r turn 0: recorded response differs from the agent's text"]

@@ -12,6 +12,8 @@ Readers, tried in order (the first whose file is there wins):
   set for the session is the one side call's answer, which its --format=json events leave out; its
   text log is not read: it may end before the last call's line is written);
 - qwen-code: its chat recording, qwen-sessions/**/chats/*.jsonl (one assistant record per call);
+- aider: its LLM history, aider.llm.history.txt (one `LLM RESPONSE <time>` block per call, written
+  when the call ends, failed or not);
 - any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
 Calls that failed and that the agent retried leave no trace in the logs of claude-code, codex or
 ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` False).
@@ -19,6 +21,7 @@ ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` F
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -27,6 +30,7 @@ _MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1),
 _MINI_SWE = "mini-swe-agent.trajectory.json"
 _CLAUDE = "claude-code.txt"
 _CODEX_SESSIONS = "sessions"
+_AIDER = "aider.llm.history.txt"  # collect.agents.aider sets it
 
 
 @dataclass
@@ -144,6 +148,28 @@ def _qwen(files: list[Path]) -> list[AgentCall]:
     return calls
 
 
+_AIDER_HEAD = re.compile(r"^(TO LLM|LLM RESPONSE) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$")
+
+
+def _lines(text: str) -> str:
+    return "\n".join(text.splitlines())  # aider logs an answer line by line: its last newline is lost
+
+
+def _aider(path: Path) -> list[AgentCall]:
+    calls: list[AgentCall] = []
+    body: list[str] | None = None  # the lines of the LLM RESPONSE block being read
+    for line in path.read_text(errors="replace").splitlines() + ["TO LLM 0000-00-00T00:00:00"]:
+        head = _AIDER_HEAD.match(line)
+        if head and body is not None:
+            calls.append(AgentCall(text="\n".join(body), derive=_lines))
+            body = None
+        if head:
+            body = [] if head.group(1) == "LLM RESPONSE" else None
+        elif body is not None:
+            body.append(line.removeprefix("ASSISTANT").removeprefix(" "))
+    return calls
+
+
 def read_agent_log(agent_dir: Path) -> AgentLog | None:
     """The agent's own record of its model calls, in order; None when it left none we read."""
     agent_dir = Path(agent_dir)
@@ -163,6 +189,8 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
     chats = sorted((agent_dir / "qwen-sessions").glob("**/chats/*.jsonl")) if (agent_dir / "qwen-sessions").is_dir() else []
     if chats:
         return AgentLog("qwen-code chat recording", _qwen(chats), False)
+    if (agent_dir / _AIDER).is_file():
+        return AgentLog("aider LLM history", _aider(agent_dir / _AIDER), False)
     own = agent_dir / _MINIMAL
     if own.is_file():
         try:
