@@ -52,15 +52,16 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 	touch $@
 
 # Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
-# from the sandbox read-only like the node CLIs: aider (collect/agents/aider.py).
+# from the sandbox read-only like the node CLIs (collect/agents/py_clis.py holds the same pins).
 AGENTS_PY := .venv-agents
-agents-py: $(AGENTS_PY)/aider/.installed
+PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1
+agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
 
-$(AGENTS_PY)/aider/.installed:
+$(AGENTS_PY)/%/.installed:
 	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
-	test -x $(AGENTS_PY)/aider/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/aider
-	$(AGENTS_PY)/aider/bin/python -m pip install -q aider-chat==0.86.2
-	mkdir -p $(AGENTS_PY)/bin && ln -sf ../aider/bin/aider $(AGENTS_PY)/bin/aider
+	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
+	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))'
+	mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*
 	touch $@
 
 # One real trial per agent through the recording proxy: the agent matrix (README).

@@ -180,3 +180,23 @@ def test_aider_llm_history_one_response_block_per_call(tmp_path):
     assert compare([first, empty], log, "r") == []  # the answer's last newline is not in aider's log
     changed = row(0, "chat", {"id": "a", "choices": [{"message": {"content": "hello.txt\n```"}}]})
     assert compare([changed, empty], log, "r") == ["r turn 0: recorded response differs from the agent's text"]
+
+
+def test_vibe_journal_one_completion_action_per_call(tmp_path):
+    journal = tmp_path / "vibe-home" / "logs" / "session" / "unified" / "s1" / "journal"
+    journal.mkdir(parents=True)
+    result = {"finish_reason": "stop", "parts": [{"type": "text", "text": "Do"}, {"type": "text", "text": "ne"}],
+              "usage": {"input_tokens": 7}}
+    records = [{"payload": {"method": "turn/start"}},
+               {"payload": {"action_id": "a1", "kind": "completion", "request": {}}},
+               {"payload": {"action_id": "a1", "result": {"result": {"parts": [{"type": "tool_call"}],
+                                                                      "usage": {"input_tokens": 5}}}}},
+               {"payload": {"action_id": "t1", "kind": "tool", "request": {}}},
+               {"payload": {"action_id": "t1", "result": {"result": {"content": []}}}},
+               {"payload": {"input": {"command": {"action_id": "a1", "result": {"parts": []}}}}},
+               {"payload": {"action_id": "a2", "kind": "completion", "request": {}}}]
+    (journal / "0000000000000001.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    (journal / "0000000000000022.jsonl").write_text(json.dumps({"payload": {"action_id": "a2", "result": {"result": result}}}))
+    log = read_agent_log(tmp_path)
+    assert log.source == "vibe session journal"
+    assert [(c.text, c.prompt_tokens) for c in log.calls] == [("", 5), ("Done", 7)]

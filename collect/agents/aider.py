@@ -12,18 +12,13 @@ its provider; aider's litellm needs one, so the model goes as `openai/<policy>`.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from harbor.agents.installed.aider import Aider
 from harbor.environments.base import BaseEnvironment
 
-from collect.agents import node_clis
+from collect.agents import py_clis
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv-agents" / "aider"
-BIN_DIR = REPO / ".venv-agents" / "bin"  # only the `aider` entry point: the venv's python stays off PATH
-PIN = "aider-chat==0.86.2"
 LLM_HISTORY = "aider.llm.history.txt"
 
 QUIET_ENV = {
@@ -34,19 +29,12 @@ QUIET_ENV = {
 }
 
 
-def cli() -> Path:
-    path = BIN_DIR / "aider"
-    if not path.exists():
-        raise node_clis.CliMissing(f"aider not found at {path}: run `make agents-py` (pip installs {PIN} into {VENV})")
-    return path
-
-
 class LocalAider(Aider):
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, model_name: str | None = None,
                  **kwargs: Any) -> None:
         if model_name and model_name.startswith("openai/") and not model_name.startswith("openai/openai/"):
             model_name = "openai/" + model_name  # harbor strips one provider prefix; litellm needs one
-        env = {**QUIET_ENV, "PATH": f"{BIN_DIR}:{node_clis.SANDBOX_PATH}", **(extra_env or {})}
+        env = {**QUIET_ENV, **py_clis.cli_env(), **(extra_env or {})}
         super().__init__(*args, extra_env=env, model_name=model_name, **kwargs)
 
     @staticmethod
@@ -54,9 +42,7 @@ class LocalAider(Aider):
         return "wharf-aider"
 
     def get_version_command(self) -> str | None:
-        return f"{cli()} --version"
+        return f"{py_clis.cli('aider')} --version"
 
     async def install(self, environment: BaseEnvironment) -> None:
-        path = str(cli())
-        await self.exec_as_agent(environment, command=f'test -x {path} || {{ echo "{path} is not visible in the '
-                                                       f'sandbox" >&2; exit 1; }}')
+        await self.exec_as_agent(environment, command=py_clis.install_check("aider"))

@@ -9,7 +9,7 @@ Agents harbor installs from the internet are tried as they are; their row says w
 
 `python -m collect.agents.check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
-claude-code, codex, opencode, qwen-code, aider) does not run cleanly.
+claude-code, codex, opencode, qwen-code, aider, vibe) does not run cleanly.
 """
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ AGENTS = [
     Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
     Agent("qwen-code", "collect.agents.qwen_code:LocalQwenCode", "stub"),
     Agent("aider", "collect.agents.aider:LocalAider", "stub"),
+    Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
     # harbor's own installers (they download the agent): tried as they are.
     *(Agent(n, n, "stub", shipped=False) for n in ("goose", "openhands",
                                                   "gemini-cli", "swe-agent")),

@@ -12,6 +12,8 @@ Readers, tried in order (the first whose file is there wins):
   set for the session is the one side call's answer, which its --format=json events leave out; its
   text log is not read: it may end before the last call's line is written);
 - qwen-code: its chat recording, qwen-sessions/**/chats/*.jsonl (one assistant record per call);
+- mistral-vibe 2.x: its session journal, vibe-home/logs/session/unified/*/journal/*.jsonl (a
+  `completion` action per call, its result with the answer's parts and usage);
 - aider: its LLM history, aider.llm.history.txt (one `LLM RESPONSE <time>` block per call, written
   when the call ends, failed or not);
 - any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
@@ -170,6 +172,25 @@ def _aider(path: Path) -> list[AgentCall]:
     return calls
 
 
+def _vibe(files: list[Path]) -> list[AgentCall]:
+    """Completion actions, each answered by a result record carrying the same action_id."""
+    asked: list[str] = []
+    answers: dict[str, dict] = {}
+    for f in files:
+        for e in _jsonl(f):
+            p = e.get("payload") or {}
+            if p.get("kind") == "completion" and p.get("action_id"):
+                asked.append(p["action_id"])
+            elif isinstance((p.get("result") or {}).get("result"), dict) and p.get("action_id"):
+                answers.setdefault(p["action_id"], p["result"]["result"])
+    calls = []
+    for a in dict.fromkeys(asked):  # a retried action is one call
+        r = answers.get(a) or {}
+        text = "".join(x.get("text", "") for x in r.get("parts") or () if x.get("type") == "text")
+        calls.append(AgentCall(text=text if r else None, prompt_tokens=(r.get("usage") or {}).get("input_tokens")))
+    return calls
+
+
 def read_agent_log(agent_dir: Path) -> AgentLog | None:
     """The agent's own record of its model calls, in order; None when it left none we read."""
     agent_dir = Path(agent_dir)
@@ -189,6 +210,9 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
     chats = sorted((agent_dir / "qwen-sessions").glob("**/chats/*.jsonl")) if (agent_dir / "qwen-sessions").is_dir() else []
     if chats:
         return AgentLog("qwen-code chat recording", _qwen(chats), False)
+    vibe = agent_dir / "vibe-home" / "logs" / "session" / "unified"
+    if vibe.is_dir():  # journal files are numbered in write order
+        return AgentLog("vibe session journal", _vibe(sorted(vibe.glob("*/journal/*.jsonl"))), False)
     if (agent_dir / _AIDER).is_file():
         return AgentLog("aider LLM history", _aider(agent_dir / _AIDER), False)
     own = agent_dir / _MINIMAL
