@@ -117,10 +117,10 @@ RUN ?= runs/default
 report: setup
 	$(PY) -m train.report $(RUN)
 
-test: setup agents
+test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup agents
+test-fast: setup agents agents-py
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup

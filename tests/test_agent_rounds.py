@@ -1,6 +1,6 @@
-"""`make collect` with the real claude-code, codex, opencode and qwen-code CLIs: a round end to end in the default
-(bubblewrap) sandbox against the scripted stub, every trial classified, every row matching the
-agent's own log (the audit)."""
+"""`make collect` with the real claude-code, codex, opencode, qwen-code, mistral-vibe and aider
+CLIs: a round end to end in the default (bubblewrap) sandbox against the scripted stub, every
+trial classified, every row matching the agent's own log (the audit)."""
 from __future__ import annotations
 
 import json
@@ -28,11 +28,15 @@ def stub():
         yield s.url
 
 
-# agent: (its API, calls per trial, side calls among them): opencode titles its session on the side.
-AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0),
-          "collect.agents.codex:LocalCodex": ("responses", 2, 0),
-          "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1),
-          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0)}
+# agent: (its API, calls per trial, side calls among them, reward): opencode titles its session on
+# the side; aider has no tools (it edits files from the answer's text), so the stub's answer does
+# not do the task.
+AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0),
+          "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
+          "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
+          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
+          "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0),
+          "collect.agents.aider:LocalAider": ("chat", 1, 0, 0.0)}
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
@@ -46,8 +50,8 @@ def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
     rollouts = schema.read_table(cdir / "rollouts.parquet", "rollouts").to_pylist()
     turns = schema.read_dir(cdir / "turns", "turns").to_pylist()
     assert len(rollouts) == 2 and [r["status"] for r in rollouts] == ["ok", "ok"]
-    api, n_calls, n_side = AGENTS[agent]
-    assert all(r["reward"] == 1.0 and r["n_turns"] == n_calls for r in rollouts)  # the command ran in the sandbox
+    api, n_calls, n_side, reward = AGENTS[agent]
+    assert all(r["reward"] == reward and r["n_turns"] == n_calls for r in rollouts)  # the command ran in the sandbox
     for ro in rollouts:
         rows = sorted((t for t in turns if t["rollout_id"] == ro["rollout_id"]), key=lambda t: t["turn"])
         assert [t["api"] for t in rows] == [api] * n_calls and all(t["status"] == "ok" for t in rows)

@@ -38,6 +38,7 @@ class Agent:
     upstream: str  # engine | stub
     kwargs: dict = field(default_factory=dict)
     shipped: bool = True  # made to work offline here; a failure fails the check
+    why: str = ""  # an agent not shipped: what running it here would take
 
 
 AGENTS = [
@@ -51,9 +52,14 @@ AGENTS = [
     Agent("qwen-code", "collect.agents.qwen_code:LocalQwenCode", "stub"),
     Agent("aider", "collect.agents.aider:LocalAider", "stub"),
     Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
-    # harbor's own installers (they download the agent): tried as they are.
-    *(Agent(n, n, "stub", shipped=False) for n in ("goose", "openhands",
-                                                  "gemini-cli", "swe-agent")),
+    # harbor's own installers (they download the agent): tried as they are; `why` says what a row
+    # of ours would take beyond the install.
+    Agent("goose", "goose", "stub", shipped=False, why="a release binary (no registry here serves it)"),
+    Agent("openhands", "openhands", "stub", shipped=False,
+          why="harbor's run() calls /opt/openhands-venv (outside the sandbox's writable dirs)"),
+    Agent("gemini-cli", "gemini-cli", "stub", shipped=False,
+          why="speaks Gemini's generateContent API, which the proxy does not serve yet"),
+    Agent("swe-agent", "swe-agent", "stub", shipped=False, why="installed from its git repository"),
 ]
 
 
@@ -164,7 +170,7 @@ def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out
         if schema.shard_files(paths.turns) else []
     res.status, res.calls = rollout["status"], len(rows)
     cdir = paths.root
-    res.note = why(cdir / rollout["trial_dir"], rollout["error"])
+    res.note = "; ".join(n for n in (why(cdir / rollout["trial_dir"], rollout["error"]), agent.why) if n)
     if rows:  # the largest call's (a side call, e.g. opencode's title, may come first)
         res.system, res.tools = max((prompt_bytes(r) for r in rows), key=sum)
         res.converts = _converts(cdir, rollout["rollout_id"])
