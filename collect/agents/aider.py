@@ -30,11 +30,13 @@ QUIET_ENV = {
 
 
 class LocalAider(Aider):
+    options_model = py_clis.endpoint_options(Aider.options_model)
+
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, model_name: str | None = None,
                  **kwargs: Any) -> None:
         if model_name and model_name.startswith("openai/") and not model_name.startswith("openai/openai/"):
             model_name = "openai/" + model_name  # harbor strips one provider prefix; litellm needs one
-        env = {**QUIET_ENV, **py_clis.cli_env(), **(extra_env or {})}
+        env = {**QUIET_ENV, **py_clis.cli_env(kwargs), **(extra_env or {})}
         super().__init__(*args, extra_env=env, model_name=model_name, **kwargs)
 
     @staticmethod

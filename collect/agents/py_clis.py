@@ -27,8 +27,24 @@ def cli(name: str) -> Path:
     return path
 
 
-def cli_env() -> dict[str, str]:
-    return {"PATH": f"{BIN_DIR}:{SANDBOX_PATH}"}
+def cli_env(kwargs: dict | None = None) -> dict[str, str]:
+    """PATH with the CLIs first, and the endpoint kwargs wharf gives its own agents (base_url,
+    api_key) as the OpenAI variables these CLIs read."""
+    env = {"PATH": f"{BIN_DIR}:{SANDBOX_PATH}"}
+    if (kwargs or {}).get("base_url"):
+        env["OPENAI_BASE_URL"] = env["OPENAI_API_BASE"] = kwargs["base_url"]
+    if (kwargs or {}).get("api_key"):
+        env["OPENAI_API_KEY"] = kwargs["api_key"]
+    return env
+
+
+def endpoint_options(options_model):
+    """harbor's options model of an agent, plus the endpoint kwargs wharf gives its own agents."""
+    from pydantic import Field, create_model
+
+    return create_model(f"Local{options_model.__name__}", __base__=options_model,
+                        base_url=(str | None, Field(default=None, description="the rollout's base URL (.../v1)")),
+                        api_key=(str | None, Field(default=None, description="API key (any string the proxy accepts)")))
 
 
 def install_check(name: str) -> str:

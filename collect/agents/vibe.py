@@ -20,9 +20,11 @@ from collect.agents import py_clis
 
 
 class LocalVibe(Vibe):
+    options_model = py_clis.endpoint_options(Vibe.options_model)
+
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, backend: str | None = "generic",
                  **kwargs: Any) -> None:
-        super().__init__(*args, backend=backend, extra_env={**py_clis.cli_env(), **(extra_env or {})}, **kwargs)
+        super().__init__(*args, backend=backend, extra_env={**py_clis.cli_env(kwargs), **(extra_env or {})}, **kwargs)
 
     @staticmethod
     def name() -> str:
