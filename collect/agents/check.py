@@ -191,7 +191,7 @@ def table(results: list[Result]) -> str:
     lines = [head, "|" + "---|" * 10]
     for r in results:
         lines.append(f"| {r.agent.name} | {r.agent.upstream} | {'yes' if r.ran else 'no'} | {r.status} | {r.calls} | "
-                     f"{r.match} | {r.converts} | {r.system:,} | {r.tools:,} | {r.note.replace('|', '/')} |")
+                     f"{r.match} | {r.converts} | {r.system:,} | {r.tools:,} | {' '.join(r.note.replace('|', '/').split())} |")
     return "\n".join(lines)
 
 
