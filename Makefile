@@ -117,10 +117,10 @@ RUN ?= runs/default
 report: setup
 	$(PY) -m train.report $(RUN)
 
-test: setup agents agents-py
+test: setup agents
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup agents agents-py
+test-fast: setup agents
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup

@@ -1,6 +1,6 @@
-"""`make collect` with the real claude-code, codex, opencode, qwen-code, mistral-vibe and aider
-CLIs: a round end to end in the default (bubblewrap) sandbox against the scripted stub, every
-trial classified, every row matching the agent's own log (the audit)."""
+"""`make collect` with the real claude-code, codex, opencode and qwen-code CLIs: a round end to end
+in the default (bubblewrap) sandbox against the scripted stub, every trial classified, every row
+matching the agent's own log (the audit)."""
 from __future__ import annotations
 
 import json
@@ -29,14 +29,15 @@ def stub():
 
 
 # agent: (its API, calls per trial, side calls among them, reward): opencode titles its session on
-# the side; aider has no tools (it edits files from the answer's text), so the stub's answer does
-# not do the task.
+# the side; aider has no tools (it edits files from the answer's text), so the stub's answer would
+# not do its task.
 AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0),
           "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
           "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
-          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
-          "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0),
-          "collect.agents.aider:LocalAider": ("chat", 1, 0, 0.0)}
+          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0)}
+# Not yet seen running in the sandbox (check.py counts them as not shipped): once they are, add
+# "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0), "collect.agents.aider:LocalAider":
+# ("chat", 1, 0, 0.0), and make test's dependency on agents-py.
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
