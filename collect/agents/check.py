@@ -9,7 +9,7 @@ Agents harbor installs from the internet are tried as they are; their row says w
 
 `python -m collect.agents.check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
-claude-code, codex, opencode, qwen-code) does not run cleanly.
+claude-code, codex, opencode, qwen-code, aider, vibe) does not run cleanly.
 """
 from __future__ import annotations
 
@@ -50,10 +50,8 @@ AGENTS = [
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
     Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
     Agent("qwen-code", "collect.agents.qwen_code:LocalQwenCode", "stub"),
-    # Not yet seen running in the sandbox here (run by hand outside it against the stub): a failure
-    # is a row, not a failed check, until they are.
-    Agent("aider", "collect.agents.aider:LocalAider", "stub", shipped=False),
-    Agent("vibe", "collect.agents.vibe:LocalVibe", "stub", shipped=False),
+    Agent("aider", "collect.agents.aider:LocalAider", "stub"),
+    Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
     # harbor's own installers (they download the agent): tried as they are; `why` says what a row
     # of ours would take beyond the install.
     Agent("goose", "goose", "stub", shipped=False, why="a release binary (no registry here serves it)"),
