@@ -35,9 +35,9 @@ AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0)
           "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
           "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
           "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0)}
-# Not yet seen running in the sandbox (check.py counts them as not shipped): once they are, add
+# aider and vibe ran in the sandbox through make agents-check, not yet through this test: to add
 # "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0), "collect.agents.aider:LocalAider":
-# ("chat", 1, 0, 0.0), and make test's dependency on agents-py.
+# ("chat", 1, 0, 0.0), with make test depending on agents-py.
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
