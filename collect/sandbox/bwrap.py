@@ -53,9 +53,10 @@ TESTS_DIR = "/tests"
 AGENT_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/agent", "/logs/artifacts", "/installed-agent", "/solution")
 VERIFIER_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/verifier", "/logs/artifacts", TESTS_DIR)
 TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
-# The npm-installed agent CLIs (make agents), shown read-only like the venv when present.
-_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",)
-                   if p.is_dir()]
+# The npm-installed agent CLIs (make agents) and the Python ones' venvs (make agents-py), shown
+# read-only like the venv when present.
+_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",
+                                    Path(__file__).resolve().parents[2] / ".venv-agents") if p.is_dir()]
 
 
 class SandboxTimeoutError(RuntimeError):
