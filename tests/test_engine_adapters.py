@@ -16,6 +16,7 @@ from collect.engine.core import EngineCore
 from collect.engine.lora import AdapterInvalid
 from collect.engine.sampling import SamplingParams
 
+pytestmark = pytest.mark.slow  # ~50 s of CPU: four model loads (one float64) and a few dozen passes
 PROMPTS = ["Tell me about the moon.", "Write a haiku about compilers, please, in English.", "Hi"]
 # fp32 against float64: the base itself is 2-4e-5 off on these sequences; a wrong scale or a
 # missing layer is off by 1e-2 or more.
@@ -68,7 +69,7 @@ def reference(adapters):
 
 @pytest.fixture(scope="module")
 def core():
-    c = EngineCore(EngineConfig(device="cpu", merged_loras=1))
+    c = EngineCore(EngineConfig(device="cpu", merged_loras=2))
     c.batcher.start()
     yield c
     c.batcher.stop()
@@ -109,26 +110,35 @@ def check(reference, rows, outs):
         assert lps == pytest.approx(reference(adapter, prompt, ids), abs=TOL), adapter
 
 
-def test_one_adapter_batches_run_merged_and_match_peft(core, adapters, reference):
+def load_missing(core, adapters):
     for name, path in adapters.items():
-        on_thread(core, lambda: core.adapters.load(name, path, False))
+        if name not in core.adapters.paths:
+            on_thread(core, lambda: core.adapters.load(name, path, False))
+
+
+def test_one_adapter_batches_run_merged_and_match_peft(core, adapters, reference):
     a = core.adapters
+    load_missing(core, adapters)
+    assert a.merged == ["a1", "a2"]  # merged at load time
     rows = [("a1", 0), ("a1", 1), ("a1", 2)]
     before = a.mixed_passes
     outs = generate(core, rows)
-    assert a.mixed_passes == before and a.merged_passes > 0 and a.merged == ["a1"]
+    assert a.mixed_passes == before and a.merged_passes > 0 and a.merged == ["a2", "a1"]
     check(reference, rows, outs)
-    # The other adapter: its own merged set replaces a1's (engine.merged_loras=1).
+    # A third adapter pushes out the least recently used merged set (engine.merged_loras=2) ...
+    on_thread(core, lambda: a.load("a3", adapters["a1"], False))
+    assert a.merged == ["a1", "a3"]
+    # ... which is merged again when next served alone.
     rows = [("a2", 3), ("a2", 4)]
     check(reference, rows, generate(core, rows))
+    assert a.merged == ["a3", "a2"]
+    on_thread(core, lambda: a.unload("a3"))
     assert a.merged == ["a2"]
 
 
 def test_mixed_batches_serve_each_row_its_own_weights(core, adapters, reference):
     a = core.adapters
-    for name, path in adapters.items():
-        if name not in a.paths:
-            on_thread(core, lambda: a.load(name, path, False))
+    load_missing(core, adapters)
     rows = [(None, 0), ("a1", 1), ("a2", 2), ("a1", 3), (None, 4)]
     before = a.mixed_passes
     outs = generate(core, rows)
@@ -142,8 +152,7 @@ def test_base_weights_untouched_by_loading_serving_replacing_unloading(core, ada
     base_rows = [(None, 7), (None, 8)]
     base_before = generate(core, base_rows)
     check(reference, base_rows, base_before)
-    for name, path in adapters.items():
-        on_thread(core, lambda: a.load(name, path, True))
+    load_missing(core, adapters)
     generate(core, [("a1", 0)])
     generate(core, [("a2", 0), ("a1", 1), (None, 2)])
     # Replacing a1 in place with a2's weights drops a1's merged set.

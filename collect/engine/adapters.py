@@ -1,10 +1,10 @@
 """LoRA adapters served at the base model's speed.
 
 A forward pass whose rows all use one adapter runs on a merged weight set: for every linear
-layer the adapter targets, a new tensor W + scale * B @ A, made the first time the adapter is
-served and swapped into the module by reference (an attribute assignment per layer, no copy).
-At most `max_merged` merged sets are kept (least recently used dropped, rebuilt on demand in
-well under a second); each costs the size of the adapted layers' weights (~0.4 GB in fp32 for
+layer the adapter targets, a new tensor W + scale * B @ A, made when the adapter is loaded and
+swapped into the module by reference (an attribute assignment per layer, no copy). At most
+`max_merged` merged sets are kept (least recently used dropped, rebuilt when next needed: a few
+seconds on 2 busy cores); each costs the size of the adapted layers' weights (~0.4 GB in fp32 for
 SmolLM2-135M with all seven projections adapted, the trainer's default); with none kept
 (`engine.merged_loras=0`) every adapter pass takes the hook path below.
 
@@ -110,6 +110,8 @@ class Adapters:
         self._reset()
         self._merged.pop(name, None)
         self._lora[name], self.paths[name] = weights, path
+        if self.max_merged > 0:
+            self._merged_set(name)  # now, while the load is awaited, not in the first batch's step
 
     def unload(self, name: str) -> None:
         self._reset()
