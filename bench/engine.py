@@ -113,9 +113,10 @@ def adapter_vs_base(ep, url: str, tokens: int, repeats: int) -> list[tuple[str, 
             raise SystemExit(f"loading the bench adapter failed: {status} {text}")
     run_engine(url, 1, 1, 4, ep.api_key, "policy-v1")  # warm-up: the first adapter batch merges its weights
     sums: dict[tuple[str, int], list] = {}
-    for _ in range(repeats):
+    for rep in range(repeats):
         for conc in (1, 16):
-            for model in ("smollm2-135m", "policy-v1"):
+            # Swap which goes first each repeat, so a load that drifts weighs on both alike.
+            for model in ("smollm2-135m", "policy-v1")[::1 if rep % 2 == 0 else -1]:
                 n, dt = run_engine(url, conc, 2 if conc == 1 else conc, tokens, ep.api_key, model)
                 acc = sums.setdefault((model, conc), [0, 0, 0.0])
                 acc[0] += 2 if conc == 1 else conc
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (engine and generate)")
-    ap.add_argument("--repeats", type=int, default=2, help="alternate base/adapter runs per concurrency")
+    ap.add_argument("--repeats", type=int, default=4, help="alternate base/adapter runs per concurrency")
     args = ap.parse_args(argv)
 
     from collect.config import load_config
