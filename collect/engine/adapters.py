@@ -87,10 +87,6 @@ class Adapters:
         self.mixed_passes = 0  # ... and on the base weights with per-row hooks
 
     @property
-    def model(self):
-        return self.base
-
-    @property
     def merged(self) -> list[str]:
         """The adapters with a merged weight set kept, least recently used first."""
         return list(self._merged)
