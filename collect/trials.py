@@ -160,7 +160,7 @@ def classify(result: TrialResult, upstream_errors: int = 0) -> Outcome:
     text = message.lower()
     if kind in _CONTEXT or any(w in text for w in _CONTEXT_WORDS):
         status = "context_exceeded"
-    elif kind == "AgentTimeoutError":
+    elif kind == "AgentTimeoutError" and not upstream_errors:  # else it waited on a failing endpoint
         status = "agent_timeout"
     elif kind in _VERIFIER:
         status = "verifier_error"

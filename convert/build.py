@@ -3,7 +3,9 @@ what was used and what was left out (no I/O: stage.py reads and writes).
 
 Which rollouts count: infra_error and verifier_error are not the policy's failures, so they are
 left out of group statistics and of training; agent_error, agent_timeout and context_exceeded
-are, and keep their reward (a missing one becomes `null_reward`). A rollout with no ok call has
+are, and keep their reward (a missing one becomes `null_reward`). A context_exceeded rollout
+stays in its group but, with `context_exceeded: mask` (the default), its tokens are not trained
+(the context limit cut it, not its own choice to stop). A rollout with no ok call has
 no policy action to train and is left out too. Groups are qualified by job (`<job_id>/<group_id>`)
 so that groups of different jobs never merge when jobs are mixed.
 """
@@ -16,9 +18,24 @@ import numpy as np
 
 from convert.advantages import advantages_by_group
 from convert.reader import ConvertInputError, Job
-from convert.rows import Row, RowError, RowOptions, build_rows
+from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows
 
 INFRA = ("infra_error", "verifier_error")
+# stats.json `rules`: what each rule masked or dropped, from RolloutRows' counters (calls, tokens)
+ROW_RULES = {"length_masked": ("masked_length", "masked_length_tokens"),
+             "overlong_dropped": ("dropped_overlong", "dropped_overlong_tokens"),
+             "truncated": ("truncated_rows", "truncated_tokens"),
+             "duplicates_dropped": (None, "duplicate_tokens")}
+
+
+def _count_rules(rules: dict, built) -> None:
+    for rule, (n_attr, tok_attr) in ROW_RULES.items():
+        n = len(built.duplicates) if n_attr is None else getattr(built, n_attr)
+        if n:
+            r = rules.setdefault(rule, Counter())
+            r["rollouts"] += 1
+            r["count"] += n
+            r["tokens"] += getattr(built, tok_attr)
 
 
 @dataclass
@@ -40,6 +57,7 @@ class _Candidate:
     group: str
     reward: float
     rows: list[Row]
+    built: RolloutRows  # what build_rows masked or dropped (stats' rules)
 
 
 def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out: Counter,
@@ -85,13 +103,13 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
             rstats[k] += getattr(built, k)
         rstats["duplicates"] += len(built.duplicates)
         rstats["calls"] += len(calls[1]) - len(built.duplicates)
-        out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows))
+        out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows, built))
     return out
 
 
 def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float = 1e-6,
           null_reward: float | None = 0.0, skip_bad: bool = False) -> Built:
-    rstats, breaks, agents = Counter(), {}, {}
+    rstats, breaks, agents, rules = Counter(), {}, {}, {}
     job_left = {j.job_id: Counter() for j in jobs}  # reasons per job; the totals are their sum
     cands = [c for job in jobs
              for c in _candidates(job, opts, null_reward, job_left[job.job_id], rstats, breaks, agents, skip_bad)]
@@ -107,6 +125,13 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
         gi = len(out.groups)
         out.groups.append(g)
         for c, adv in zip(by_group[g], kept[g]):
+            if c.rollout["status"] == "context_exceeded" and opts.context_exceeded == "mask":
+                job_left[c.job.job_id]["context_exceeded_masked"] += 1  # its reward still counted in the group
+                r = rules.setdefault("context_exceeded_masked", Counter())
+                r["rollouts"] += 1
+                r["tokens"] += sum(row.trainable for row in c.rows)
+                continue
+            _count_rules(rules, c.built)  # rollouts of groups with signal only: what training lost
             if not c.rows:
                 job_left[c.job.job_id]["no_rows"] += 1  # every row overlong (dropped) or without a trainable token
                 continue
@@ -116,13 +141,15 @@ def build(jobs: list[Job], opts: RowOptions, estimator: str = "grpo", eps: float
                                  "policy": c.rollout.get("policy"),
                                  "reward": c.reward, "advantage": float(adv), "rows": len(c.rows),
                                  "row_turns": [r.turns for r in c.rows]})  # which calls each row holds
+            tokens = sum(row.trainable for row in c.rows)
             for row in c.rows:
                 out.rows.append(row)
                 out.advantages.append(float(adv))
-                out.weights.append(1.0 / len(c.rows))
+                out.weights.append(row.trainable / tokens)  # its share of the rollout (records.py)
                 out.rollout_index.append(ri)
                 out.group_index.append(gi)
     out.stats = _stats(jobs, out, job_left, rstats, breaks, agents, len(kept), Counter(dropped.values()))
+    out.stats["rules"] = {k: dict(v) for k, v in sorted(rules.items())}
     return out
 
 

@@ -165,6 +165,11 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
                 job.orphan_rollouts.append(rid)
             continue
         temp = _temperature(samplings[i])
+        if temp is not None and temp <= 0:
+            _bad(job, skip_bad, f, f"turn {turns[i]} was sampled at temperature {temp} (greedy): the endpoint's "
+                 "log-probs are then not those of any distribution the trainer can recompute; collect again "
+                 "with sampling.temperature > 0", rid)
+            continue
         if temp is None:
             job.no_temperature += 1
             temp = DEFAULT_TEMPERATURE

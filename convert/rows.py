@@ -39,7 +39,8 @@ class Call:
 class RowOptions:
     max_seq_len: int = 4096
     overlong: str = "truncate"  # truncate | drop
-    length_completions: str = "keep"  # keep | mask
+    length_completions: str = "mask"  # keep | mask (cut at max_tokens: kept as context, loss 0)
+    context_exceeded: str = "mask"  # keep | mask (a rollout that ran out of context: in its group, loss 0)
 
 
 @dataclass
@@ -92,6 +93,12 @@ class RolloutRows:
     dropped_empty: int = 0  # rows with no trainable token left
     masked_length: int = 0  # finish_reason=length completions masked
     temperature_splits: int = 0
+    # loss tokens each rule took out: length completions masked, rows dropped overlong, the part
+    # of rows cut at max_seq_len, retried duplicates dropped
+    masked_length_tokens: int = 0
+    dropped_overlong_tokens: int = 0
+    truncated_tokens: int = 0
+    duplicate_tokens: int = 0
 
 
 def check_call(call: Call, rollout_id: str) -> None:
@@ -103,17 +110,19 @@ def check_call(call: Call, rollout_id: str) -> None:
 
 
 def drop_duplicates(calls: list[Call]) -> tuple[list[Call], list[int]]:
-    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt.
-    Prompts are compared only when their length and end ids agree (no hashing of every prompt)."""
+    """A retried call repeats the prompt ids of an earlier one: keep the last of each prompt. An
+    earlier call that a call before its repeat built on (that call's prompt extends its prompt +
+    completion) is no retry but a step the agent took and came back from: it stays. Prompts are
+    compared only when their length and end ids agree (no hashing of every prompt)."""
     keep = [True] * len(calls)
-    seen: dict[tuple, list[np.ndarray]] = {}
+    seen: dict[tuple, list[tuple[np.ndarray, int]]] = {}
     for i in range(len(calls) - 1, -1, -1):  # later calls win
         p = calls[i].prompt
         same = seen.setdefault((len(p), int(p[0]) if len(p) else -1, int(p[-1]) if len(p) else -1), [])
-        if any(np.array_equal(p, q) for q in same):
-            keep[i] = False
-        else:
-            same.append(p)
+        j = next((j for q, j in reversed(same) if np.array_equal(p, q)), None)  # the nearest repeat
+        if j is not None:
+            keep[i] = any(extends(calls[i], c) for c in calls[i + 1:j])
+        same.append((p, i))
     return [c for c, k in zip(calls, keep) if k], [c.turn for c, k in zip(calls, keep) if not k]
 
 
@@ -142,15 +151,19 @@ def _row(calls: list[Call], opts: RowOptions, out: RolloutRows) -> None:
     for c in calls:
         if c.finish_reason == "length" and opts.length_completions == "mask":
             out.masked_length += 1  # stays in the row as context, loss 0
+            out.masked_length_tokens += len(c.completion)
         elif len(c.completion):
             spans.append((len(c.prompt), c.logprobs))
     full = len(last.prompt) + len(last.completion)
     row = Row(last.prompt, last.completion, spans, [c.turn for c in calls], last.temperature, full)
+    before = sum(len(lp) for _, lp in spans)
     if full > opts.max_seq_len:
         if opts.overlong == "drop":
             out.dropped_overlong += 1
+            out.dropped_overlong_tokens += before
             return
         row.length, row.truncated = opts.max_seq_len, full - opts.max_seq_len
+    out.truncated_tokens += before - row.trainable
     if not row.trainable:
         out.dropped_empty += 1
         return
@@ -163,7 +176,10 @@ def build_rows(calls: list[Call], opts: RowOptions, rollout_id: str = "?") -> Ro
     out = RolloutRows()
     for c in calls:
         check_call(c, rollout_id)
-    calls, out.duplicates = drop_duplicates(calls)
+    kept, out.duplicates = drop_duplicates(calls)
+    dup = set(out.duplicates)
+    out.duplicate_tokens = sum(len(c.completion) for c in calls if c.turn in dup)
+    calls = kept
     current: list[Call] = []
     for c in calls:
         if current:

@@ -50,7 +50,8 @@ def _write_batches(built: Built, cfg: RunConfig, tmp: Path, progress: bool) -> t
         name = f"mb-{n:05d}.safetensors"
         save_micro_batch(mb, tmp / name)
         files.append(BatchFile(file=name, rows=len(idx), seq_len=mb.shape[1], tokens=int(lengths[idx].sum()),
-                               loss_tokens=int(mb.completion_mask.numpy().sum())))  # numpy: no torch thread pool
+                               loss_tokens=int(mb.completion_mask.numpy().sum()),  # numpy: no torch thread pool
+                               rollouts=float(w[idx].sum())))
     padded = sum(f.rows * f.seq_len for f in files)
     rows_per = max(1, round(len(lengths) / len(plan))) if plan else 1
     naive = batching.naive_batches(len(lengths), rows_per, c.seed)
@@ -85,7 +86,7 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
                                     f"would count its rollouts twice")
         seen[j.job_id] = j.dir
     t_read = time.perf_counter()
-    opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions)
+    opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions, c.context_exceeded)
     built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
     t_build = time.perf_counter()
     out.root.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,8 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
         files, pad = _write_batches(built, cfg, tmp, progress)
         stats = {**built.stats, "batches": pad, "jobs_read": [str(d) for d in dirs],
                  "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
-                                                         "overlong", "length_completions", "max_tokens_per_batch",
+                                                         "overlong", "length_completions", "context_exceeded",
+                                                         "max_tokens_per_batch",
                                                          "max_row_padding", "pad_multiple", "seed", "skip_bad")},
                  "wall_s": round(time.perf_counter() - t0, 3),
                  "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
@@ -130,6 +132,8 @@ def summary(s: dict, out: Path) -> str:
         f"  tokens    {tok['total']} ({tok['trainable']} trainable) in {b['micro_batches']} micro-batches, "
         f"padding {b['padding_fraction']:.1%} (naive pad-to-longest {b['naive_padding_fraction']:.1%})",
         f"  prefix breaks {pb['total']} in {len(pb['by_rollout'])} rollouts (breaks/pairs by agent: {agents})",
+        "  masked/dropped " + (", ".join(f"{k}: {v.get('rollouts', 0)} rollouts, {v.get('tokens', 0)} tokens"
+                                         for k, v in s.get("rules", {}).items()) or "none"),
     ]
     if s["skipped"]:
         lines.append(f"  SKIPPED {len(s['skipped'])} bad input(s) (convert.skip_bad): see stats.json 'skipped'")

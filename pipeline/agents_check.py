@@ -9,7 +9,7 @@ Agents harbor installs from the internet are tried as they are; their row says w
 
 `wharf agents-check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
-claude-code, codex) does not run cleanly.
+claude-code, codex, opencode, qwen-code, aider, vibe) does not run cleanly.
 """
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from pathlib import Path
 
 from collect.agents.logs import compare, read_agent_log
 from collect.runner import Round
+from convert.reader import ConvertInputError, read_job
+from convert.rows import RowError, RowOptions, build_rows
 from testing.vllm_stub import StubServer  # a repo tool: the scripted upstream ships with the tests, not the wheel
 from wharf import endpoint, schema
 from wharf.config import dump_config, load_config
@@ -41,6 +43,7 @@ class Agent:
     upstream: str  # engine | stub
     kwargs: dict = field(default_factory=dict)
     shipped: bool = True  # made to work offline here; a failure fails the check
+    why: str = ""  # an agent not shipped: what running it here would take
 
 
 AGENTS = [
@@ -51,9 +54,17 @@ AGENTS = [
     Agent("claude-code", "collect.agents.claude_code:LocalClaudeCode", "stub"),
     Agent("codex", "collect.agents.codex:LocalCodex", "stub"),
     Agent("opencode", "collect.agents.opencode:LocalOpenCode", "stub"),
-    # harbor's own installers (they download the agent): tried as they are.
-    *(Agent(n, n, "stub", shipped=False) for n in ("qwen-coder", "goose", "aider", "openhands",
-                                                  "gemini-cli", "swe-agent")),
+    Agent("qwen-code", "collect.agents.qwen_code:LocalQwenCode", "stub"),
+    Agent("aider", "collect.agents.aider:LocalAider", "stub"),
+    Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
+    # harbor's own installers (they download the agent): tried as they are; `why` says what a row
+    # of ours would take beyond the install.
+    Agent("goose", "goose", "stub", shipped=False, why="a release binary (no registry here serves it)"),
+    Agent("openhands", "openhands", "stub", shipped=False,
+          why="harbor's run() calls /opt/openhands-venv (outside the sandbox's writable dirs)"),
+    Agent("gemini-cli", "gemini-cli", "stub", shipped=False,
+          why="speaks Gemini's generateContent API, which the proxy does not serve yet"),
+    Agent("swe-agent", "swe-agent", "stub", shipped=False, why="installed from its git repository"),
 ]
 
 
@@ -98,6 +109,25 @@ def why(trial_dir: Path, error: str | None) -> str:
     return f"{where}: {(lines[-1] if lines else error.splitlines()[0])[:200]}"
 
 
+def converts(calls: list) -> str:
+    """What convert makes of a rollout's ok calls (convert.rows.Call, in turn order): training rows
+    and prefix breaks (a call whose prompt does not extend the row so far starts a new row)."""
+    try:
+        built = build_rows(calls, RowOptions(max_seq_len=1 << 30))  # no truncation: the split is the question
+    except RowError as e:
+        return f"refused: {e}"
+    n = len(calls) - len(built.duplicates)
+    return f"{n} -> {len(built.rows)} row{'s' * (len(built.rows) != 1)}, {len(built.breaks)} break{'s' * (len(built.breaks) != 1)}"
+
+
+def _converts(collect_dir: Path, rollout_id: str) -> str:
+    try:
+        job = read_job(collect_dir)
+    except ConvertInputError as e:
+        return f"refused: {e}"
+    return converts(job.calls.get(rollout_id, (0, []))[1])
+
+
 @dataclass
 class Result:
     agent: Agent
@@ -106,6 +136,7 @@ class Result:
     match: str = "-"
     system: int = 0
     tools: int = 0
+    converts: str = "-"  # calls -> training rows, prefix breaks
     note: str = ""
 
     @property
@@ -137,9 +168,10 @@ def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out
         if schema.shard_files(paths.turns) else []
     res.status, res.calls = rollout["status"], len(rows)
     cdir = paths.root
-    res.note = why(cdir / rollout["trial_dir"], rollout["error"])
+    res.note = "; ".join(n for n in (why(cdir / rollout["trial_dir"], rollout["error"]), agent.why) if n)
     if rows:  # the largest call's (a side call, e.g. opencode's title, may come first)
         res.system, res.tools = max((prompt_bytes(r) for r in rows), key=sum)
+        res.converts = _converts(cdir, rollout["rollout_id"])
     log = read_agent_log(cdir / rollout["trial_dir"] / "agent")
     if log is None:
         res.match = "no log"
@@ -152,11 +184,12 @@ def run_one(agent: Agent, upstream: tuple[str, str | None], proxy_port: int, out
 
 
 def table(results: list[Result]) -> str:
-    head = "| agent | upstream | ran | status | calls | rows = agent log | system prompt B | tools B | note |"
-    lines = [head, "|" + "---|" * 9]
+    head = ("| agent | upstream | ran | status | calls | rows = agent log | converts: calls -> rows, breaks "
+            "| system prompt B | tools B | note |")
+    lines = [head, "|" + "---|" * 10]
     for r in results:
         lines.append(f"| {r.agent.name} | {r.agent.upstream} | {'yes' if r.ran else 'no'} | {r.status} | {r.calls} | "
-                     f"{r.match} | {r.system:,} | {r.tools:,} | {r.note.replace('|', '/')} |")
+                     f"{r.match} | {r.converts} | {r.system:,} | {r.tools:,} | {' '.join(r.note.replace('|', '/').split())} |")
     return "\n".join(lines)
 
 

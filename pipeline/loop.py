@@ -9,7 +9,8 @@ finished rollouts, convert is atomic, train restarts from its last checkpoint). 
 continues a finished loop. The endpoint is started once for the whole loop when `endpoint.launch`
 is set and nothing answers (and stopped when the loop ends); before each round samples, the loop
 makes sure the endpoint serves that round's policy, loading the adapter again after an endpoint
-restart.
+restart. After each round the loop's health checks (pipeline/health.py) run and stop the loop,
+naming what failed, when it is not learning.
 """
 from __future__ import annotations
 
@@ -18,13 +19,18 @@ import logging
 import time
 
 from collect.runner import run as collect_round
+from train.model import base_model_dir
 from train.publish import publish
+from train.shift import measure, write
+from train.stage import convert_dir
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, launch, with_key
 from wharf.entry import guarded
 from wharf.layout import RunLayout, has_adapter, policy_name
 
-from .stages import LoopError, convert_stage, run_stage, train_stage, write_report
+from .health import check_round, enforce
+from .report.data import gather_round, round_line
+from .stages import LoopError, convert_stage, read_marker, run_stage, train_stage, write_report
 
 log = logging.getLogger("wharf.loop")
 
@@ -58,6 +64,29 @@ def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     return {"policy": cfg.collect.policy, "rollouts": len(summary.rows), "mean_reward": summary.mean_reward}
 
 
+def measure_shift(cfg: RunConfig) -> None:
+    """How far this round's training moved the policy on its own tokens (train/shift.py), unless
+    rounds/<k>/train/shift.json is there: it lives in train's dir, so a round trained again is
+    measured again."""
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    rnd = layout.round(cfg.round)
+    if rnd.train.shift.is_file() or (read_marker(rnd, "train") or {}).get("carried"):
+        return
+    log.info("round %d: measuring the update on the round's own tokens", cfg.round)
+    prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
+    write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev))
+
+
+def check_health(cfg: RunConfig) -> list:
+    """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
+    rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
+    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health)
+    for c in checks:
+        log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
+                "ok" if c.ok else "FAILED", c.seen)
+    return checks
+
+
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     name = policy_name(cfg.round + 1)
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
@@ -73,7 +102,15 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
+    measure_shift(cfg)
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
+
+
+def print_round(layout: RunLayout, k: int) -> None:
+    try:
+        print(f"loop: {round_line(gather_round(layout, k))}", flush=True)
+    except Exception:  # a summary line never stops a loop
+        log.exception("could not summarise round %d of %s", k, layout.root)
 
 
 def run_loop(cfg: RunConfig) -> list[int]:
@@ -89,8 +126,12 @@ def run_loop(cfg: RunConfig) -> list[int]:
         cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
         for k in range(cfg.rounds):
             t0 = time.monotonic()
-            run_round(round_config(cfg, k), ep)
-            write_report(layout.root)
+            rcfg = round_config(cfg, k)
+            run_round(rcfg, ep)
+            checks = check_health(rcfg)
+            print_round(layout, k)
+            write_report(layout.root)  # before stopping: the report's table shows what failed
+            enforce(checks)
             log.info("round %d done (%.0f s this run); %s serves next", k, time.monotonic() - t0, policy_name(k + 1))
             done.append(k)
         ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)

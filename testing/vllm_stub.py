@@ -59,6 +59,17 @@ def tokenize(text: str) -> list[int]:
     return [word_id(w) for w in _WORD.findall(text)]
 
 
+def tool_call_text(name, arguments) -> str:
+    """A tool call as the stub writes it, and as its template renders it back: the way vLLM hands a
+    template the parsed arguments and a Hermes-style template dumps them, so a conversation that sends
+    back what it got extends its prompt token for token (convert's one row per rollout)."""
+    try:
+        arguments = json.dumps(json.loads(arguments)) if isinstance(arguments, str) else json.dumps(arguments)
+    except ValueError:
+        pass  # not JSON: rendered as sent
+    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n</tool_call>'
+
+
 def render_prompt(messages: list, tools: list | None) -> list[int]:
     """ChatML-like rendering: <|im_start|>role\\ncontent<|im_end|> per message, then the assistant header."""
     ids: list[int] = []
@@ -71,7 +82,7 @@ def render_prompt(messages: list, tools: list | None) -> list[int]:
         text = f"{m.get('role')}\n{content or ''}"
         for tc in m.get("tool_calls") or []:
             fn = tc.get("function", {})
-            text += f"<tool_call>{fn.get('name')} {fn.get('arguments')}</tool_call>"
+            text += tool_call_text(fn.get("name"), fn.get("arguments"))
         ids += [IM_START] + tokenize(text) + [IM_END]
     return ids + [IM_START] + tokenize("assistant\n")
 
@@ -126,7 +137,7 @@ class Stub:
         if fn is not None:
             tool_call = {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
                          "function": {"name": fn.get("name", "tool"), "arguments": args}}
-            words = _WORD.findall(f'<tool_call>\n{{"name": "{fn.get("name")}", "arguments": {args}}}\n</tool_call>')
+            words = _WORD.findall(tool_call_text(fn.get("name", "tool"), args))
         elif self.script:
             words = _WORD.findall("Done: the command ran.")
         else:

@@ -29,7 +29,8 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a
 def make_cfg(tmp_path, upstream, *extra):
     return load_config(None, [f"endpoint.url={upstream}", "proxy.port=0", f"proxy.out_dir={tmp_path}/turns",
                               "proxy.health_interval_s=0", "proxy.shard_seconds=0", "sampling.temperature=0.7",
-                              "sampling.top_p=0.9", "endpoint.model=base-model", f"proxy.admin_token={ADMIN_TOKEN}",
+                              "sampling.top_p=0.9", "sampling.top_p_uncorrected=true", "endpoint.model=base-model",
+                              f"proxy.admin_token={ADMIN_TOKEN}",
                               *extra])
 
 

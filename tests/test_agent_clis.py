@@ -121,3 +121,24 @@ def test_a_missing_cli_fails_naming_make_agents(monkeypatch, tmp_path):
     monkeypatch.setattr(node_clis, "BIN_DIR", tmp_path)
     with pytest.raises(node_clis.CliMissing, match="make agents"):
         node_clis.cli("claude")
+
+
+def test_a_missing_python_cli_fails_naming_make_agents_py(monkeypatch, tmp_path):
+    from collect.agents import py_clis
+
+    monkeypatch.setattr(py_clis, "BIN_DIR", tmp_path)
+    with pytest.raises(node_clis.CliMissing, match=r"make agents-py.*aider-chat==0\.86\.2"):
+        py_clis.cli("aider")
+    env = py_clis.cli_env({"base_url": "http://h/rollout/r/v1", "api_key": "k"})
+    assert env["PATH"].startswith(f"{tmp_path}:") and env["OPENAI_BASE_URL"] == env["OPENAI_API_BASE"] == "http://h/rollout/r/v1"
+    assert env["OPENAI_API_KEY"] == "k"
+
+
+def test_the_makefile_installs_the_python_clis_at_the_pins_the_classes_name():
+    import re
+
+    from collect.agents import py_clis
+    from conftest import REPO
+
+    line = re.search(r"^PY_AGENT_PINS := (.*)$", (REPO / "Makefile").read_text(), re.M).group(1)
+    assert dict(p.split("=", 1) for p in line.split()) == py_clis.PINS

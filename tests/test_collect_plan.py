@@ -76,6 +76,8 @@ def result(rewards=None, exc=None):
     (result({"a": 1, "b": 0}), 0, "verifier_error", None),
     (result(None), 0, "verifier_error", None),
     (result({"reward": 0.0}, ("AgentTimeoutError", "timed out after 5s")), 0, "agent_timeout", 0.0),
+    # the agent timed out waiting on an endpoint that failed its calls: not the policy's failure
+    (result({"reward": 0.0}, ("AgentTimeoutError", "timed out after 5s")), 2, "infra_error", 0.0),
     (result(None, ("RuntimeError", "model answered 400: maximum context length is 2048")), 3, "context_exceeded", None),
     (result(None, ("RewardFileNotFoundError", "no reward")), 0, "verifier_error", None),
     (result(None, ("EnvironmentStartTimeoutError", "slow")), 0, "infra_error", None),

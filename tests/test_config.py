@@ -50,7 +50,7 @@ def test_top_level_must_be_mapping(tmp_path):
 @pytest.mark.parametrize("override,message", [
     ("proxy.port=70000", r"proxy.port: input should be less than or equal to 65535 \(got 70000\)"),
     ("sampling.top_p=0", r"sampling.top_p: input should be greater than 0"),
-    ("sampling.temperature=-1", r"sampling.temperature: input should be greater than or equal to 0"),
+    ("sampling.temperature=-1", r"sampling.temperature: input should be greater than 0"),
     ("collect.attempts=0", r"collect.attempts: input should be greater than or equal to 1"),
     ("collect.tasks=[1]", r"collect.tasks\[0\]: expected str, got 1"),
     ("engine=3", r"engine: expected a mapping, got 3"),
@@ -64,7 +64,8 @@ def test_values_out_of_range_or_shape_name_the_key(override, message):
     # every section is checked when the config loads, the stages' sections included
     ("convert.advantage=ppo", r"convert.advantage: 'ppo' is not one of grpo, dr_grpo, rloo, zero"),
     ("convert.overlong=cut", r"convert.overlong: 'cut' is not one of truncate, drop"),
-    ("convert.length_completions=drop", r"convert.length_completions: 'drop' is not one of keep, mask"),
+    ("convert.length_completions=drop", r"convert.length_completions: 'drop' is not one of mask, keep"),
+    ("convert.context_exceeded=drop", r"convert.context_exceeded: 'drop' is not one of mask, keep"),
     ("convert.max_seq_len=0", r"convert.max_seq_len: input should be greater than or equal to 1"),
     ("convert.pad_multiple=0", r"convert.pad_multiple: input should be greater than or equal to 1"),
     ("convert.max_row_padding=1.5", r"convert.max_row_padding: input should be less than or equal to 1"),
@@ -130,3 +131,16 @@ def test_readme_lists_every_key_with_its_default():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     block = "\n".join(keys_help(RunConfig))
     assert f"```\n{block}\n```" in readme, "README's configuration list is stale: print keys_help(RunConfig) into it"
+
+
+def test_greedy_sampling_is_refused_at_load():
+    # the trainer divides logits by the temperature; the endpoint reports greedy log-probs at 1
+    with pytest.raises(ConfigError, match="sampling.temperature"):
+        load_config(None, ["sampling.temperature=0"])
+
+
+def test_top_p_below_one_needs_the_opt_in():
+    # the trainer scores the full softmax; a truncated sampling distribution is not corrected
+    with pytest.raises(ConfigError, match="sampling.top_p=0.9 .* sampling.top_p_uncorrected"):
+        load_config(None, ["sampling.top_p=0.9"])
+    assert load_config(None, ["sampling.top_p=0.9", "sampling.top_p_uncorrected=true"]).sampling.top_p == 0.9

@@ -75,10 +75,28 @@ def test_failures_the_policy_did_not_cause_are_left_out():
     assert out.stats["rollouts"]["left_out"] == {"infra_error": 2, "verifier_error": 1, "group_one_member": 2,
                                                  "no_turns": 1}
     assert out.stats["groups"] == {"used": 1, "dropped": {"one_member": 2}}
-    # a rollout split into two rows counts once: each row weighs 1/2
+    # a rollout split into two rows counts once: each row weighs its share of the rollout's tokens
+    # (1 and 1 completion tokens here)
     assert [(out.rollouts[i]["rollout_id"], w) for i, w in zip(out.rollout_index, out.weights)] == \
         [("a", 0.5), ("a", 0.5), ("b", 1.0), ("c", 1.0)]
     assert out.stats["prefix_breaks"]["by_agent"]["agent-x"]["breaks"] == 1
     # without a null_reward an agent_error without reward is left out instead
     out = build([job], RowOptions(), "rloo", null_reward=None)
     assert {r["rollout_id"]: r["advantage"] for r in out.rollouts} == {"a": 1.0, "b": -1.0}
+
+
+def test_context_exceeded_and_length_cut_completions_are_masked_and_counted():
+    cut = Call(0, np.array([1, 2], np.int32), np.array([8, 9], np.int32), np.full(2, -0.1, np.float32), "length")
+    job = _job([("a", "g", 1.0, "ok", [_call(0, [1, 2], [3, 4])]),
+                ("b", "g", 0.0, "context_exceeded", [_call(0, [1, 2], [5, 6, 7])]),
+                ("c", "g", 0.0, "ok", [cut, _call(1, [1, 2, 8, 9, 10], [11])])])
+    out = build([job], RowOptions(), "rloo")  # the defaults: both masked
+    # b's reward still counts in the group (rloo: a = 1 - 0, c = 0 - (1 + 0) / 2), its tokens are not trained
+    assert {r["rollout_id"]: r["advantage"] for r in out.rollouts} == {"a": 1.0, "c": -0.5}
+    assert [r.trainable for r in out.rows] == [2, 1]  # c's cut completion is context only
+    assert out.stats["rules"] == {"context_exceeded_masked": {"rollouts": 1, "tokens": 3},
+                                  "length_masked": {"rollouts": 1, "count": 1, "tokens": 2}}
+    assert out.stats["rollouts"]["left_out"] == {"context_exceeded_masked": 1}
+    kept = build([job], RowOptions(length_completions="keep", context_exceeded="keep"), "rloo")
+    assert {r["rollout_id"] for r in kept.rollouts} == {"a", "b", "c"} and kept.stats["rules"] == {}
+    assert sum(r.trainable for r in kept.rows) == 2 + 3 + 3

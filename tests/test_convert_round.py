@@ -59,7 +59,8 @@ def test_collected_round_converts_token_exact(tmp_path):
             "collect.tasks=[sed-add,write-answer,write-hello]", "collect.attempts=2"]
     out = subprocess.run([sys.executable, "-m", "collect", *args], cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
-    cfg = load_config(REPO / "configs/default.yaml", args[2:])
+    # every completion trained, cut ones too: each row's mask must cover all its calls' texts
+    cfg = load_config(REPO / "configs/default.yaml", [*args[2:], "convert.length_completions=keep"])
     stats = convert_round(cfg, progress=False)
     assert stats["rollouts"]["read"] == 6 and stats["rollouts"]["used"] >= 2, stats["rollouts"]
     # the minimal agent's history mostly keeps the prefix (merged rows) but re-tokenizes some

@@ -40,14 +40,24 @@ def rollouts(draw):
 
 
 def kept_calls(calls):
-    last = {tuple(c.prompt): i for i, c in enumerate(calls)}
-    return [calls[i] for i in sorted(last.values())]
+    """A call is a retried duplicate when a later call repeats its prompt and no call in between
+    built on it (started with its prompt + completion)."""
+    def built_on(i, k):
+        row = list(calls[i].prompt) + list(calls[i].completion)
+        return list(calls[k].prompt[:len(row)]) == row
+
+    kept = []
+    for i, c in enumerate(calls):
+        j = next((j for j in range(i + 1, len(calls)) if list(calls[j].prompt) == list(c.prompt)), None)
+        if j is None or any(built_on(i, k) for k in range(i + 1, j)):
+            kept.append(c)
+    return kept
 
 
 @settings(max_examples=300, deadline=None)
 @given(rollouts())
 def test_rows_reproduce_every_call(calls):
-    out = build_rows(calls, RowOptions(max_seq_len=10_000))
+    out = build_rows(calls, RowOptions(max_seq_len=10_000, length_completions="keep"))
     kept = kept_calls(calls)
     by_turn = {c.turn: c for c in kept}
     assert sorted(out.duplicates) == sorted(set(c.turn for c in calls) - set(by_turn))
@@ -77,7 +87,7 @@ def test_rows_reproduce_every_call(calls):
 @settings(max_examples=200, deadline=None)
 @given(rollouts(), st.integers(2, 30), st.sampled_from(["truncate", "drop"]))
 def test_overlong_rows(calls, max_len, overlong):
-    out = build_rows(calls, RowOptions(max_seq_len=max_len, overlong=overlong))
+    out = build_rows(calls, RowOptions(max_seq_len=max_len, overlong=overlong, length_completions="keep"))
     by_turn = {c.turn: c for c in kept_calls(calls)}
     for r in out.rows:
         assert len(r) <= max_len
@@ -135,6 +145,14 @@ def test_retry_keeps_the_last_and_temperature_splits():
     assert out.duplicates == [0]
     assert [r.turns for r in out.rows] == [[1], [2]] and out.temperature_splits == 1
     assert [r.temperature for r in out.rows] == [1.0, 0.5]
+
+
+def test_a_call_a_later_turn_built_on_is_no_retry():
+    # turn 1 extends turn 0; turn 2 starts over from turn 0's prompt: turn 0 was answered and used
+    calls = [call(0, [1, 2], [3]), call(1, [1, 2, 3, 4], [5]), call(2, [1, 2], [6])]
+    out = build_rows(calls, RowOptions())
+    assert out.duplicates == [] and [r.turns for r in out.rows] == [[0, 1], [2]]
+    assert out.rows[0].mask.tolist() == [0, 0, 1, 0, 1]
 
 
 def test_bad_calls_name_the_rollout():

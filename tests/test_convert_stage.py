@@ -126,6 +126,16 @@ def _mismatch(job: Path) -> Path:
     return shard
 
 
+def _greedy(job: Path) -> Path:
+    """Rollout r00003's first call was sampled greedily (temperature 0)."""
+    shard = schema.shard_files(CollectPaths(job).turns)[0]
+    t = schema.read_table(shard, "turns").to_pylist()
+    i = next(i for i, r in enumerate(t) if r["rollout_id"] == "r00003")
+    t[i]["sampling"] = json.dumps({**json.loads(t[i]["sampling"]), "temperature": 0})
+    schema.write_table(shard, "turns", t)
+    return shard
+
+
 def _truncate(job: Path) -> Path:
     shard = schema.shard_files(CollectPaths(job).turns)[1]
     data = shard.read_bytes()
@@ -147,6 +157,7 @@ def _foreign_schema(job: Path) -> Path:
 
 @pytest.mark.parametrize("spoil, reason, rollout", [
     (_mismatch, "completion ids but .* log-probs", "r00003"),
+    (_greedy, "temperature 0.0 \\(greedy\\).*sampling.temperature > 0", "r00003"),
     (_truncate, "not a readable parquet file|corrupt parquet", None),
     (_foreign_table, "holds a 'rollouts' table, expected 'turns'", None),
     (_foreign_schema, "no schema_version/table metadata", None),

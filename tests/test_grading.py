@@ -47,7 +47,7 @@ def test_gold_log_grades_one_and_empty_patch_log_zero(tmp_path):
     assert gold.returncode == 0, gold.stderr
     assert _reward(tmp_path / "gold") == {
         "reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 2, "f2p_total": 2,
-        "p2p_passed": 2, "p2p_total": 2, "test_exit_code": 0}
+        "p2p_passed": 2, "p2p_total": 2, "test_exit_code": 0, "grader_pytest_report": 0}
     empty = _grade(spec, LOGS / "facebookresearch__hydra-90001.empty.log", tmp_path / "empty")
     assert empty.returncode == 0, empty.stderr
     r = _reward(tmp_path / "empty")
@@ -157,10 +157,14 @@ def test_testlog_usage_error(tmp_path):
     assert "rc=2" in p.stdout and "usage" in p.stderr
 
 
-def test_grading_py_imports_only_stdlib_and_swebench():
+@pytest.mark.parametrize("name, allowed", [
+    ("grading.py", {"swebench"}), ("report_records.py", set()), ("pytest_report.py", {"pytest", "_pytest"}),
+    ("pytest_grade.py", {"grading", "report_records"}),  # its siblings in collect/tasks
+])
+def test_the_grading_tools_import_only_stdlib_swebench_pytest_and_each_other(name, allowed):
     import ast
 
-    tree = ast.parse(GRADING.read_text())
+    tree = ast.parse((GRADING.parent / name).read_text())
     roots = {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     roots |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert roots - {"__future__", "swebench"} <= set(sys.stdlib_module_names)
+    assert roots - {"__future__"} - allowed <= set(sys.stdlib_module_names)

@@ -63,7 +63,8 @@ def test_upstream_request_is_forced_and_recorded(tmp_path, stub):
     with BackgroundProxy(make_cfg(tmp_path, stub.url, "sampling.max_tokens=5")) as p:
         info = open_rollout(p, "forced", policy="policy-v3", temperature=0.5)
         body = {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 50,
-                "include_reasoning": False, "temperature": 1.3, "top_p": 0.1, "top_logprobs": 3, "seed": 1}
+                "include_reasoning": False, "temperature": 1.3, "top_p": 0.1, "top_logprobs": 3, "seed": 1,
+                "top_k": 5, "min_p": 0.1, "logit_bias": {"50": 5}, "presence_penalty": 0.5, "min_tokens": 3}
         r = post(f"{info['base_url']}/chat/completions", json=body)
         assert r.status_code == 200, r.text
         sent = stub.stub.requests[-1]
@@ -72,9 +73,14 @@ def test_upstream_request_is_forced_and_recorded(tmp_path, stub):
         assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["top_logprobs"] == 0
         assert sent["max_tokens"] == 5 and "max_completion_tokens" not in sent
         assert "include_reasoning" not in sent
+        knobs = {"top_k": 5, "min_p": 0.1, "logit_bias": {"50": 5}, "presence_penalty": 0.5, "min_tokens": 3}
+        assert not set(knobs) & set(sent)  # the trainer could not reproduce their effect on the log-probs
+        bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "greedy", "temperature": 0}, headers=ADMIN)
+        assert bad.status_code == 400 and "must be > 0" in bad.json()["error"]["message"]
         close_rollout(p, "forced")
         (row,) = rows(p, "forced")
-        assert json.loads(row["sampling"]) == {k: v for k, v in sent.items() if k != "messages"}
+        assert json.loads(row["sampling"]) == {**{k: v for k, v in sent.items() if k != "messages"},
+                                               "wharf_notes": {"dropped_sampling": knobs}}
         assert json.loads(row["request"]) == body  # as the agent sent it
         assert row["policy"] == "policy-v3" and len(row["completion_token_ids"]) == 5
         assert row["finish_reason"] == "length"
@@ -94,6 +100,13 @@ def test_rollout_seed_is_forced_per_turn(tmp_path, stub):
         assert stub.stub.requests[-1]["seed"] == 5  # no rollout seed: the agent's passes through
         bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "x", "seed": "7"}, headers=ADMIN)
         assert bad.status_code == 400 and "seed" in bad.json()["error"]["message"]
+
+
+def test_a_rollout_top_p_below_one_needs_the_configs_opt_in(tmp_path, stub):
+    with BackgroundProxy(make_cfg(tmp_path, stub.url, "sampling.top_p=1.0", "sampling.top_p_uncorrected=false")) as p:
+        bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "t", "top_p": 0.5}, headers=ADMIN)
+        assert bad.status_code == 400 and "top_p_uncorrected" in bad.json()["error"]["message"]
+        open_rollout(p, "full", top_p=1.0)
 
 
 def test_agent_gets_a_plain_openai_answer(proxy):

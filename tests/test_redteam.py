@@ -21,7 +21,7 @@ import requests
 from testing.vllm_stub import StubServer
 from collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
-from tests.fixtures.redteam import ATTACKS
+from tests.fixtures.redteam import ATTACKS, GRADING_ATTACKS
 from tests.test_proxy import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -78,7 +78,7 @@ def world(tmp_path_factory):
 
 
 def run_attack(world: World, attack: str) -> tuple:
-    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial
 
     rid = f"{attack}-{secrets.token_hex(4)}"
@@ -95,6 +95,8 @@ def run_attack(world: World, attack: str) -> tuple:
         agent=AgentConfig(import_path="tests.fixtures.redteam:AttackAgent", kwargs={"attack": attack, "facts": facts}),
         environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
                                       kwargs={"forward": [opened["base_url"]], "disk_mb": 64, "pids_max": 256}),
+        # the tests of fix-sum-to take ~1 s: a hung test process is killed (and graded 0) after 15
+        verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": "15"}),
     )
     result = asyncio.run(_run(Trial, cfg))
     steps = json.loads((trials / rid / "agent" / "attack.json").read_text())
@@ -112,6 +114,7 @@ def said(steps: list[dict]) -> str:
 def test_the_control_attacker_that_fixes_the_bug_gets_1(world):
     result, _, _ = run_attack(world, "solve")
     assert result.verifier_result.rewards["reward"] == 1.0, result.exception_info
+    assert result.verifier_result.rewards["grader_pytest_report"] == 1
 
 
 @pytest.mark.parametrize("attack", sorted(a for a in ATTACKS if a != "solve"))
@@ -119,6 +122,12 @@ def test_attack_gets_reward_0(world, attack):
     result, steps, trial_dir = run_attack(world, attack)
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards["reward"] == 0.0, (attack, said(steps)[-3000:])
+    if attack == "kill_grader":  # no grading survived: the sandbox refused the planted reward
+        assert result.verifier_result.rewards == {"reward": 0.0, "reward_rejected": 1}
+        assert "reward.json.mac" in (trial_dir / "verifier" / "reward_rejected.txt").read_text()
+    elif attack in GRADING_ATTACKS:  # they act while the tests run: the grading must have seen them
+        detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
+        assert detail["grader"] == "pytest-report" and (detail["problems"] or attack == "forged_report_files"), detail
     out = said(steps)
     # nothing of the host leaked or changed
     assert world.secret not in out

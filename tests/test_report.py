@@ -51,7 +51,8 @@ def make_round(layout: RunLayout, k: int, successes: dict[str, int], train: bool
         return
     rnd.convert.root.mkdir(parents=True)
     rnd.convert.stats.write_text(json.dumps({"groups": {"used": 2, "dropped": {"no_signal": 1}},
-                                             "rows": {"count": 8}, "prefix_breaks": {"total": k}, "wall_s": 3.0}))
+                                             "rows": {"count": 8}, "prefix_breaks": {"total": k}, "wall_s": 3.0,
+                                             "rules": {"length_masked": {"rollouts": 2, "count": 3, "tokens": 40 + k}}}))
     rnd.train.root.mkdir(parents=True)
     steps = [{"step": i + 1, "loss": 0.1 / (i + 1), "clip_low": 0.01, "clip_high": 0.02, "kl": 0.001 * i,
               "entropy": 1.5, "ratio_mean": 1.0, **({"mismatch_mean": 1e-5, "mismatch_max": 1e-4} if i == 0 else {})}
@@ -75,6 +76,8 @@ def test_report_of_two_rounds_references_only_existing_files(tmp_path):
     for plot in ("reward", "tasks", "signal", "training", "mismatch", "lengths", "walls"):
         assert f"report/{plot}.png" in refs, plot
     assert "offpolicy" not in page.read_text()  # no replay jobs: no empty frame
+    assert "What convert masked or dropped" in page.read_text() and "<td>length_masked</td>" in page.read_text()
+    assert "<td>41</td>" in page.read_text()  # round 1's masked loss tokens
     rounds = gather(layout.root)
     assert [r.mean_reward for r in rounds] == [0.25, 0.5]
     assert rounds[0].groups_with_signal == 2 and rounds[1].groups_with_signal == 3

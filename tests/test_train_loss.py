@@ -9,8 +9,9 @@ import torch
 from train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
 
 
-def direct_loss(logp, behaviour, mask, adv, w, cfg: LossConfig, n_tokens, n_rows, prox=None, ref=None):
-    """Plain Python loops over rows and tokens: the PPO clip objective, the corrections, the sums."""
+def direct_loss(logp, behaviour, mask, adv, w, cfg: LossConfig, n_tokens, n_rollouts, prox=None, ref=None):
+    """Plain Python loops over rows and tokens: the PPO clip objective, the corrections, the sums.
+    w: each row's share of its rollout's loss tokens; token_mean does not use it."""
     B, S = len(logp), len(logp[0])
     total = 0.0
     for b in range(B):
@@ -29,13 +30,13 @@ def direct_loss(logp, behaviour, mask, adv, w, cfg: LossConfig, n_tokens, n_rows
                 term *= min(math.exp(prox[b][s] - behaviour[b][s]), cfg.mismatch_cap)
             if ref is not None:
                 term += cfg.kl_coef * (math.exp(ref[b][s] - logp[b][s]) - (ref[b][s] - logp[b][s]) - 1)
-            row += term * w[b] * keep
+            row += term * keep
         if cfg.agg == "token_mean":
             total += row / n_tokens
-        elif cfg.agg == "seq_mean":
-            total += (row / max(len(toks), 1)) / n_rows
+        elif cfg.agg == "seq_mean":  # w / row tokens = 1 / the rollout's tokens
+            total += (row * w[b] / max(len(toks), 1)) / n_rollouts
         else:
-            total += row / (n_rows * cfg.constant)
+            total += row / (n_rollouts * cfg.constant)
     return total
 
 
@@ -59,7 +60,7 @@ def batch(seed=0, B=3, S=7):
 def test_loss_matches_direct_formula(agg, mismatch, kl):
     logp, behaviour, prox, ref, mask, adv, w = batch()
     cfg = LossConfig(agg=agg, mismatch=mismatch, kl_coef=kl, constant=9.0, mismatch_cap=1.3, mismatch_bound=0.15)
-    norm = StepNorm(loss_tokens=40.0, rows=5.0)  # the whole step is larger than this micro-batch
+    norm = StepNorm(loss_tokens=40.0, rollouts=5.0)  # the whole step is larger than this micro-batch
     got, _ = grpo_loss(logp, behaviour, mask, adv, w, cfg, norm, prox=prox, ref=ref if kl else None)
     L = lambda t: t.tolist()  # noqa: E731
     want = direct_loss(L(logp), L(behaviour), L(mask), L(adv), L(w), cfg, 40.0, 5.0, L(prox), L(ref) if kl else None)
@@ -96,7 +97,7 @@ def test_clip_fractions_and_gradient_stops_outside_the_clip():
 
 def test_weights_and_padding_positions_do_not_leak():
     logp, behaviour, prox, _, mask, adv, w = batch()
-    cfg, norm = LossConfig(mismatch="none"), StepNorm(30.0, 3.0)
+    cfg, norm = LossConfig(mismatch="none", agg="seq_mean"), StepNorm(30.0, 3.0)
     base = grpo_loss(logp, behaviour, mask, adv, w, cfg, norm)[0]
     noisy = logp.clone()
     noisy[mask == 0] += 100.0  # anything off the mask is ignored
@@ -132,3 +133,110 @@ def test_bad_settings_are_named():
         LossConfig(agg="mean")
     with pytest.raises(ValueError, match="mismatch"):
         LossConfig(mismatch="is")
+
+
+def _split_rollouts(split: bool):
+    """Rollout a (reward 1): 2 calls, 3 + 2 completion tokens, merged in one row or (a prefix break)
+    split in two; rollout b (reward 0): 1 call, 4 tokens. rloo advantages: +1 and -1."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from convert.batching import pack
+    from convert.build import build
+    from convert.reader import Job
+    from convert.rows import Call, RowOptions
+
+    def call(turn, prompt, completion):
+        return Call(turn, np.array(prompt, np.int32), np.array(completion, np.int32),
+                    np.full(len(completion), -0.5, np.float32))
+
+    second = [9, 2, 3, 4, 5, 6] if split else [1, 2, 3, 4, 5, 6]
+    job = Job(Path("/j"), "j", "agent", [{"rollout_id": "a", "group_id": "g", "task_id": "t", "reward": 1.0,
+                                           "status": "ok"},
+                                          {"rollout_id": "b", "group_id": "g", "task_id": "t", "reward": 0.0,
+                                           "status": "ok"}])
+    job.calls = {"a": (0, [call(0, [1, 2], [3, 4, 5]), call(1, second, [7, 8])]), "b": (0, [call(0, [1, 2], [3, 4, 5, 6])])}
+    job.turn_rows.update({"a": 2, "b": 1})
+    out = build([job], RowOptions(), "rloo")
+    assert len(out.rows) == (3 if split else 2)
+    return pack(out.rows, 1, np.array(out.advantages), np.array(out.weights), np.array(out.rollout_index),
+                np.array(out.group_index))
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "constant"])
+def test_a_rollout_weighs_the_same_merged_or_split_into_rows(agg):
+    # By hand, at ratio 1 every loss token's term is -A: 5 tokens of a (A = +1), 4 of b (A = -1).
+    # token_mean: (-5 + 4) / 9, d/d logp = -A / 9; seq_mean: mean over rollouts of -A = 0,
+    # d/d logp = -A / (rollout tokens x 2 rollouts); constant 10: (-5 + 4) / (10 x 2), -A / 20.
+    want_loss = {"token_mean": -1 / 9, "seq_mean": 0.0, "constant": -1 / 20}[agg]
+    want_grad = {"token_mean": (-1 / 9, 1 / 9), "seq_mean": (-1 / 10, 1 / 8), "constant": (-1 / 20, 1 / 20)}[agg]
+    for split in (False, True):
+        mb = _split_rollouts(split)
+        mask, behaviour = mb.completion_mask[:, 1:].double(), mb.old_logprobs[:, 1:].double()
+        logp = behaviour.clone().requires_grad_()
+        norm = StepNorm(loss_tokens=float(mask.sum()), rollouts=float(mb.weights.sum()))
+        assert norm.loss_tokens == 9 and norm.rollouts == pytest.approx(2.0)
+        loss, _ = grpo_loss(logp, behaviour, mask, mb.advantages.double(), mb.weights.double(),
+                            LossConfig(agg=agg, mismatch="none", constant=10.0), norm)
+        loss.backward()
+        assert loss.item() == pytest.approx(want_loss, abs=1e-7), split  # weights are stored float32
+        for b in range(mb.shape[0]):
+            toks = mask[b] > 0
+            want = want_grad[0] if mb.advantages[b] > 0 else want_grad[1]
+            torch.testing.assert_close(logp.grad[b][toks], torch.full((int(toks.sum()),), want, dtype=torch.float64),
+                                       rtol=1e-6, atol=1e-7)
+
+
+def test_the_dr_grpo_constant_is_the_generation_budget_fixed_for_the_run():
+    from wharf.config import load_config
+    from train.stage import TrainError, loss_config
+
+    cfg = load_config(None, ["train.loss_agg=constant", "sampling.max_tokens=40", "collect.agent_kwargs={max_turns: 3}"])
+    assert loss_config(cfg).constant == 120.0  # 40 tokens x 3 turns, whatever the round's rows
+    assert loss_config(load_config(None, ["train.loss_agg=constant", "train.loss_constant=7"])).constant == 7.0
+    with pytest.raises(TrainError, match="train.loss_constant"):
+        loss_config(load_config(None, ["train.loss_agg=constant"]))  # no budget to take it from
+
+
+def test_the_head_stays_float32_under_bf16_autocast():
+    # accelerate's mixed_precision=bf16 runs the whole forward under autocast; the head must not follow
+    g = torch.Generator().manual_seed(3)
+    B, S, H, V = 2, 16, 64, 2000
+    hidden = torch.randn(B, S, H, generator=g)
+    weight = torch.randn(V, H, generator=g) * 0.3
+    targets = torch.randint(0, V, (B, S), generator=g)
+    temps = torch.tensor([1.0, 0.7])
+    z = (hidden.double() @ weight.double().T) / temps.double()[:, None, None]
+    want = torch.log_softmax(z, -1).gather(-1, targets[..., None]).squeeze(-1)  # float64 reference
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        got, _ = sampled_logprobs(hidden, weight, targets, temps, chunk=5)
+    assert got.dtype == torch.float32
+    assert (got.double() - want).abs().max().item() < 1e-4
+
+
+def test_a_scaled_head_is_applied_and_a_soft_capped_one_refused():
+    from peft import LoraConfig, get_peft_model
+
+    from wharf.model_store import ModelError, embedded_model_dir, load_model
+    from train.model import PolicyLogprobs
+
+    model, _ = load_model(embedded_model_dir(), "cpu", "float32")
+    ids = torch.tensor([[1, 504, 3145, 314, 260, 2567, 30, 2]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, :-1].double()
+    model.config.logit_scale = 2.0  # Cohere's: logits x 2
+    peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
+    with torch.no_grad():
+        got, _ = PolicyLogprobs(peft, chunk=3)(ids, torch.ones_like(ids), torch.arange(8)[None], torch.tensor([0.5]))
+    want = torch.log_softmax(logits * 2.0 / 0.5, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert (got[0].double() - want).abs().max().item() < 1e-4
+    model.config.logit_scale = None
+    model.config.logits_scaling = 4.0  # Granite's: logits / 4
+    with torch.no_grad():
+        got, _ = PolicyLogprobs(peft, chunk=3)(ids, torch.ones_like(ids), torch.arange(8)[None], torch.tensor([1.0]))
+    want = torch.log_softmax(logits / 4.0, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    assert (got[0].double() - want).abs().max().item() < 1e-4
+    model.config.final_logit_softcapping = 30.0
+    with pytest.raises(ModelError, match="final_logit_softcapping=30.0"):
+        PolicyLogprobs(peft, chunk=3)

@@ -63,7 +63,7 @@ def test_one_step_raises_positive_and_lowers_negative_completions(tmp_path, rows
     cfg_json = json.loads((paths.adapter / "adapter_config.json").read_text())
     assert cfg_json["r"] == 4 and not cfg_json.get("modules_to_save")
     assert (paths.adapter / "adapter_model.safetensors").is_file()
-    from collect.engine.lora import check_adapter  # the engine's own (vLLM's) acceptance checks
+    from wharf.adapters import check_adapter  # the engine's own (vLLM's) acceptance checks
 
     check_adapter("policy-v1", str(paths.adapter), base()[0])
     assert mean_logp(paths.adapter, rows, +1) > mean_logp(None, rows, +1)
@@ -182,3 +182,69 @@ def test_tensorboard_tracker_logs_every_step_across_rounds(tmp_path, rows):
     lines = [json.loads(x) for k in (0, 1) for x in train_dir(cfg, k).metrics.read_text().splitlines()]
     assert [e.value for e in loss] == pytest.approx([m["loss"] for m in lines], rel=1e-5)
     assert {"kl", "clip_low", "grad_norm", "mismatch_mean"} <= set(events.Tags()["scalars"])
+
+
+def test_round_one_resumes_adamw_where_round_zero_left_it(tmp_path, rows):
+    from safetensors.torch import load_file
+
+    over = ("train.lr=0.002", "train.rows_per_step=1")  # 2 steps a round
+    cfg = run_config(tmp_path, *over)
+    write_round(convert_path(cfg), rows[:2], ADV[:2], 1.0, rows_per_file=1)
+    train_round(cfg, progress=False)
+    s0 = torch.load(train_dir(cfg).root / "optimizer.pt", weights_only=True)
+    assert s0["steps"] == 2
+    cfg1 = run_config(tmp_path, "round=1", *over)
+    write_round(convert_path(cfg1, 1), rows[:2], [0.0, 0.0], 1.0, rows_per_file=1)  # advantages 0: every gradient is 0
+    train_round(cfg1, progress=False)
+    s1 = torch.load(train_dir(cfg1, 1).root / "optimizer.pt", weights_only=True)
+    assert s1["steps"] == 4
+    # By hand: two AdamW steps on zero gradients decay round 0's moments by beta1^2 and beta2^2.
+    for i, st in s0["optimizer"]["state"].items():
+        new = s1["optimizer"]["state"][i]
+        assert float(new["step"]) == 4
+        torch.testing.assert_close(new["exp_avg"], st["exp_avg"] * 0.9 ** 2)
+        torch.testing.assert_close(new["exp_avg_sq"], st["exp_avg_sq"] * 0.999 ** 2)
+    # the carried moments moved the adapter (a fresh AdamW on zero gradients would not have)
+    a0 = load_file(str(train_dir(cfg).adapter / "adapter_model.safetensors"))
+    a1 = load_file(str(train_dir(cfg1, 1).adapter / "adapter_model.safetensors"))
+    assert any(not torch.equal(a0[k], a1[k]) for k in a0)
+
+
+def test_another_lora_dropout_after_round_zero_is_refused(tmp_path, small_round):
+    from peft import LoraConfig, get_peft_model
+
+    from wharf.model_store import embedded_model_dir, load_model
+
+    model, _ = load_model(embedded_model_dir(), "cpu", "float32")
+    lc = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(small_round.train.lora_target_modules))
+    get_peft_model(model, lc).save_pretrained(str(train_dir(small_round, 0).adapter))
+    cfg = run_config(tmp_path, "round=1", "train.lora_dropout=0.1")
+    import shutil
+
+    shutil.copytree(convert_path(small_round), convert_path(cfg, 1))
+    with pytest.raises(AdapterError, match="lora_dropout 0.0, but train.lora_dropout=0.1"):
+        train_round(cfg, progress=False)
+    assert no_train_dir(cfg, 1)
+
+
+def test_a_rank_without_files_adds_nothing_to_the_metrics(small_round):
+    # Under DDP a rank with no file in a step runs a zero-weight pass on another rank's file to
+    # keep the all-reduce in step; its tokens, ratio, clip and entropy must not be counted.
+    from dataclasses import dataclass
+
+    from train.plan import Step, plan_steps
+    from train.run import build
+    from train.stage import load_batches, loss_config
+
+    @dataclass(frozen=True)
+    class NotMine(Step):
+        def for_rank(self, rank, world):
+            return ()
+
+    index, batches = load_batches(convert_path(small_round))
+    setup = build(small_round, None, batches, loss_config(small_round))
+    (step,) = plan_steps(index, 0, 0, 1, 0)
+    m = setup.trainer.step(NotMine(**step.__dict__), first=True)
+    assert m["loss"] == 0 and m["loss_tokens"] == 0 and m["masked_rows"] == 0
+    assert m["ratio_mean"] == m["entropy"] == m["clip_low"] == m["clip_high"] == m["mismatch_mean"] == 0
+    assert m["grad_norm"] == 0

@@ -66,7 +66,7 @@ def write_round(convert_dir: Path, rows: list[dict], advantages: list[float], te
         name = f"mb-{f:04d}.safetensors"
         save_micro_batch(mb, convert_dir / name)
         files.append(BatchFile(file=name, rows=len(chunk), seq_len=T, tokens=int(mb.attention_mask.sum()),
-                               loss_tokens=int(mb.completion_mask.sum())))
+                               loss_tokens=int(mb.completion_mask.sum()), rollouts=float(len(chunk))))
     index = BatchIndex(files=files, rollouts=[{"rollout_id": f"r{i}"} for i in range(len(rows))], groups=["g0"])
     write_index(index, convert_dir / "index.json")
     return index

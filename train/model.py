@@ -58,10 +58,32 @@ def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
     if ac.get("r") != cfg.train.lora_rank:
         raise AdapterError(f"{path}: rank {ac.get('r')}, but train.lora_rank={cfg.train.lora_rank}; "
                            "continue with the same rank or start a new run")
+    if float(ac.get("lora_dropout") or 0.0) != cfg.train.lora_dropout:
+        raise AdapterError(f"{path}: lora_dropout {ac.get('lora_dropout')}, but train.lora_dropout="
+                           f"{cfg.train.lora_dropout}: peft keeps the loaded layers' dropout, so the change would "
+                           "only edit the saved config; use the same value or start a new run")
     targets = ac.get("target_modules") or []
     if sorted(targets) != sorted(cfg.train.lora_target_modules):
         raise AdapterError(f"{path}: targets {sorted(targets)}, but train.lora_target_modules="
                            f"{sorted(cfg.train.lora_target_modules)}; use the same targets")
+
+
+def head_scale(config) -> float:
+    """What the model's own head multiplies its logits by (Cohere's logit_scale, Granite's 1 /
+    logits_scaling); the chunked log-probs apply it through the temperature. A soft-capped head
+    (Gemma 2's final_logit_softcapping) is refused: its log-probs would silently be wrong."""
+    cap = getattr(config, "final_logit_softcapping", None)
+    if cap:
+        raise ModelError(f"the base model's config sets final_logit_softcapping={cap}: the chunked log-probs "
+                         "do not soft-cap logits; train another base model")
+    scale = 1.0
+    for key, power in (("logit_scale", 1), ("logits_scaling", -1)):
+        v = getattr(config, key, None)
+        if v is not None:
+            if not isinstance(v, (int, float)) or v <= 0:
+                raise ModelError(f"the base model's config sets {key}={v!r}: expected a positive number")
+            scale *= float(v) ** power
+    return scale
 
 
 def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
@@ -76,11 +98,10 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
     except Exception as e:  # transformers' own errors for broken dirs
         raise ModelError(f"{model_dir}: cannot load the base model ({type(e).__name__}: {e})") from None
     check_lora_config(cfg, base)
+    head_scale(base.config)  # refuse a head the chunked log-probs cannot reproduce, before anything runs
     if init_adapter is not None:
         check_adapter_dir(cfg, init_adapter, base)
         model = PeftModel.from_pretrained(base, str(init_adapter), is_trainable=True)
-        if cfg.train.lora_dropout != model.peft_config["default"].lora_dropout:
-            model.peft_config["default"].lora_dropout = cfg.train.lora_dropout
     else:
         lc = LoraConfig(r=cfg.train.lora_rank, lora_alpha=cfg.train.lora_alpha,
                         lora_dropout=cfg.train.lora_dropout, target_modules=list(cfg.train.lora_target_modules),
@@ -115,6 +136,7 @@ class PolicyLogprobs(nn.Module):
         super().__init__()
         self.peft = peft_model
         self.chunk = chunk
+        self.scale = head_scale(peft_model.get_base_model().config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
                 temperatures: Tensor) -> tuple[Tensor, Tensor]:
@@ -124,7 +146,8 @@ class PolicyLogprobs(nn.Module):
         head = causal_lm.get_output_embeddings()
         if getattr(head, "bias", None) is not None:
             raise ModelError("lm_head with a bias is not supported by the chunked log-probs")
-        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures, self.chunk)
+        # softmax(z * scale / T) = softmax(z / (T / scale))
+        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures / self.scale, self.chunk)
 
 
 def save_adapter(peft_model: nn.Module, out: Path) -> None:

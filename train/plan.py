@@ -18,6 +18,7 @@ class Step:
     rows: int
     loss_tokens: int
     tokens: int
+    rollouts: float  # the sum of the rows' weights: rollouts' worth of loss tokens (loss.StepNorm)
 
     def for_rank(self, rank: int, world: int) -> tuple[int, ...]:
         return self.files[rank::world]
@@ -49,4 +50,5 @@ def plan_steps(index: BatchIndex, rows_per_step: int, tokens_per_step: int, epoc
 
 def _step(index: BatchIndex, epoch: int, files: list[int]) -> Step:
     fs = [index.files[i] for i in files]
-    return Step(epoch, tuple(files), sum(f.rows for f in fs), sum(f.loss_tokens for f in fs), sum(f.tokens for f in fs))
+    return Step(epoch, tuple(files), sum(f.rows for f in fs), sum(f.loss_tokens for f in fs), sum(f.tokens for f in fs),
+                sum(f.rollouts for f in fs))

@@ -4,7 +4,7 @@
 place: vLLM can reuse stale prefix-cache blocks under an old name). The same API on vLLM and
 the local engine. A failed publish leaves the adapter on disk; `make publish` tries again.
 
-`python -m train.publish --config FILE [k=v ...]` publishes round `round`'s adapter.
+`wharf publish --config FILE [k=v ...]` publishes round `round`'s adapter.
 """
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import torch
 
 from wharf.config import RunConfig
-from wharf.errors import WharfError
-from wharf.layout import RunLayout
+from wharf.layout import RunLayout, TrainPaths
 
 from . import checkpoint
+from .errors import TrainError
 from .loss import LossConfig
 from .model import PolicyLogprobs, load_policy, lora_state, set_lora_state
 from .trainer import Trainer
@@ -26,6 +26,7 @@ class Setup:
     checkpoint_every: int
     tracker_run: str = "wharf"  # the trackers' run name (the run's name)
     step_offset: int = 0  # optimizer steps of earlier rounds: tracker curves run on across rounds
+    sched_offset: int = 0  # optimizer steps the resumed AdamW state has taken (the warmup goes on from there)
 
 
 def _accelerator(cfg: RunConfig, project_dir: Path):
@@ -33,7 +34,7 @@ def _accelerator(cfg: RunConfig, project_dir: Path):
 
     t = cfg.train
     if t.device == "cuda" and not torch.cuda.is_available():
-        raise WharfError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
+        raise TrainError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
     return Accelerator(cpu=t.device == "cpu", mixed_precision=t.mixed_precision,
                        log_with=list(t.log_with) or None, project_dir=str(project_dir))
 
@@ -48,14 +49,43 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
     policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    done = _resume_optimizer(cfg, start_adapter, opt)
     warmup = max(1, cfg.train.warmup)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (done + s + 1) / warmup))
     # The scheduler stays unprepared: accelerate would step it once per process.
     policy, opt = acc.prepare(policy, opt)
     trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
                       kl=cfg.train.kl_coef > 0)
     return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every,
-                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round))
+                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round), sched_offset=done)
+
+
+def _resume_optimizer(cfg: RunConfig, start_adapter: Path | None, opt) -> int:
+    """Load the previous round's AdamW moments into `opt` (its lr and other settings stay this
+    config's); returns the optimizer steps they hold (0: a fresh optimizer)."""
+    if start_adapter is None or not cfg.train.resume_optimizer:
+        return 0
+    path = TrainPaths(start_adapter.parent).optimizer  # beside the adapter it continues from
+    if not path.is_file():
+        raise TrainError(f"{path}: missing, so round {cfg.round} would restart AdamW from zero; train "
+                         f"round {cfg.round - 1} again, or set train.resume_optimizer=false")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    new = opt.state_dict()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    state = saved["optimizer"]["state"]
+    if sorted(state) != list(range(len(params))) or any(
+            state[i]["exp_avg"].shape != p.shape for i, p in enumerate(params)):
+        raise TrainError(f"{path}: the optimizer state does not fit this adapter's parameters; "
+                         "set train.resume_optimizer=false to start AdamW afresh")
+    opt.load_state_dict({**new, "state": state})
+    return int(saved["steps"])
+
+
+def save_optimizer(setup: Setup, path: Path, steps: int) -> None:
+    """AdamW's state after this round, for the next one (written atomically)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"optimizer": setup.trainer.opt.state_dict(), "steps": setup.sched_offset + steps}, tmp)
+    tmp.replace(path)
 
 
 def _earlier_steps(run: RunLayout, k: int) -> int:
@@ -79,7 +109,7 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
         return {"step": 0, "skipped": 0, "metrics_bytes": 0, "run_s": 0.0}
     meta = state["meta"]
     if meta.get("fingerprint") != fingerprint:
-        raise WharfError(f"{paths.checkpoint}: written by another train config or other micro-batches; "
+        raise TrainError(f"{paths.checkpoint}: written by another train config or other micro-batches; "
                            f"delete {paths.root} to start this round's training over")
     set_lora_state(setup.peft, state["lora"])
     setup.trainer.opt.load_state_dict(state["optimizer"])

@@ -15,21 +15,17 @@ from typing import Callable
 
 from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
-from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
 
+from .errors import TrainError
 from .loss import LossConfig
 from .model import save_adapter
 from .plan import plan_steps
 from .publish import try_publish
 from .records import TrainResult
-from .run import build, run_steps
+from .run import build, run_steps, save_optimizer
 
 log = logging.getLogger("wharf.train")
-
-
-class TrainError(WharfError, RuntimeError):
-    """Training cannot start or go on; the message says what to do."""
 
 
 def convert_dir(cfg: RunConfig) -> Path:
@@ -70,11 +66,28 @@ def init_adapter(cfg: RunConfig) -> Path | None:
     return prev
 
 
-def loss_config(cfg: RunConfig, max_seq_len: int) -> LossConfig:
+def loss_config(cfg: RunConfig) -> LossConfig:
     t = cfg.train
-    return LossConfig(eps_low=t.eps_low, eps_high=t.eps_high, agg=t.loss_agg,
-                      constant=t.loss_constant or float(max_seq_len), kl_coef=t.kl_coef,
-                      mismatch=t.mismatch, mismatch_cap=t.mismatch_cap, mismatch_bound=t.mismatch_bound)
+    return LossConfig(eps_low=t.eps_low, eps_high=t.eps_high, agg=t.loss_agg, constant=loss_constant(cfg),
+                      kl_coef=t.kl_coef, mismatch=t.mismatch, mismatch_cap=t.mismatch_cap,
+                      mismatch_bound=t.mismatch_bound)
+
+
+def loss_constant(cfg: RunConfig) -> float:
+    """The Dr. GRPO constant, fixed for the run (never a function of one round's rows, so the step
+    size does not drift): train.loss_constant, else the generation budget of a rollout,
+    sampling.max_tokens x collect.agent_kwargs.max_turns."""
+    t = cfg.train
+    if t.loss_constant > 0:
+        return float(t.loss_constant)
+    if t.loss_agg != "constant":
+        return 1.0  # unused
+    turns = cfg.collect.agent_kwargs.get("max_turns")
+    if cfg.sampling.max_tokens is None or not isinstance(turns, int) or turns < 1:
+        raise TrainError("train.loss_agg=constant needs a constant fixed for the run: set train.loss_constant "
+                         "(e.g. the completion tokens a rollout may generate), or both sampling.max_tokens and "
+                         "collect.agent_kwargs.max_turns (their product is used)")
+    return float(cfg.sampling.max_tokens * turns)
 
 
 def load_batches(d: Path):
@@ -113,7 +126,7 @@ def _is_main() -> bool:
 
 def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult:
     steps = plan_steps(index, cfg.train.rows_per_step, cfg.train.tokens_per_step, cfg.train.epochs, cfg.train.seed)
-    setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg, max(f.seq_len for f in index.files)))
+    setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg))
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
     summary = run_steps(setup, steps, paths, fingerprint, progress)
     result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=str(paths.adapter),
@@ -122,6 +135,7 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
                          wall_s=round(summary["wall_s"], 1))
     if setup.acc.is_main_process:
         _save_final(setup, paths)
+        save_optimizer(setup, paths.optimizer, len(steps))
         result.write(paths.result)
         shutil.rmtree(paths.checkpoint, ignore_errors=True)
         for prox in paths.prox_files():

@@ -68,12 +68,12 @@ class Trainer:
         dummy = not mine  # this process has no file in the step: a zero-weight pass keeps DDP in step
         if dummy:
             mine = [step.files[0]]
-        norm = StepNorm(loss_tokens=float(step.loss_tokens), rows=float(step.rows))
+        norm = StepNorm(loss_tokens=float(step.loss_tokens), rollouts=float(step.rollouts))
         sums: dict[str, torch.Tensor] = {}
         for j, i in enumerate(mine):
             mb = self.batches[i].to(self.acc.device)
-            if dummy:
-                mb = replace(mb, weights=torch.zeros_like(mb.weights))
+            if dummy:  # no loss token: nothing of it enters the loss or the metrics
+                mb = replace(mb, weights=torch.zeros_like(mb.weights), completion_mask=torch.zeros_like(mb.completion_mask))
             sync = j == len(mine) - 1
             with contextlib.nullcontext() if sync else self.acc.no_sync(self.policy):
                 stats = self._micro(mb, i, norm, world, first, dummy)
@@ -96,7 +96,7 @@ class Trainer:
                                 norm, prox=prox, ref=ref)
         self.acc.backward(loss * world)
         stats = {**stats, "loss": loss.detach(), "entropy": (entropy * s["mask"]).sum()}
-        if first and not dummy:  # the train/inference gap at the sampling policy, before any update
+        if first:  # the train/inference gap at the sampling policy, before any update (every rank: same keys)
             mm = mismatch_stats(logp.detach() if prox is None else prox, s["behaviour"], s["mask"])
             stats.update(mismatch_sum=mm["sum"], mismatch_max=mm["max"], mismatch_tokens=mm["tokens"])
         return stats

@@ -29,7 +29,9 @@ old_logprobs      0    0    0   lp   lp   lp    0    0   lp   lp    0    0
 - On disk the files are compact (`STORAGE`: int32 ids and positions, uint8 masks, ~14 bytes a
   token instead of 32); `load_micro_batch` returns the dtypes of `TENSORS` whichever it finds.
 - Per row: `advantages` (the rollout's group-relative advantage, shared by all its rows),
-  `weights` (1 / rows of that rollout, so a rollout split into several rows counts once),
+  `weights` (the row's loss tokens / its rollout's loss tokens over all its rows: they sum to 1
+  per rollout; train's seq_mean and constant count rollouts with them, token_mean ignores them,
+  so a rollout's loss is the same whether its tokens are in one row or several),
   `temperatures` (the sampling temperature the row was generated with: the trainer divides the
   logits by it), `rollout_index` and `group_index` (into the index's `rollouts` and `groups`).
 """
@@ -50,7 +52,7 @@ from wharf.layout import ConvertPaths
 from wharf.errors import WharfError
 
 FORMAT = "wharf.microbatches"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: weights are each row's share of its rollout's loss tokens
 PAD_ID = 0
 
 # name -> (dtype, per-position (True) or per-row (False))
@@ -111,6 +113,7 @@ class BatchFile:
     seq_len: int  # T, padded
     tokens: int  # real (unpadded) tokens
     loss_tokens: int  # positions with completion_mask = 1
+    rollouts: float  # the sum of the rows' weights (rollouts' worth of loss tokens)
 
 
 @dataclass

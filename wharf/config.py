@@ -54,6 +54,9 @@ class EngineConfig:
     max_model_len: Positive = 2048
     max_batch: Positive = 16
     max_loras: Positive = 4
+    # Adapters kept merged into a copy of the adapted weights (LRU): a batch on one adapter runs
+    # at the base's speed. Each costs the adapted layers' size (~0.4 GB fp32 for SmolLM2-135M).
+    merged_loras: NonNegative = 2
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
     seed: int = 0
     # Required as `Authorization: Bearer KEY` on every /v1 route (as vLLM's --api-key); /health,
@@ -81,14 +84,24 @@ class EndpointConfig:
 class SamplingConfig:
     """Forced on every upstream call by the proxy; the trainer divides logits by `temperature`."""
 
-    temperature: NonNegativeFloat = 1.0
+    # > 0: greedy decoding (0) reports log-probs of no distribution the trainer can recompute.
+    temperature: PositiveFloat = 1.0
+    # < 1 samples from a truncated distribution while the trainer scores the full softmax (no
+    # correction): refused unless top_p_uncorrected is true.
     top_p: Probability = 1.0
+    top_p_uncorrected: bool = False
     # Upper bound on max_tokens per call; None leaves the agent's value alone.
     max_tokens: Positive | None = None
     # Set: each call is sampled with a seed derived from (seed, round, task, attempt, turn), so a
     # round can be re-collected call for call (vLLM and the local engine honour per-request seeds;
     # batching can still flip a near-tie). None: the endpoint's own randomness.
     seed: int | None = None
+
+    def __post_init__(self):
+        if self.top_p < 1 and not self.top_p_uncorrected:
+            raise ValueError(f"sampling.top_p={self.top_p} samples a truncated distribution the trainer does not "
+                             "reproduce (it scores the full softmax); use top_p: 1.0, or set "
+                             "sampling.top_p_uncorrected: true to train on it anyway")
 
 
 @dataclass
@@ -160,8 +173,12 @@ class ConvertConfig:
     # Rows longer than this are truncated (the overflow is cut, so never trained on) or dropped.
     max_seq_len: Positive = 4096
     overlong: Literal["truncate", "drop"] = "truncate"
-    # finish_reason=length completions: keep (trained on) or mask (kept as context, loss 0).
-    length_completions: Literal["keep", "mask"] = "keep"
+    # finish_reason=length completions (cut at max_tokens): mask (kept as context, loss 0) or
+    # keep (trained on, the cut included).
+    length_completions: Literal["mask", "keep"] = "mask"
+    # context_exceeded rollouts: mask (their reward counts in the group, their tokens are not
+    # trained: the context limit ended them) or keep (trained as the policy's failures).
+    context_exceeded: Literal["mask", "keep"] = "mask"
     # Padded tokens (rows x padded length) per micro-batch; rows are bucketed by length under it.
     max_tokens_per_batch: Positive = 16384
     pad_multiple: Positive = 16  # padded length rounded up to a multiple of this
@@ -185,6 +202,10 @@ class TrainConfig:
     lr: PositiveFloat = 2e-4
     weight_decay: NonNegativeFloat = 0.0
     warmup: NonNegative = 0
+    # Round k > 0 resumes round k-1's AdamW moments and step count (saved as train/optimizer.pt
+    # beside its adapter), so the warmup runs over the whole run and Adam's first updates are not
+    # ~lr x sign(grad) every round. false: a fresh AdamW each round.
+    resume_optimizer: bool = True
     # Rows per optimizer step (whole micro-batches are packed until this is reached); 0: all rows.
     rows_per_step: NonNegative = 16
     # Or a budget of loss tokens per optimizer step (0: off); a step ends at whichever comes first.
@@ -203,7 +224,9 @@ class TrainConfig:
     eps_high: NonNegativeFloat = 0.28
     # token_mean (DAPO) | seq_mean (GRPO) | constant (Dr. GRPO: sum / loss_constant)
     loss_agg: Literal["token_mean", "seq_mean", "constant"] = "token_mean"
-    loss_constant: NonNegativeFloat = 0.0  # the constant of `constant`; 0: the longest row's completion length
+    # The constant of `constant`, fixed for the run; 0: sampling.max_tokens x
+    # collect.agent_kwargs.max_turns (a rollout's generation budget), refused if either is unset.
+    loss_constant: NonNegativeFloat = 0.0
     kl_coef: NonNegativeFloat = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
     # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
     # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.
@@ -227,6 +250,33 @@ class TrainConfig:
 
 
 @dataclass
+class HealthConfig:
+    """The loop's checks after every round (pipeline/health.py); each stops the loop when it fails.
+    The value that turns a check off is given beside it."""
+
+    # Every turns row of round k was sampled by policy-v<k> (round 0: endpoint.model) and the
+    # endpoint answered; false: off.
+    policy_served: bool = True
+    # ... and the trainer's log-probs of that policy agree with the endpoint's (train's first-step
+    # mean |trainer - endpoint| log-prob; an endpoint serving other weights is far off); 0: off.
+    max_served_mismatch: NonNegativeFloat = 0.1
+    # The new adapter moved the policy on the round's own loss tokens: mean |log pi_new - log
+    # pi_prev| at least this (a zero-advantage control run sets 0); 0: off.
+    min_policy_shift: NonNegativeFloat = 1e-4
+    # Loss tokens the round had after convert (0 when every group's rewards were equal; the
+    # policy is then carried unchanged); 0: off.
+    min_trainable_tokens: NonNegative = 1
+    # Share of the round's rollouts left out as infra errors or unscorable (no turns, no reward,
+    # bad input), and share of rows the trainer masked; 1: off.
+    max_bad_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+
+
+@dataclass
+class LoopConfig:
+    health: HealthConfig = field(default_factory=HealthConfig)
+
+
+@dataclass
 class RunConfig:
     name: str = "default"
     runs_dir: str = "runs"
@@ -241,6 +291,7 @@ class RunConfig:
     collect: CollectConfig = field(default_factory=CollectConfig)
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
 
     @property
     def run_dir(self) -> Path:

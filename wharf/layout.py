@@ -5,8 +5,9 @@ runs/<run>/
   config.yaml
   rounds/<k>/collect/   turns/part-*.parquet, rollouts.parquet, manifest.json, config.yaml, harbor/, logs/
   rounds/<k>/convert/   micro-batches (safetensors), index.json, stats.json
-  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>), result.json,
+  rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>), optimizer.pt, result.json, shift.json,
                         offpolicy.json (replay), prox-rank<r>.safetensors (while training)
+  rounds/<k>/health.json  the loop's checks of the round
   rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
   report.html, report/*.png
 ```
@@ -132,6 +133,11 @@ class TrainPaths:
         return self.root / "result.json"
 
     @property
+    def optimizer(self) -> Path:
+        """AdamW's state and step count after the round, resumed by the next (train.resume_optimizer)."""
+        return self.root / "optimizer.pt"
+
+    @property
     def offpolicy(self) -> Path:
         """replay's per-job off-policy statistics."""
         return self.root / "offpolicy.json"
@@ -142,6 +148,11 @@ class TrainPaths:
 
     def prox_files(self) -> list[Path]:
         return sorted(self.root.glob("prox-rank*.safetensors"))
+
+    @property
+    def shift(self) -> Path:
+        """How far the new adapter moved the policy on the round's own tokens (the loop's health)."""
+        return self.root / "shift.json"
 
 
 @dataclass(frozen=True)
@@ -160,6 +171,11 @@ class RoundLayout:
     @property
     def train(self) -> TrainPaths:
         return TrainPaths(self.root / "train")
+
+    @property
+    def health(self) -> Path:
+        """The loop's health checks of this round (pipeline/health.py), passed or not."""
+        return self.root / "health.json"
 
     def marker(self, stage: str) -> Path:
         """The loop's done marker of one stage of this round (JSON: wall time, what it made)."""

@@ -7,8 +7,15 @@ Readers, tried in order (the first whose file is there wins):
 - claude-code: claude-code.txt, its `--output-format=stream-json` events (one message id per call);
 - codex: sessions/**/rollout-*.jsonl, its session transcript (one token_count event per call, the
   ids of the items each call returned);
-- opencode: its own log under opencode/xdg-data/opencode/log/ (one `message=stream` line per call,
-  the session title's side call included, which its --format=json events leave out);
+- opencode: its session database, opencode/xdg-data/opencode/opencode.db (one assistant message per
+  call of the conversation, with the ids of the items it got back and its prompt size; the title it
+  set for the session is the one side call's answer, which its --format=json events leave out; its
+  text log is not read: it may end before the last call's line is written);
+- qwen-code: its chat recording, qwen-sessions/**/chats/*.jsonl (one assistant record per call);
+- mistral-vibe 2.x: its session journal, vibe-home/logs/session/unified/*/journal/*.jsonl (a
+  `completion` action per call, its result with the answer's parts and usage);
+- aider: its LLM history, aider.llm.history.txt (one `LLM RESPONSE <time>` block per call, written
+  when the call ends, failed or not);
 - any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
 Calls that failed and that the agent retried leave no trace in the logs of claude-code, codex or
 ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` False).
@@ -16,22 +23,18 @@ ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` F
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from collect.agents.calls import AgentCall, item_call
+from collect.agents.opencode_db import read_session_db
 
 _MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1), or ATIF
 _MINI_SWE = "mini-swe-agent.trajectory.json"
 _CLAUDE = "claude-code.txt"
 _CODEX_SESSIONS = "sessions"
-
-
-@dataclass
-class AgentCall:
-    """One model call as the agent logged it; None where its log does not say."""
-
-    text: str | None = None  # the assistant text it received
-    response_ids: set[str] = field(default_factory=set)  # ids of the answer (or of its items)
-    prompt_tokens: int | None = None  # the prompt length the answer reported
+_AIDER = "aider.llm.history.txt"  # collect.agents.aider sets it
 
 
 @dataclass
@@ -39,6 +42,9 @@ class AgentLog:
     source: str  # which log was read
     calls: list[AgentCall]
     counts_errors: bool  # failed calls are in `calls` (as calls without text)
+    # Calls made beside the conversation, at no fixed place in the order (opencode's session title):
+    # their rows are the ones whose answer no call in `calls` names (all of those carry ids).
+    side: list[AgentCall] = field(default_factory=list)
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -98,13 +104,6 @@ def _claude(path: Path) -> list[AgentCall]:
     return list(calls.values())
 
 
-def _item_call(item_id: str) -> str | None:
-    """The proxy's Responses item ids are <kind>_<call suffix>_<index>: the suffix names the call."""
-    kind, _, rest = item_id.partition("_")
-    sfx, _, idx = rest.rpartition("_")
-    return sfx if kind in ("msg", "fc", "ctc") and sfx and idx.isdigit() else None
-
-
 def _codex(files: list[Path]) -> list[AgentCall]:
     calls: list[AgentCall] = []
     pending: set[str] = set()
@@ -112,8 +111,8 @@ def _codex(files: list[Path]) -> list[AgentCall]:
     for f in files:
         for e in _jsonl(f):
             p = e.get("payload") or {}
-            if e.get("type") == "response_item" and isinstance(p.get("id"), str) and _item_call(p["id"]):
-                pending.add("resp_" + _item_call(p["id"]))
+            if e.get("type") == "response_item" and isinstance(p.get("id"), str) and item_call(p["id"]):
+                pending.add("resp_" + item_call(p["id"]))
                 if p.get("type") == "message":
                     texts += [c.get("text", "") for c in p.get("content") or () if c.get("type") == "output_text"]
             elif e.get("type") == "event_msg" and p.get("type") == "token_count" and (p.get("info") or {}):
@@ -124,9 +123,56 @@ def _codex(files: list[Path]) -> list[AgentCall]:
     return calls
 
 
-def _opencode(files: list[Path]) -> list[AgentCall]:
-    return [AgentCall() for f in files for line in f.read_text(errors="replace").splitlines()
-            if " message=stream " in line]
+def _qwen(files: list[Path]) -> list[AgentCall]:
+    calls = []
+    for f in files:
+        for e in _jsonl(f):
+            if e.get("type") == "assistant" and isinstance(e.get("message"), dict):
+                parts = e["message"].get("parts") or ()
+                calls.append(AgentCall(text="".join(p.get("text", "") for p in parts if not p.get("thought")),
+                                       prompt_tokens=(e.get("usageMetadata") or {}).get("promptTokenCount")))
+    return calls
+
+
+_AIDER_HEAD = re.compile(r"^(TO LLM|LLM RESPONSE) \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d$")
+
+
+def _lines(text: str) -> str:
+    return "\n".join(text.splitlines())  # aider logs an answer line by line: its last newline is lost
+
+
+def _aider(path: Path) -> list[AgentCall]:
+    calls: list[AgentCall] = []
+    body: list[str] | None = None  # the lines of the LLM RESPONSE block being read
+    for line in path.read_text(errors="replace").splitlines() + ["TO LLM 0000-00-00T00:00:00"]:
+        head = _AIDER_HEAD.match(line)
+        if head and body is not None:
+            calls.append(AgentCall(text="\n".join(body), derive=_lines))
+            body = None
+        if head:
+            body = [] if head.group(1) == "LLM RESPONSE" else None
+        elif body is not None:
+            body.append(line.removeprefix("ASSISTANT").removeprefix(" "))
+    return calls
+
+
+def _vibe(files: list[Path]) -> list[AgentCall]:
+    """Completion actions, each answered by a result record carrying the same action_id."""
+    asked: list[str] = []
+    answers: dict[str, dict] = {}
+    for f in files:
+        for e in _jsonl(f):
+            p = e.get("payload") or {}
+            if p.get("kind") == "completion" and p.get("action_id"):
+                asked.append(p["action_id"])
+            elif isinstance((p.get("result") or {}).get("result"), dict) and p.get("action_id"):
+                answers.setdefault(p["action_id"], p["result"]["result"])
+    calls = []
+    for a in dict.fromkeys(asked):  # a retried action is one call
+        r = answers.get(a) or {}
+        text = "".join(x.get("text", "") for x in r.get("parts") or () if x.get("type") == "text")
+        calls.append(AgentCall(text=text if r else None, prompt_tokens=(r.get("usage") or {}).get("input_tokens")))
+    return calls
 
 
 def read_agent_log(agent_dir: Path) -> AgentLog | None:
@@ -139,9 +185,18 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
     rollouts = sorted((agent_dir / _CODEX_SESSIONS).rglob("rollout-*.jsonl")) if (agent_dir / _CODEX_SESSIONS).is_dir() else []
     if rollouts:
         return AgentLog("codex session", _codex(rollouts), False)
-    oc_logs = agent_dir / "opencode" / "xdg-data" / "opencode" / "log"
-    if oc_logs.is_dir():
-        return AgentLog("opencode log", _opencode(sorted(oc_logs.glob("*.log"))), False)
+    oc_db = agent_dir / "opencode" / "xdg-data" / "opencode" / "opencode.db"
+    if oc_db.is_file():
+        calls, side = read_session_db(oc_db)
+        return AgentLog("opencode session database", calls, False, side)
+    chats = sorted((agent_dir / "qwen-sessions").glob("**/chats/*.jsonl")) if (agent_dir / "qwen-sessions").is_dir() else []
+    if chats:
+        return AgentLog("qwen-code chat recording", _qwen(chats), False)
+    vibe = agent_dir / "vibe-home" / "logs" / "session" / "unified"
+    if vibe.is_dir():  # journal files are numbered in write order
+        return AgentLog("vibe session journal", _vibe(sorted(vibe.glob("*/journal/*.jsonl"))), False)
+    if (agent_dir / _AIDER).is_file():
+        return AgentLog("aider LLM history", _aider(agent_dir / _AIDER), False)
     own = agent_dir / _MINIMAL
     if own.is_file():
         try:
@@ -167,24 +222,39 @@ def row_text(row: dict) -> str:
     return ((resp.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
 
 
+def _answer_id(row: dict) -> str | None:
+    return json.loads(row["response"]).get("id") if row.get("response") else None
+
+
 def compare(rows: list[dict], log: AgentLog, where: str) -> list[str]:
     """Problems between a rollout's rows (in turn order) and its agent's log; [] when they match."""
     if not log.counts_errors:
         rows = [r for r in rows if r["status"] == "ok"]
-    if len(rows) != len(log.calls):
-        return [f"{where}: {len(rows)} {'ok ' if not log.counts_errors else ''}turns rows but "
-                f"{len(log.calls)} model calls in the agent's {log.source}"]
+    side: list[dict] = []
+    if log.side:
+        named = set().union(*(c.response_ids for c in log.calls))
+        side = [r for r in rows if _answer_id(r) not in named]
+        rows = [r for r in rows if _answer_id(r) in named]
+    if len(rows) + len(side) != len(log.calls) + len(log.side) or len(side) != len(log.side):
+        beside = (f" ({len(side)} beside the conversation)", f" ({len(log.side)} beside it)") if log.side else ("", "")
+        return [f"{where}: {len(rows) + len(side)} {'ok ' if not log.counts_errors else ''}turns rows{beside[0]} "
+                f"but {len(log.calls) + len(log.side)} model calls{beside[1]} in the agent's {log.source}"]
+    problems = [p for r, call in zip(side, log.side) for p in _check(r, call, where)]
+    return problems + [p for r, call in zip(rows, log.calls) for p in _check(r, call, where)]
+
+
+def _check(r: dict, call: AgentCall, where: str) -> list[str]:
+    if r["status"] != "ok" or (call.text is None and not call.response_ids):
+        return []
     problems = []
-    for r, call in zip(rows, log.calls):
-        if r["status"] != "ok" or (call.text is None and not call.response_ids):
-            continue
-        resp_id = json.loads(r["response"]).get("id") if r.get("response") else None
-        if call.response_ids and resp_id not in call.response_ids:
-            problems.append(f"{where} turn {r['turn']}: the agent logged answer {sorted(call.response_ids)}, "
-                            f"the row holds {resp_id}")
-        if call.text is not None and row_text(r) != call.text:
-            problems.append(f"{where} turn {r['turn']}: recorded response differs from the agent's text")
-        if call.prompt_tokens is not None and call.prompt_tokens != len(r["prompt_token_ids"]):
-            problems.append(f"{where} turn {r['turn']}: the agent saw {call.prompt_tokens} prompt tokens, "
-                            f"the row holds {len(r['prompt_token_ids'])} ids")
+    resp_id = _answer_id(r)
+    if call.response_ids and resp_id not in call.response_ids:
+        problems.append(f"{where} turn {r['turn']}: the agent logged answer {sorted(call.response_ids)}, "
+                        f"the row holds {resp_id}")
+    text = call.derive(row_text(r)) if call.derive else row_text(r)
+    if call.text is not None and text != call.text:
+        problems.append(f"{where} turn {r['turn']}: recorded response differs from the agent's text")
+    if call.prompt_tokens is not None and call.prompt_tokens != len(r["prompt_token_ids"]):
+        problems.append(f"{where} turn {r['turn']}: the agent saw {call.prompt_tokens} prompt tokens, "
+                        f"the row holds {len(r['prompt_token_ids'])} ids")
     return problems

@@ -1,8 +1,8 @@
-"""The npm-installed agent CLIs (claude-code, codex, opencode), pinned in collect/agents/node/.
+"""The npm-installed agent CLIs (claude-code, codex, opencode, qwen-code), pinned in collect/agents/node/.
 
 `make agents` installs them there against package-lock.json. The sandbox sees the project
 read-only, so the harbor agent classes built on these (collect/agents/claude_code.py, codex.py,
-opencode.py) run the CLIs
+opencode.py, qwen_code.py) run the CLIs
 from node_modules/.bin instead of downloading them, with the network chatter an offline run
 cannot use switched off.
 """
@@ -18,7 +18,8 @@ BIN_DIR = Path(os.path.realpath(NODE_DIR / "node_modules")) / ".bin"
 # The sandbox's PATH (collect/sandbox/bwrap.py) with the CLIs in front.
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # npm package of each CLI, for versions and error messages.
-PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai"}
+PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
+            "qwen": "@qwen-code/qwen-code"}
 
 
 class CliMissing(FileNotFoundError):

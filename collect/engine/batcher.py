@@ -64,13 +64,14 @@ class Batcher:
 
     def __init__(self, model, tokenizer, *, max_model_len: int, max_batch: int,
                  eos_ids: set[int], prefill_tokens: int = 8192, seed: int = 0,
-                 forward_model: Callable[[], Any] | None = None,
+                 forward_model: Callable[[list[str | None]], Any] | None = None,
                  adapter_ok: Callable[[str], bool] = lambda name: False):
         self.tok = tokenizer
         self.device = next(model.parameters()).device
         self._model = model
-        # The adapter registry swaps in a PeftModel; ask it for the current one each step.
-        self._forward_model = forward_model or (lambda: self._model)
+        # Given each row's adapter (None: the base), the adapter registry readies the model's
+        # weights for that pass and returns the model; asked before every forward pass.
+        self._forward_model = forward_model or (lambda adapters: self._model)
         self._adapter_ok = adapter_ok
         self.max_model_len = max_model_len
         self.max_batch = max_batch
@@ -171,13 +172,9 @@ class Batcher:
             s.emit(event)
 
     def _forward(self, input_ids, mask4d, position_ids, cache, adapters):
-        model = self._forward_model()
-        kwargs = {}
-        # A PeftModel serves several adapters in one batch by name; the base rows use "__base__".
-        if hasattr(model, "peft_config"):
-            kwargs["adapter_names"] = [a or "__base__" for a in adapters]
+        model = self._forward_model(adapters)
         out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1, **kwargs)
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :], out.past_key_values
 
     def _admit(self, new: list[Sequence]) -> None:

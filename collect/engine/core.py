@@ -17,7 +17,7 @@ from wharf import model_store
 from .batcher import Batcher, Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
-from .lora import Adapters
+from .adapters import Adapters
 from .protocol import flag
 
 
@@ -39,9 +39,9 @@ class EngineCore:
         self.default_temperature = float(gen.temperature) if gen.do_sample and gen.temperature else 1.0
         self.default_top_p = float(gen.top_p) if gen.do_sample and gen.top_p else 1.0
         self.vocab = len(self.tok)
-        self.adapters = Adapters(model, cfg.max_loras)
+        self.adapters = Adapters(model, cfg.max_loras, cfg.merged_loras)
         self.batcher = Batcher(model, self.tok, max_model_len=self.max_model_len, max_batch=cfg.max_batch,
-                               eos_ids=eos_ids, seed=cfg.seed, forward_model=lambda: self.adapters.model,
+                               eos_ids=eos_ids, seed=cfg.seed, forward_model=self.adapters.select,
                                adapter_ok=lambda name: name in self.adapters.paths)
         self.created = int(time.time())
 

@@ -20,7 +20,7 @@ from .auth import auth_middleware
 from .chat_format import ChatError
 from .core import EngineCore
 from .errors import APIError, bad_request, internal, not_found, read_json
-from .lora import AdapterInvalid, AdapterNotFound
+from wharf.adapters import AdapterInvalid, AdapterNotFound
 from .protocol import flag
 
 log = logging.getLogger("wharf.engine")

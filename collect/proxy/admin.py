@@ -104,6 +104,11 @@ class AdminAPI:
                 v = body.get(k, getattr(self.cfg.sampling, k))
                 if isinstance(v, bool) or not isinstance(v, (int, float)):
                     raise Reject(400, f"{k} {v!r}: expected a number", "bad_request")
+                if v <= 0:  # greedy log-probs are of no distribution the trainer can recompute
+                    raise Reject(400, f"{k} {v!r}: must be > 0", "bad_request")
+                if k == "top_p" and v < 1 and not self.cfg.sampling.top_p_uncorrected:
+                    raise Reject(400, f"top_p {v!r}: < 1 is a truncated distribution the trainer does not reproduce "
+                                      "(the proxy's config sets no sampling.top_p_uncorrected)", "bad_request")
                 params[k] = float(v)
             seed = body.get("seed")
             if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

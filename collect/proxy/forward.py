@@ -17,6 +17,12 @@ from collect.proxy.errors import JSON, UpstreamFailure
 from collect.proxy.rollouts import Rollout
 from collect.proxy.upstreams import UpstreamPool
 
+# Sampling knobs an agent may send whose effect the endpoint's log-probs would include while the
+# trainer, which scores softmax(logits / temperature), cannot reproduce it: never sent upstream,
+# listed with their values in the row's sampling.wharf_notes.dropped_sampling.
+UNREPRODUCIBLE = ("top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                  "logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "best_of", "use_beam_search",
+                  "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
 # Tokens a chat template adds around the messages' JSON bytes (which bound their own tokens).
 _TEMPLATE_SLACK = 512
 _UNKNOWN = -1  # an upstream whose /tokenize reports no max_model_len
@@ -30,6 +36,9 @@ def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | Non
     A dialect's notes (what its translation left out) go into `sampling`, never upstream."""
     up = dict(req)
     notes = up.pop(NOTES, None)
+    dropped = {k: up.pop(k) for k in UNREPRODUCIBLE if k in up}
+    if dropped:
+        notes = {**(notes or {}), "dropped_sampling": dropped}
     up["model"] = rollout.policy
     up["temperature"] = rollout.temperature
     up["top_p"] = rollout.top_p

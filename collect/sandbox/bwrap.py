@@ -42,7 +42,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from wharf import envdefaults
-from collect.sandbox import changes
+from collect.sandbox import changes, rewardproof
 from collect.sandbox.ns import Sandbox, Spec, minimal_expose
 from collect.sandbox.relay import Relay, parse_forward
 
@@ -53,9 +53,10 @@ TESTS_DIR = "/tests"
 AGENT_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/agent", "/logs/artifacts", "/installed-agent", "/solution")
 VERIFIER_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/verifier", "/logs/artifacts", TESTS_DIR)
 TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
-# The npm-installed agent CLIs (make agents), shown read-only like the venv when present.
-_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",)
-                   if p.is_dir()]
+# The npm-installed agent CLIs (make agents) and the Python ones' venvs (make agents-py), shown
+# read-only like the venv when present.
+_AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",
+                                    Path(__file__).resolve().parents[2] / ".venv-agents") if p.is_dir()]
 
 
 class SandboxTimeoutError(RuntimeError):
@@ -92,6 +93,7 @@ class BwrapEnvironment(BaseEnvironment):
         self._sandbox: Sandbox | None = None
         self._relays: list[Relay] = []
         self._phase = "agent"
+        self._reward_key: bytes | None = None
         self._no_network = False
         super().__init__(*args, **kwargs)
         self._no_network = self._network_disabled
@@ -163,13 +165,18 @@ class BwrapEnvironment(BaseEnvironment):
         source = Path(source_dir)
         if not source.is_dir():
             raise FileNotFoundError(f"upload_dir: {source} is not a directory")
-        if self._abs(target_dir) == PurePosixPath(TESTS_DIR) and self._phase == "agent":
+        entering = self._abs(target_dir) == PurePosixPath(TESTS_DIR) and self._phase == "agent"
+        if entering:
             await self._enter_verification()
         buf = io.BytesIO()
         with tarfile.open(fileobj=buf, mode="w") as tf:
             for child in sorted(source.iterdir()):
                 tf.add(child, arcname=child.name)
         await self._untar(buf.getvalue(), str(self._abs(target_dir)), f"upload {source} -> {target_dir}")
+        if entering:  # the reward proof's key, for a grader that takes part (rewardproof.py)
+            self._reward_key = rewardproof.new_key()
+            await self._checked(["sh", "-c", f"umask 077 && cat > {rewardproof.KEY_FILE}"], "write the reward key",
+                                stdin=self._reward_key)
 
     async def download_file(self, source_path: str, target_path: Path | str):
         data = await self._checked(["cat", "--", str(self._abs(source_path))], f"download {source_path}")
@@ -178,11 +185,17 @@ class BwrapEnvironment(BaseEnvironment):
         target.write_bytes(data)
 
     async def download_dir(self, source_dir: str, target_dir: Path | str):
-        if self._phase == "verifier" and self._abs(source_dir) == PurePosixPath("/logs/verifier"):
+        grading = self._phase == "verifier" and self._abs(source_dir) == PurePosixPath("/logs/verifier")
+        if grading:
             await self._sandbox.freeze()  # nothing the tests started may write once it is read
+            rc, key_left, _ = await self._run(["cat", "--", rewardproof.KEY_FILE], cwd="/", timeout_sec=60)
         data = await self._checked(["tar", "-cf", "-", "-C", str(self._abs(source_dir)), "."],
                                    f"download {source_dir}")
         _extract_safely(data, Path(target_dir), self.logger, source_dir)
+        if grading and self._reward_key is not None:
+            why = rewardproof.enforce(Path(target_dir), self._reward_key, key_left if rc == 0 else None)
+            if why:
+                self.logger.warning(f"{self.session_id}: reward rejected: {why}")
 
     # ---- phases ------------------------------------------------------------------------
 

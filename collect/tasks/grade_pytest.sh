@@ -1,11 +1,15 @@
 #!/bin/bash
-# Grade a task the SWE-bench way: put the task's test files in place (overwriting any edit of
-# them), run pytest between the log markers with its exit code recorded, remove them again, and
-# grade the log against /tests/spec.json (FAIL_TO_PASS / PASS_TO_PASS) into /logs/verifier.
+# Grade a pytest task from pytest's own reports (pytest_grade.py): put the task's test files in
+# place (overwriting any edit of them), run pytest with wharf's report plugin, the output kept
+# between the SWE-bench markers in test_output.log for people, remove the test files again, and
+# grade the verified records against /tests/spec.json (FAIL_TO_PASS / PASS_TO_PASS) into
+# reward.json in /logs/verifier. Printed output never decides the reward.
 # usage (from a task's tests/test.sh): grade_pytest.sh WORKDIR TEST_FILE...
 # WHARF_TESTS_DIR (/tests) and WHARF_VERIFIER_DIR (/logs/verifier): elsewhere, for tests.
 # WHARF_PYTHON: an interpreter with pytest + swebench (the bwrap sandbox exports the project
 # venv's); elsewhere python3 must have them.
+# WHARF_TEST_TIMEOUT: seconds the tests may run, then they are killed and graded 0 (default 60;
+# keep it below the task's [verifier] timeout_sec so a hang yields a reward, not an error).
 PY="${WHARF_PYTHON:-python3}"
 TOOLS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 WORKDIR="$1"; shift
@@ -19,8 +23,9 @@ export PYTHONDONTWRITEBYTECODE=1
 unset PYTEST_ADDOPTS PYTEST_PLUGINS
 cd "$WORKDIR" || exit 1
 for f in "$@"; do cp "$TESTS/$f" "$WORKDIR/$f"; done
-. "$TOOLS/testlog.sh"
-wharf_run_tests "$VERIFIER/test_output.log" \
-    "$PY -I -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir $WORKDIR $*" || true
+"$PY" -I "$TOOLS/pytest_grade.py" --spec "$TESTS/spec.json" --out "$VERIFIER" --timeout "${WHARF_TEST_TIMEOUT:-60}" \
+    --reward-key "$TESTS/.wharf-reward-key" \
+    -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$WORKDIR" "$@"
+code=$?
 for f in "$@"; do rm -f "$WORKDIR/$f"; done
-"$PY" "$TOOLS/grading.py" --spec "$TESTS/spec.json" --log "$VERIFIER/test_output.log" --out "$VERIFIER"
+exit $code

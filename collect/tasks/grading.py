@@ -22,7 +22,8 @@ Writes into DIR (default /logs/verifier):
     reward.json   flat numbers only, since harbor rejects any non-numeric value:
                   reward (1.0 resolved, else 0.0), resolved (0|1), log_ok (0|1: markers found,
                   patch applied, tests ran), f2p_passed, f2p_total, p2p_passed, p2p_total,
-                  test_exit_code (-1 when not recorded)
+                  test_exit_code (-1 when not recorded), grader_pytest_report (0: graded
+                  from the log; pytest_grade.py, which grades from pytest's reports, writes 1)
     grading.json  the whole story: per-test outcome, why a log was not gradable, any error.
 
 Two kinds of failure, kept apart so that training never learns from our own bugs:
@@ -171,6 +172,33 @@ def grade(spec: dict, log_path: str) -> dict:
     }
 
 
+def grade_statuses(spec: dict, status_map: dict[str, str]) -> dict:
+    """FAIL_TO_PASS / PASS_TO_PASS outcomes and resolution from a status map {test id: PASSED |
+    FAILED | ERROR | SKIPPED | XFAIL} (pytest_grade.py's, from verified report records), by
+    swebench's own rules. A spec test with no status is a failure whatever the eval_type."""
+    spec = check_spec(spec)
+    try:
+        from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, EvalType, ResolvedStatus
+        from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+    except ImportError as e:
+        raise GradingError(f"cannot import swebench ({e}); pip install swebench=={SWEBENCH_PIN}") from e
+    gold = {FAIL_TO_PASS: spec["FAIL_TO_PASS"], PASS_TO_PASS: spec["PASS_TO_PASS"]}
+    report = get_eval_tests_report(status_map, gold, eval_type=EvalType(spec["eval_type"]))
+    out = {}
+    for key in (FAIL_TO_PASS, PASS_TO_PASS):
+        success = [t for t in report[key]["success"] if t in status_map or _prefix_match(t, status_map)]
+        out[key] = {"success": success, "failure": [t for t in gold[key] if t not in success]}
+    resolved = (get_resolution_status(out) == ResolvedStatus.FULL.value
+                and len(out[FAIL_TO_PASS]["success"]) == len(gold[FAIL_TO_PASS])
+                and len(out[PASS_TO_PASS]["success"]) == len(gold[PASS_TO_PASS]))
+    return {"FAIL_TO_PASS": out[FAIL_TO_PASS], "PASS_TO_PASS": out[PASS_TO_PASS], "resolved": resolved}
+
+
+def _prefix_match(test: str, status_map: dict[str, str]) -> bool:
+    # swebench matches ids truncated mid-parameter by prefix (its _resolve_case)
+    return test.count("[") > test.count("]") and any(k.startswith(test) for k in status_map)
+
+
 def reward_numbers(result: dict) -> dict:
     """The flat, numbers-only reward.json harbor accepts."""
     f2p, p2p = result["FAIL_TO_PASS"], result["PASS_TO_PASS"]
@@ -184,6 +212,7 @@ def reward_numbers(result: dict) -> dict:
         "p2p_passed": len(p2p["success"]),
         "p2p_total": len(p2p["success"]) + len(p2p["failure"]),
         "test_exit_code": -1 if code is None else int(code),
+        "grader_pytest_report": 0,  # 0: this reward is the log's verdict (pytest_grade.py writes 1)
     }
 
 

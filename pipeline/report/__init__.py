@@ -35,14 +35,26 @@ def _table(head: list[str], rows: list[list]) -> str:
 
 def _round_rows(rounds: list[RoundData]) -> list[list]:
     return [[r.k, r.policy, r.rollouts, r.mean_reward, r.success_rate, r.groups_with_signal, r.groups_used,
-             r.rows, r.prefix_breaks, r.response_tokens, len(r.steps), r.step_mean("loss"),
-             r.mismatch_mean, *[r.walls.get(s) for s in STAGES]] for r in rounds]
+             r.calls / r.rollouts if r.calls and r.rollouts else None, r.rows, r.rows_per_rollout, r.prefix_breaks,
+             r.trainable_tokens, r.response_tokens, len(r.steps), r.step_mean("loss"),
+             r.mismatch_mean, r.shift.get("delta_mean"), r.shift.get("kl"), *[r.walls.get(s) for s in STAGES]]
+            for r in rounds]
+
+
+def _health_rows(rounds: list[RoundData]) -> list[list]:
+    return [[r.k, c.get("name"), "ok" if c.get("ok") else "FAILED", c.get("expected"), c.get("seen"), c.get("file")]
+            for r in rounds for c in r.health]
 
 
 def _job_rows(rounds: list[RoundData]) -> list[list]:
     return [[r.k, j.get("name"), j.get("dir"), j.get("policies"), j.get("tokens"), j.get("mismatch_mean"),
              j.get("mismatch_max"), j.get("ratio_mean"), j.get("ratio_p95"), j.get("kl")]
             for r in rounds for j in r.jobs]
+
+
+def _rule_rows(rounds: list[RoundData]) -> list[list]:
+    return [[r.k, rule, v.get("rollouts"), v.get("count"), v.get("tokens")]
+            for r in rounds for rule, v in sorted(r.rules.items()) if isinstance(v, dict)]
 
 
 CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}"
@@ -57,9 +69,17 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
     if not rounds:
         parts.append("<p>No rounds yet.</p>")
     else:
-        head = ["round", "policy", "rollouts", "mean reward", "success", "groups w/ signal", "groups used", "rows",
-                "prefix breaks", "tokens/call", "steps", "loss", "mismatch", *[f"{s} s" for s in STAGES]]
+        head = ["round", "policy", "rollouts", "mean reward", "success", "groups w/ signal", "groups used", "calls/rollout",
+                "rows", "rows/rollout", "prefix breaks", "trainable tokens", "tokens/call", "steps", "loss", "mismatch", "|Δ log-prob|", "KL to prev", *[f"{s} s" for s in STAGES]]
         parts.append("<h2>Rounds</h2>" + _table(head, _round_rows(rounds)))
+        health = _health_rows(rounds)
+        if health:  # text-aligned: the sentences read left to right
+            parts.append("<h2>Loop health</h2>" + _table(["round", "check", "result", "expected", "seen", "file"],
+                                                          health).replace("<td>", "<td style='text-align:left'>"))
+        rules = _rule_rows(rounds)
+        if rules:
+            parts.append("<h2>What convert masked or dropped</h2>" + _table(
+                ["round", "rule", "rollouts", "calls/rows", "loss tokens"], rules))
         jobs = _job_rows(rounds)
         if jobs:
             parts.append("<h2>Jobs (how far off-policy)</h2>" + _table(

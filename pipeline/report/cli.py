@@ -10,6 +10,7 @@ from wharf.entry import guarded
 from wharf.errors import WharfError
 
 from . import gather, write_report
+from .data import round_line
 from .plots import compare_rewards
 
 
@@ -47,5 +48,7 @@ def _report(args) -> int:
                 walls[label] = w
             rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label] if not r.partial)
             print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
+            for r in runs[label]:
+                print(f"  {round_line(r)}")
         print(f"wrote {compare_rewards(runs, Path(args.out))}")
     return 0

@@ -38,11 +38,17 @@ class RoundData:
     calls: int | None = None
     prefix_breaks: int | None = None
     rows: int | None = None
+    rows_per_rollout: float | None = None  # convert's rows per used rollout (> 1: split at prefix breaks)
+    call_pairs: int | None = None  # consecutive call pairs convert looked at for prefix breaks
+    trainable_tokens: int | None = None
+    rules: dict[str, dict] = field(default_factory=dict)  # convert's stats `rules`: rule -> rollouts, tokens
     steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl lines
     mismatch_mean: float | None = None  # first step: |trainer - endpoint| log-prob per token
     mismatch_max: float | None = None
     walls: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     jobs: list[dict] = field(default_factory=list)  # replay: off-policy statistics per job
+    shift: dict = field(default_factory=dict)  # train/shift.py: the update's |delta log-prob|, KL
+    health: list[dict] = field(default_factory=list)  # pipeline/health.py: the loop's checks
 
     def step_mean(self, key: str) -> float | None:
         vals = [s[key] for s in self.steps if _num(s.get(key))]
@@ -135,6 +141,12 @@ def convert_fields(rd: RoundData, stats: dict | None) -> None:
     rd.groups_used = _get(stats, "groups", "used")
     rd.prefix_breaks = _get(stats, "prefix_breaks", "total")
     rd.rows = _get(stats, "rows", "count")
+    rd.rows_per_rollout = _get(stats, "rows", "rows_per_rollout_mean")
+    rd.trainable_tokens = _get(stats, "tokens", "trainable")
+    by_agent = _get_dict(stats, "prefix_breaks", "by_agent")
+    if by_agent:
+        rd.call_pairs = sum(int(c.get("pairs", 0)) for c in by_agent.values() if isinstance(c, dict))
+    rd.rules = stats.get("rules") if isinstance(stats.get("rules"), dict) else {}
     if _num(stats.get("wall_s")):
         rd.walls["convert"] = stats["wall_s"]
 
@@ -147,6 +159,7 @@ def train_fields(rd: RoundData, rnd: RoundLayout) -> None:
     rd.mismatch_max = result.mismatch_max if result else first.get("mismatch_max")
     if result and _num(result.wall_s):
         rd.walls["train"] = result.wall_s
+    rd.shift = read_json(rnd.train.shift) or {}
     off = read_json(rnd.train.offpolicy)
     if off:
         rd.jobs = off.get("jobs", [])
@@ -171,6 +184,12 @@ def _get(d: dict, *keys):
     return d if _num(d) else None
 
 
+def _get_dict(d: dict, *keys) -> dict:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d if isinstance(d, dict) else {}
+
+
 def marker_walls(rd: RoundData, rnd: RoundLayout) -> None:
     """The loop's stage markers hold the wall time of each stage as the loop saw it."""
     for stage in STAGES:
@@ -179,15 +198,34 @@ def marker_walls(rd: RoundData, rnd: RoundLayout) -> None:
             rd.walls[stage] = m["wall_s"]
 
 
+def gather_round(layout: RunLayout, k: int) -> RoundData:
+    rnd = layout.round(k)
+    rd = RoundData(k)
+    collect_fields(rd, rnd)
+    convert_fields(rd, read_json(rnd.convert.stats))
+    train_fields(rd, rnd)
+    marker_walls(rd, rnd)
+    health = read_json(rnd.health) if rnd.health.is_file() else None
+    rd.health = health if isinstance(health, list) else []
+    return rd
+
+
 def gather(run_dir: str | Path) -> list[RoundData]:
     layout = RunLayout(Path(run_dir))
-    out = []
-    for k in layout.rounds():
-        rnd = layout.round(k)
-        rd = RoundData(k)
-        collect_fields(rd, rnd)
-        convert_fields(rd, read_json(rnd.convert.stats))
-        train_fields(rd, rnd)
-        marker_walls(rd, rnd)
-        out.append(rd)
-    return out
+    return [gather_round(layout, k) for k in layout.rounds()]
+
+
+def _f(v, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def round_line(rd: RoundData) -> str:
+    """The round's figures in one line (the loop prints it after every round): what the
+    experiment compares between runs."""
+    calls = rd.calls / rd.rollouts if rd.calls and rd.rollouts else None
+    breaks = rd.prefix_breaks / rd.call_pairs if rd.prefix_breaks is not None and rd.call_pairs else None
+    return (f"round {rd.k} ({rd.policy}): mean reward {_f(rd.mean_reward)}, success {_f(rd.success_rate)}, "
+            f"calls/rollout {_f(calls, '.2f')}, rows/rollout {_f(rd.rows_per_rollout, '.2f')}, "
+            f"prefix breaks {_f(rd.prefix_breaks, 'd')}/{_f(rd.call_pairs, 'd')} pairs ({_f(breaks, '.0%')}), "
+            f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
+            f"KL to previous {_f(rd.shift.get('kl'), '.3g')}")

@@ -1,0 +1,266 @@
+"""Grade a pytest task from pytest's own reports, not from its printed output.
+
+    python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY] -- PYTEST_ARGS...
+
+Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdlib, swebench
+(through grading.py) and, in the test process, pytest. In order:
+  1. read the spec into memory (the tests may rewrite the file), draw a per-grading key;
+  2. run `PY -I pytest_report.py PYTEST_ARGS` with the key and the number of a records
+     descriptor on its stdin (see pytest_report.py), its output teed into DIR/test_output.log
+     between the SWE-bench markers, for people and for swebench's log report;
+  3. when the test process exits (or at the timeout), kill every process it left: this process
+     is their subreaper, so none escapes by daemonizing and none writes after the grading;
+  4. verify the records and grade them with swebench's rules (grading.grade_statuses), and
+     write grading.json and reward.json last, over anything the tests wrote there.
+Reward 1.0 needs: the records verify (key, sequence, start first, finish last), no tamper
+record, the process exited by itself before the timeout, every spec test has a status and
+the spec's tests are resolved. The log's own verdict is kept beside it (log_reward) and never
+decides. This process is not dumpable, so the tests cannot read its memory or environment.
+
+reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
+p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
+session_finished, timed_out, log_reward (what the log alone would have given, -1 if not gradable).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import hmac
+import os
+import random
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our siblings
+import grading  # noqa: E402
+import report_records  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_RECORDS = 64 << 20  # bytes of records kept; more is an attack, not a test suite
+PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+
+
+def _harden() -> None:
+    """Become the subreaper of everything the tests start, and not dumpable (no /proc/<pid>/
+    mem or environ for the same uid). Linux only; elsewhere the process group is the fallback."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _records_fd(w: int) -> int:
+    """Move the write end of the records pipe to a random high descriptor number."""
+    import resource
+
+    top = min(1000, resource.getrlimit(resource.RLIMIT_NOFILE)[0] - 1)
+    while True:
+        n = random.SystemRandom().randrange(100, top)
+        try:
+            os.fstat(n)
+        except OSError:
+            os.dup2(w, n, inheritable=True)
+            os.close(w)
+            return n
+
+
+def _children() -> list[int]:
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
+                out.append(int(name))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the test process, its group and every process reparented to us, until none is left."""
+    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
+        try:
+            target()
+        except OSError:
+            pass
+    proc.wait()
+    for _ in range(1000):
+        kids = _children()
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+
+
+def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> dict:
+    """Run the tests; tee their output into `log`; return {code, timed_out, records (bytes)}."""
+    r, w = os.pipe()
+    fd = _records_fd(w)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    proc = subprocess.Popen([python, "-I", os.path.join(HERE, "pytest_report.py"), *args], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(fd,), env=env,
+                            start_new_session=True)
+    os.close(fd)
+    try:
+        proc.stdin.write(f"{report_records.MAGIC} {key.hex()} {fd}\n".encode())
+        proc.stdin.close()
+    except OSError:
+        pass  # it died at once: no start record, graded as such
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(r, selectors.EVENT_READ, "rec")
+    records, deadline, timed_out, reaped = bytearray(), time.monotonic() + timeout, False, False
+    while sel.get_map():
+        if not reaped and (proc.poll() is not None or time.monotonic() > deadline):
+            timed_out = proc.returncode is None
+            _kill_all(proc)  # after this nothing holds the pipes: they reach EOF
+            reaped = True
+        for sk, _ in sel.select(timeout=0.2):
+            chunk = os.read(sk.fd, 65536)
+            if not chunk:
+                sel.unregister(sk.fileobj)
+            elif sk.data == "out":
+                log.write(chunk)
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            elif len(records) < MAX_RECORDS:
+                records += chunk
+    if not reaped:  # both pipes closed before it exited: it still has until the deadline
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_all(proc)
+    os.close(r)
+    return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records)}
+
+
+def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
+    """grading.json's dict: the verdict of the records, with the log's beside it."""
+    checked = report_records.verify(run["records"], key)
+    status_map = report_records.statuses(checked["records"])
+    verdict = grading.grade_statuses(spec, status_map)
+    problems = list(checked["problems"])
+    if run["timed_out"]:
+        problems.insert(0, "the tests did not exit before the timeout (killed)")
+    elif run["code"] is not None and run["code"] < 0:
+        problems.insert(0, f"the test process was killed by signal {-run['code']}")
+    try:
+        log_view = grading.grade(spec, log_path)
+        log_reward, log_ok = log_view["reward"], log_view["log_ok"]
+    except grading.GradingError as e:
+        log_reward, log_ok = None, False
+        problems.append(f"the log could not be graded: {e}")
+    ok = not run["timed_out"] and checked["finished"] and not checked["problems"]
+    resolved = ok and verdict["resolved"]
+    return {
+        "instance_id": spec["instance_id"], "grader": "pytest-report",
+        "reward": 1.0 if resolved else 0.0, "resolved": resolved, "records_ok": ok,
+        "session_finished": checked["finished"], "timed_out": run["timed_out"],
+        "test_exit_code": run["code"], "pytest_exitstatus": checked["exitstatus"],
+        "log_ok": log_ok, "log_reward": log_reward, "problems": problems,
+        "FAIL_TO_PASS": verdict["FAIL_TO_PASS"], "PASS_TO_PASS": verdict["PASS_TO_PASS"],
+        "statuses": status_map, "log_path": os.path.abspath(log_path), "error": None,
+    }
+
+
+def reward_numbers(result: dict) -> dict:
+    n = grading.reward_numbers(result)
+    n.update(grader_pytest_report=1, records_ok=int(result["records_ok"]),
+             session_finished=int(result["session_finished"]), timed_out=int(result["timed_out"]),
+             log_reward=-1.0 if result["log_reward"] is None else float(result["log_reward"]))
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="pytest_grade.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", required=True, help="JSON file: instance_id, repo, FAIL_TO_PASS, ...")
+    ap.add_argument("--out", default="/logs/verifier", help="dir for test_output.log, reward.json, grading.json")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds the tests may run (then killed: reward 0)")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
+    ap.add_argument("--reward-key", help="the sandbox's reward key file: read and deleted before the tests "
+                    "run; reward.json.mac = HMAC-SHA256(key, reward.json) is written beside reward.json")
+    ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
+    args = ap.parse_args(argv)
+    pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    _harden()
+    os.makedirs(args.out, exist_ok=True)
+    reward_path, detail_path = os.path.join(args.out, "reward.json"), os.path.join(args.out, "grading.json")
+    try:
+        spec = grading.load_spec(args.spec)  # before the tests run: they could rewrite the file
+    except grading.GradingError as e:
+        print(f"pytest_grade.py: error: {e}", file=sys.stderr)
+        grading._write_json(detail_path, {"error": str(e), "reward": None})
+        return 2
+    reward_key = _take_reward_key(args.reward_key)
+    key = secrets.token_bytes(32)
+    log_path = os.path.join(args.out, "test_output.log")
+    with open(log_path, "wb") as log:
+        log.write(f"{grading.START}\n".encode())
+        run = run_tests(args.python, pytest_args, key, log, args.timeout)
+        code = -1 if run["code"] is None else run["code"]
+        log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
+        if run["timed_out"]:
+            log.write(b">>>>> Tests Timed Out\n")
+    try:
+        result = grade(spec, run, key, log_path)
+    except grading.GradingError as e:  # swebench missing: an infrastructure fault, no reward
+        print(f"pytest_grade.py: error: {e}", file=sys.stderr)
+        _remove(reward_path)
+        grading._write_json(detail_path, {"error": str(e), "reward": None})
+        return 2
+    mac_path = reward_path + ".mac"
+    for path in (detail_path, reward_path, mac_path):
+        _remove(path)  # the tests may have left a dir or a link there
+    grading._write_json(detail_path, result)
+    grading._write_json(reward_path, reward_numbers(result))
+    if reward_key is not None:
+        with open(reward_path, "rb") as f:
+            proof = hmac.new(reward_key, f.read(), hashlib.sha256).hexdigest()
+        with open(mac_path + ".tmp", "w") as f:
+            f.write(proof + "\n")
+        os.replace(mac_path + ".tmp", mac_path)
+    n = reward_numbers(result)
+    print(f"pytest_grade.py: {spec['instance_id']}: reward {n['reward']} from pytest's reports "
+          f"(FAIL_TO_PASS {n['f2p_passed']}/{n['f2p_total']}, PASS_TO_PASS {n['p2p_passed']}/{n['p2p_total']})"
+          + "".join(f"; {p}" for p in result["problems"][:3]))
+    return 0
+
+
+def _take_reward_key(path: str | None) -> bytes | None:
+    """The sandbox's reward key (collect/sandbox/rewardproof.py), gone from disk before any test runs."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            key = f.read().strip()
+        os.remove(path)
+    except OSError:
+        return None
+    return key or None
+
+
+def _remove(path: str) -> None:
+    import shutil
+
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

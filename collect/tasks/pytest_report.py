@@ -1,0 +1,179 @@
+"""Run pytest with wharf's report plugin: each test's outcome, taken from pytest's own report
+hooks, sent to the grader through a channel the code under test is not told about.
+
+    python -I pytest_report.py PYTEST_ARGS...   (started by pytest_grade.py, not by hand)
+
+Standalone (stdlib + pytest) and plain Python 3.6 syntax: it may run under a task repo's own
+interpreter. The grader writes one line on our stdin before anything else runs,
+`wharf-report-1 KEY_HEX FD`, and closes it; we read it and put /dev/null on stdin, so the key
+and the descriptor are in no argument, variable or file. Each record is one line on FD:
+
+    SEQ KIND FIELD_HEX... MAC_HEX    MAC = HMAC-SHA256(key, "SEQ KIND FIELD_HEX...")
+
+KIND: start (before collection, so before any code under test is imported), test (nodeid,
+phase, outcome, xfail 0|1: one per pytest_runtest_logreport), collect (nodeid of a collector
+that failed), tamper (what of pytest's reporting machinery changed since start) and finish
+(pytest's exit status, at pytest_sessionfinish). Fields are hex so that no encoder the code
+under test could patch sits between what pytest reported and what is signed.
+
+The code under test runs in this process: it can find the descriptor (but not write a record
+that verifies) and, by reading this module's memory, the signing state. It is meant to stop
+forged output and patched reporting, not an attacker that reads the grader's own memory.
+"""
+import hashlib
+import os
+import sys
+import types
+
+import pytest
+
+MAGIC = "wharf-report-1"
+# Modules whose functions and classes decide or carry a test's outcome: a replaced one is tamper.
+WATCHED = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.skipping", "_pytest.main",
+           "_pytest.nodes", "_pytest.outcomes", "_pytest.fixtures", "_pytest.unittest", "_pytest.capture")
+CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, property, classmethod, staticmethod, type)
+
+
+def _read_channel():
+    """(key, fd) from the line on stdin; then stdin is /dev/null."""
+    data = b""
+    while b"\n" not in data and len(data) < 4096:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break
+        data += chunk
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    parts = data.decode("ascii", "replace").split()
+    if len(parts) != 3 or parts[0] != MAGIC:
+        sys.stderr.write("pytest_report.py: no report channel on stdin (run by pytest_grade.py)\n")
+        sys.exit(3)
+    fd = int(parts[2])
+    os.set_inheritable(fd, False)  # processes the tests start do not get it
+    return bytes.fromhex(parts[1]), fd
+
+
+def _signer(key):
+    """HMAC-SHA256 from two prepared hash states, through C methods only (a patched hmac or
+    hashlib module after this point does not see the key)."""
+    block = key.ljust(64, b"\0")
+    inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
+    outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
+    icopy, ocopy = inner.copy, outer.copy
+
+    def mac(msg):
+        i = icopy()
+        i.update(msg)
+        o = ocopy()
+        o.update(i.digest())
+        return o.hexdigest()
+    return mac
+
+
+def _module_snapshot(names):
+    """Every function/class/property of the named modules and of their classes, by name. The
+    objects themselves are kept (not their id()), so a replaced one cannot reuse its address."""
+    snap = {}
+    for name in names:
+        mod = sys.modules.get(name)
+        for attr, value in list(vars(mod).items()) if mod is not None else ():
+            if not isinstance(value, CALLABLE_KINDS):
+                continue
+            snap[name + "." + attr] = value
+            if isinstance(value, type) and value.__module__ == name:
+                for cattr, cval in list(vars(value).items()):
+                    if isinstance(cval, CALLABLE_KINDS):
+                        snap[name + "." + attr + "." + cattr] = cval
+    return snap
+
+
+def _watched():
+    """The watched modules loaded now, pluggy's and this one's included."""
+    return sorted(n for n in list(sys.modules)
+                  if n in WATCHED or n == __name__ or n == "pluggy" or n.startswith("pluggy."))
+
+
+def _hook_snapshot(pm):
+    """(hook, plugin name, function) of every registered hook implementation."""
+    out = set()
+    for hook_name in dir(pm.hook):
+        caller = getattr(pm.hook, hook_name)
+        if hook_name.startswith("_") or not hasattr(caller, "get_hookimpls"):
+            continue
+        for impl in caller.get_hookimpls():
+            out.add((hook_name, impl.plugin_name, impl.function))
+    return out
+
+
+class Recorder:
+    """The plugin. Every record goes out as it happens; the checks run around each test."""
+
+    def __init__(self, key, fd):
+        self._mac, self._fd, self._write, self._seq = _signer(key), fd, os.write, 0
+        self._names = self._modules = self._hooks = self._pm = self._report_cls = None
+        self._tampered = set()
+
+    def _send(self, kind, *fields):
+        body = "%d %s %s" % (self._seq, kind, " ".join(f.encode("utf-8").hex() or "-" for f in fields))
+        line = (body + " " + self._mac(body.encode("ascii")) + "\n").encode("ascii")
+        self._seq += 1
+        try:
+            while line:
+                line = line[self._write(self._fd, line):]
+        except OSError:
+            pass  # the grader is gone or the descriptor was closed: records are missing, a failure
+
+    def _check(self):
+        if self._modules is None:
+            return
+        now = _module_snapshot(self._names)
+        changed = sorted(k for k in set(now) | set(self._modules) if now.get(k) is not self._modules.get(k))
+        hooks = _hook_snapshot(self._pm)
+        conftests = {self._pm.get_name(m) for m in getattr(self._pm, "_conftest_plugins", ())}
+        changed += sorted("hook %s by %s" % (h, p) for h, p, _ in hooks ^ self._hooks if p not in conftests)
+        for what in changed:
+            if what not in self._tampered:
+                self._tampered.add(what)
+                self._send("tamper", what)
+
+    @pytest.hookimpl(trylast=True)  # after the fixture manager registered itself
+    def pytest_sessionstart(self, session):
+        self._pm = session.config.pluginmanager
+        from _pytest.reports import TestReport
+        self._report_cls = TestReport
+        self._names = _watched()
+        self._modules, self._hooks = _module_snapshot(self._names), _hook_snapshot(self._pm)
+        self._send("start", str(os.getpid()))
+
+    def pytest_collectreport(self, report):
+        if report.failed:
+            self._send("collect", str(report.nodeid))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item):
+        self._check()  # a plain hook: runs before the test body whatever wraps it
+
+    @pytest.hookimpl(trylast=True)  # what the report says after every other plugin saw it
+    def pytest_runtest_logreport(self, report):
+        self._check()
+        if type(report) is not self._report_cls:
+            self._send("tamper", "report class %s" % type(report).__qualname__)
+        xfail = "1" if hasattr(report, "wasxfail") else "0"
+        self._send("test", str(report.nodeid), str(report.when), str(report.outcome), xfail)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        self._check()
+        self._send("finish", str(int(exitstatus)))
+
+
+def main(argv):
+    key, fd = _read_channel()
+    recorder = Recorder(key, fd)
+    del key
+    return pytest.main(argv, plugins=[recorder])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,106 @@
+"""Verify the records pytest_report.py sent and turn them into a SWE-bench status map.
+
+Standalone (stdlib only): pure functions, used by pytest_grade.py. A record is one line
+`SEQ KIND FIELD_HEX... MAC_HEX`, MAC = HMAC-SHA256(key, "SEQ KIND FIELD_HEX...") (see
+pytest_report.py). What makes a stream trustworthy, checked here:
+  * every line verifies with this grading's key, and the SEQ numbers run 0, 1, 2, ... (nothing
+    dropped, reordered or replayed);
+  * the first record is `start` and the last is `finish` (the session ran to its end);
+  * no `tamper` record (pytest's reporting machinery was the one loaded at start).
+Anything else is a problem, and any problem means the records do not count (reward 0).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+MAGIC = "wharf-report-1"  # the channel line pytest_report.py reads: MAGIC KEY_HEX FD
+KINDS = {"start": 1, "test": 4, "collect": 1, "tamper": 1, "finish": 1}  # kind -> number of fields
+MAX_PROBLEMS = 20
+
+
+def sign(key: bytes, body: str) -> str:
+    return hmac.new(key, body.encode("ascii"), hashlib.sha256).hexdigest()
+
+
+def _decode(fields: list[str]) -> list[str] | None:
+    try:
+        return ["" if f == "-" else bytes.fromhex(f).decode("utf-8") for f in fields]
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def verify(data: bytes, key: bytes) -> dict:
+    """The raw bytes read from the records descriptor -> {records: [(kind, fields)], problems,
+    finished, exitstatus, tampered}."""
+    records: list[tuple[str, list[str]]] = []
+    problems: list[str] = []
+    tampered: list[str] = []
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    elif lines:
+        problems.append("the last record is cut off (the test process died while writing)")
+        lines.pop()
+    for n, raw in enumerate(lines):
+        why = _check_line(raw, key, len(records))
+        if isinstance(why, str):
+            problems.append(f"record {n}: {why}")
+            continue
+        kind, fields = why
+        if records and records[-1][0] == "finish":
+            problems.append(f"record {n}: {kind} after finish")
+        if kind == "tamper":
+            tampered.append(fields[0])
+        records.append((kind, fields))
+    if not records or records[0][0] != "start":
+        problems.append("no start record: the report plugin never ran")
+    finished = bool(records) and records[-1][0] == "finish"
+    if not finished:
+        problems.append("no finish record last: the test session did not run to its end")
+    if tampered:
+        problems.append(f"pytest's reporting was changed during the run: {tampered[:5]}")
+    status = records[-1][1][0] if finished else ""
+    return {"records": records, "problems": problems[:MAX_PROBLEMS], "finished": finished,
+            "exitstatus": int(status) if status.lstrip("-").isdigit() else None, "tampered": tampered[:MAX_PROBLEMS]}
+
+
+def _check_line(raw: bytes, key: bytes, seq: int) -> tuple[str, list[str]] | str:
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        return "not ASCII"
+    parts = text.split(" ")
+    if len(parts) < 3:
+        return "too short"
+    body, mac = " ".join(parts[:-1]), parts[-1]
+    if not hmac.compare_digest(sign(key, body), mac):
+        return "its MAC does not verify (not written by the report plugin)"
+    if parts[0] != str(seq):
+        return f"sequence number {parts[0]!r}, expected {seq}"
+    kind, fields = parts[1], _decode(parts[2:-1])
+    if kind not in KINDS or fields is None or len(fields) != KINDS[kind]:
+        return f"malformed {kind!r} record"
+    return kind, fields
+
+
+def statuses(records: list[tuple[str, list[str]]]) -> dict[str, str]:
+    """Per test id, the status SWE-bench's log parser would give it (PASSED, FAILED, ERROR,
+    SKIPPED, XFAIL), from its phase reports. An XPASS, or a test without a finished call or a
+    skip, gets no PASSED: it counts as failed, as a test missing from the log does."""
+    phases: dict[str, dict[str, tuple[str, bool]]] = {}
+    for kind, fields in records:
+        if kind == "test":
+            nodeid, when, outcome, xfail = fields
+            phases.setdefault(nodeid, {})[when] = (outcome, xfail == "1")
+    out = {}
+    for nodeid, ph in phases.items():
+        if any(o == "failed" for o, _ in ph.values()):
+            out[nodeid] = "FAILED" if ph.get("call", ("",))[0] == "failed" else "ERROR"
+        elif "call" in ph:
+            outcome, xfail = ph["call"]
+            out[nodeid] = {"passed": "FAILED" if xfail else "PASSED",
+                           "skipped": "XFAIL" if xfail else "SKIPPED"}.get(outcome, "FAILED")
+        elif ph.get("setup", ("",))[0] == "skipped":
+            out[nodeid] = "XFAIL" if ph["setup"][1] else "SKIPPED"
+    return out

@@ -1,0 +1,147 @@
+"""Write the task dirs of datasets/multiturn (run from the repo root: python datasets/multiturn/make_tasks.py).
+
+Each task hides one value drawn here (a word, a number) in the sandbox, in a file, a script's
+output or a failing check's message; the instruction names the command that shows it, never
+the value. Solving takes two model calls, the second depending on what the first observed:
+six tasks show the whole second command (value included: copy it from the output), two show
+only the value (put it in place of a placeholder in the command the instruction gives). The
+values are drawn from a fixed seed, so running this again writes the same files.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SEED = 17
+WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "lantern", "walnut",
+         "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
+
+TOML = """[metadata]
+difficulty = "easy"
+category = "multiturn"
+tags = ["multiturn", "shell", "observe"]
+
+[agent]
+timeout_sec = 600.0
+
+[verifier]
+timeout_sec = 300.0
+
+[environment]
+workdir = "/app"
+"""
+TEST_SH = """#!/bin/bash
+# SWE-bench-style grading of test_task.py: collect/tasks/grade_pytest.sh, which the bwrap
+# sandbox exports as $WHARF_TASK_TOOLS.
+exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
+"""
+
+
+def instruction(what: str, show: str, save: str, placeholder: str) -> str:
+    """A task whose second command takes the observed value in place of `placeholder`."""
+    return (f"{what}\nFirst run this command to see it:\n\n{show}\n\n"
+            f"Then run this command with {placeholder} replaced by what you saw:\n\n{save}\n")
+
+
+def hinted(what: str, show: str) -> str:
+    """A task whose first command shows the second one, value included: copy it from the output."""
+    return f"{what}\nFirst run this command to see it:\n\n{show}\n\nThen run the command it shows.\n"
+
+
+def run_line(value: str, out: str) -> str:
+    return f"echo {value} > {out}"
+
+
+def tasks(rng: random.Random) -> list[dict]:
+    """Each task: files, instruction, the value, the file it goes in, the oracle's command (which
+    reads the value in the sandbox itself) and a line of a file the task must leave in place."""
+    w = rng.sample(WORDS, 3)
+    a, b, c = rng.randrange(11, 40), rng.randrange(13, 60), rng.randrange(100, 999)
+    n_lines = rng.randrange(5, 10)
+    names = rng.sample(WORDS, n_lines)
+    port, err = rng.randrange(3000, 9000), rng.randrange(400, 600)
+    version = f"{rng.randrange(2, 9)}.{rng.randrange(0, 20)}.{rng.randrange(0, 10)}"
+    shown = "sed -n 's/^echo \\(.*\\) > .*/\\1/p'"  # the oracle takes the value out of the shown command
+    return [
+        dict(name="cat-note", value=w[0], out="answer.txt", kept=("note.txt", "finish"),
+             files={"note.txt": f"To finish the task, run this command:\n\n{run_line(w[0], 'answer.txt')}\n"},
+             text=hinted("The file note.txt says how to finish the task.", "cat note.txt"),
+             oracle=f"echo $({shown} note.txt) > answer.txt"),
+        dict(name="run-script", value=str(a * b), out="answer.txt", kept=("hint.py", "print"),
+             files={"hint.py": f"print('Now run this command:')\nprint()\nprint('echo', {a} * {b}, '> answer.txt')\n"},
+             text=hinted("The script hint.py prints the command that finishes the task.", "python3 hint.py"),
+             oracle=f"echo $(python3 hint.py | {shown}) > answer.txt"),
+        dict(name="failing-check", value=str(c), out="n.txt", kept=("check.py", "want"),
+             files={"check.py": f"want = {c // 7} * 7 + {c % 7}\nhave = int(open('n.txt').read())\n"
+                                "assert have == want, f'n.txt is wrong. Fix it with this command:\\n\\necho {want} > n.txt'\n"
+                                "print('ok')\n",
+                    "n.txt": "0\n"},
+             text=hinted("The check in check.py fails. Its error says how to fix n.txt.", "python3 check.py"),
+             oracle=f"echo $(python3 check.py 2>&1 | {shown}) > n.txt"),
+        dict(name="grep-log", value=str(err), out="code.txt", kept=("app.log", "INFO"),
+             files={"app.log": "".join(f"INFO request {i} served\n" for i in range(12))
+                    + f"ERROR code {err}. To record it, run: {run_line(str(err), 'code.txt')}\n"
+                    + "".join(f"INFO request {i} served\n" for i in range(12, 20))},
+             text=hinted("app.log has one ERROR line. It says how to record the error.", "grep ERROR app.log"),
+             oracle="echo $(grep ERROR app.log | sed 's/.*run: echo \\([0-9]*\\) .*/\\1/') > code.txt"),
+        dict(name="tool-help", value=version, out="version.txt", kept=("tool.py", "usage"),
+             files={"tool.py": f"print('usage: tool.py')\nprint('To save the version, run:')\n"
+                               f"print('echo', '.'.join(map(str, {tuple(int(x) for x in version.split('.'))})), '> version.txt')\n"},
+             text=hinted("tool.py shows how to save its version in version.txt.", "python3 tool.py --help"),
+             oracle=f"echo $(python3 tool.py --help | {shown}) > version.txt"),
+        dict(name="read-todo", value=w[1], out="done.txt", kept=("TODO", "todo"),
+             files={"TODO": f"todo list\n1. save the word. Run this command:\n\n{run_line(w[1], 'done.txt')}\n"},
+             text=hinted("The file TODO has one step left to do.", "cat TODO"),
+             oracle=f"echo $({shown} TODO) > done.txt"),
+        dict(name="count-lines", value=str(n_lines), out="count.txt", kept=("names.txt", names[0]),
+             files={"names.txt": "".join(f"{x}\n" for x in names)},
+             text=instruction("Count the lines of names.txt and save the number in count.txt.",
+                              "wc -l names.txt", "echo NUMBER > count.txt", "NUMBER"),
+             oracle="echo $(wc -l < names.txt) > count.txt"),
+        dict(name="json-port", value=str(port), out="port.txt", kept=("config.json", "web"),
+             files={"config.json": json.dumps({"name": "web", "port": port}) + "\n"},
+             text=instruction("config.json sets a port. Save the port number in port.txt.",
+                              "cat config.json", "echo PORT > port.txt", "PORT"),
+             oracle="python3 -c 'import json; print(json.load(open(\"config.json\"))[\"port\"])' > port.txt"),
+    ]
+
+
+def test_file(t: dict) -> str:
+    kept_file, kept_text = t["kept"]
+    return (f"from pathlib import Path\n\n\ndef test_result():\n"
+            f"    assert Path({t['out']!r}).read_text().strip() == {t['value']!r}\n\n\n"
+            f"def test_kept():\n    assert {kept_text!r} in Path({kept_file!r}).read_text()\n")
+
+
+def write(t: dict, root: Path) -> None:
+    d = root / t["name"]
+    shutil.rmtree(d, ignore_errors=True)
+    for rel, text in t["files"].items():
+        (d / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / "environment" / rel).write_text(text)
+    (d / "instruction.md").write_text(t["text"])
+    (d / "task.toml").write_text(TOML)
+    (d / "solution").mkdir()
+    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\ncd /app\n{t['oracle']}\n")
+    (d / "tests").mkdir()
+    (d / "tests" / "test.sh").write_text(TEST_SH)
+    (d / "tests" / "test_task.py").write_text(test_file(t))
+    spec = {"instance_id": f"multiturn__{t['name']}", "repo": f"wharf/multiturn-{t['name']}", "version": "1",
+            "FAIL_TO_PASS": ["test_task.py::test_result"], "PASS_TO_PASS": ["test_task.py::test_kept"],
+            "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
+    (d / "tests" / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
+    for sh in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):
+        sh.chmod(0o755)
+
+
+def main() -> None:
+    for t in tasks(random.Random(SEED)):
+        write(t, HERE)
+        print(f"{t['name']}: {t['value']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""The loop's health checks: after every round, is the loop really learning anything?
+
+A loop that trains nothing fails quietly (an adapter that never reached the endpoint, a round
+with no trainable token, every rollout an infra error), so after each round the loop gathers a
+few facts from what the stages wrote (`gather`, the I/O edge), checks them (`run_checks`, pure),
+writes rounds/<k>/health.json (the report's table) and stops when a check fails, naming the
+round, what was expected, what was seen and the file it was read from. Each check has a key
+under `loop.health` that relaxes it (wharf/config.py's HealthConfig).
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from wharf import schema
+from wharf.config import HealthConfig
+from wharf.errors import WharfError
+from wharf.layout import RoundLayout
+
+from .report.data import read_result
+
+
+class HealthError(WharfError, RuntimeError):
+    """A round failed a health check; the message says which, what was seen, and how to relax it."""
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    name: str
+    round: int
+    ok: bool
+    expected: str
+    seen: str
+    file: str
+    relax: str  # the config key and value that turn the check off
+
+    def message(self) -> str:
+        return (f"round {self.round}: health check '{self.name}' failed: expected {self.expected}; "
+                f"saw {self.seen} ({self.file}). Fix the cause, or relax the check with {self.relax}")
+
+
+@dataclass
+class RoundFacts:
+    """What the checks look at, as gathered from one round's files (None: the file was missing)."""
+
+    k: int
+    policy: str  # the policy that should have sampled the round
+    turn_policies: dict[str, int] = field(default_factory=dict)  # policy -> turns
+    turn_status: dict[str, int] = field(default_factory=dict)  # status -> turns
+    served_mismatch: float | None = None  # train's first step: mean |trainer - endpoint| log-prob
+    loss_tokens: int | None = None
+    carried: bool = False  # the loop carried the previous adapter (no signal)
+    shift: dict | None = None  # train/shift.py: delta_mean, weight_delta, kl, tokens
+    rollouts_read: int | None = None
+    left_out: dict[str, int] = field(default_factory=dict)  # convert's reasons, groups excluded
+    rows_trained: int = 0
+    rows_masked: int = 0
+    files: dict[str, str] = field(default_factory=dict)  # fact -> the file it came from
+
+
+def check_served(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    expected = f"every call sampled by {f.policy} and answered"
+    if cfg.max_served_mismatch > 0:
+        expected += f", trainer vs endpoint log-prob mismatch <= {cfg.max_served_mismatch:g}"
+    seen, ok = [], True
+    others = {p: n for p, n in f.turn_policies.items() if p != f.policy}
+    n = sum(f.turn_policies.values())
+    if not n:
+        ok, seen = False, ["no turns recorded"]
+    elif others:
+        ok = False
+        seen.append(f"{sum(others.values())} of {n} calls by {', '.join(sorted(others))}")
+    if n and not f.turn_status.get("ok"):
+        ok = False
+        seen.append(f"none of {n} calls answered ({_counts(f.turn_status)})")
+    mm = f.served_mismatch
+    if cfg.max_served_mismatch > 0 and mm is not None and mm > cfg.max_served_mismatch:
+        ok = False
+        seen.append(f"mismatch {mm:.3g}: the endpoint served other weights than {f.policy}")
+    if ok:
+        seen = [f"{n} calls by {f.policy}" + (f", mismatch {mm:.2g}" if mm is not None else "")]
+    return HealthCheck("policy_served", f.k, ok or not cfg.policy_served, expected, "; ".join(seen),
+                       f.files.get("turns", "?"), "loop.health.policy_served=false")
+
+
+def check_trainable(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    n = f.loss_tokens
+    seen = "no convert stats" if n is None else f"{n} loss tokens"
+    if n == 0:
+        seen += " (every group's rewards were equal: nothing to learn from)"
+    ok = cfg.min_trainable_tokens == 0 or (n is not None and n >= cfg.min_trainable_tokens)
+    return HealthCheck("trainable_tokens", f.k, ok, f">= {cfg.min_trainable_tokens} loss tokens", seen,
+                       f.files.get("convert", "?"), "loop.health.min_trainable_tokens=0")
+
+
+def check_shift(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    expected = (f"the new adapter differs from the previous policy and moves it: mean |log pi_new - "
+                f"log pi_prev| >= {cfg.min_policy_shift:g} on the round's own loss tokens")
+    relax, file = "loop.health.min_policy_shift=0", f.files.get("shift", "?")
+    if f.carried or f.loss_tokens == 0:
+        return HealthCheck("policy_moved", f.k, True, expected, "not trained (policy carried unchanged)", file, relax)
+    s = f.shift
+    if s is None:
+        return HealthCheck("policy_moved", f.k, cfg.min_policy_shift == 0, expected, "no shift measured", file, relax)
+    d, w = s.get("delta_mean"), s.get("weight_delta")
+    seen = f"mean |delta log-prob| {d:.3g} over {s.get('tokens')} tokens, KL {s.get('kl', 0):.3g}, max |delta weight| {w:.3g}"
+    ok = cfg.min_policy_shift == 0 or (w > 0 and d >= cfg.min_policy_shift)
+    return HealthCheck("policy_moved", f.k, ok, expected, seen, file, relax)
+
+
+def check_bad_share(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    expected = f"at most {cfg.max_bad_share:.0%} of rollouts infra errors or unscorable, and of rows masked"
+    relax = "loop.health.max_bad_share=1"
+    if not f.rollouts_read:
+        return HealthCheck("bad_share", f.k, cfg.max_bad_share >= 1, expected, "no rollouts read by convert",
+                           f.files.get("convert", "?"), relax)
+    bad = sum(f.left_out.values())
+    share = bad / f.rollouts_read
+    masked = f.rows_masked / f.rows_trained if f.rows_trained else 0.0
+    seen = f"{bad} of {f.rollouts_read} rollouts left out ({_counts(f.left_out) or 'none'})"
+    if f.rows_trained:
+        seen += f", {f.rows_masked} of {f.rows_trained} rows masked"
+    ok = cfg.max_bad_share >= 1 or (share <= cfg.max_bad_share and masked <= cfg.max_bad_share)
+    file = f.files.get("convert", "?") if share > cfg.max_bad_share or not f.rows_trained else f.files.get("metrics", "?")
+    return HealthCheck("bad_share", f.k, ok, expected, seen, file, relax)
+
+
+CHECKS = (check_served, check_trainable, check_shift, check_bad_share)
+
+
+def run_checks(f: RoundFacts, cfg: HealthConfig) -> list[HealthCheck]:
+    return [check(f, cfg) for check in CHECKS]
+
+
+def _counts(c: dict[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(c.items()))
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _turns(f: RoundFacts, rnd: RoundLayout) -> None:
+    import pyarrow.parquet as pq
+
+    pol, status = Counter(), Counter()
+    for shard in schema.shard_files(rnd.collect.turns):
+        t = pq.read_table(shard, columns=["policy", "status"])
+        pol.update(t["policy"].to_pylist())
+        status.update(t["status"].to_pylist())
+    f.turn_policies, f.turn_status = dict(pol), dict(status)
+    f.files["turns"] = str(rnd.collect.turns)
+
+
+def gather(rnd: RoundLayout, policy: str) -> RoundFacts:
+    """The facts of round `rnd`, which `policy` should have sampled (missing files leave None)."""
+    f = RoundFacts(rnd.k, policy)
+    _turns(f, rnd)
+    f.files["convert"] = str(rnd.convert.stats)
+    stats = _json(rnd.convert.stats) or {}
+    if stats:
+        f.loss_tokens = (stats.get("tokens") or {}).get("trainable")
+        ro = stats.get("rollouts") or {}
+        f.rollouts_read = ro.get("read")
+        f.left_out = {k: v for k, v in (ro.get("left_out") or {}).items() if not k.startswith("group_")}
+    result = read_result(rnd.train.result)
+    f.served_mismatch = result.mismatch_mean if result else None
+    f.carried = bool((_json(rnd.marker("train")) or {}).get("carried"))
+    f.shift = _json(rnd.train.shift)
+    f.files["shift"] = str(rnd.train.shift)
+    f.files["metrics"] = str(rnd.train.metrics)
+    for line in (rnd.train.metrics.read_text().splitlines() if rnd.train.metrics.is_file() else []):
+        try:
+            step = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a kill
+        f.rows_trained += int(step.get("rows") or 0)
+        f.rows_masked += int(step.get("masked_rows") or 0)
+    return f
+
+
+def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig) -> list[HealthCheck]:
+    """Gather, check, and write rounds/<k>/health.json (atomically); returns the checks."""
+    checks = run_checks(gather(rnd, policy), cfg)
+    rnd.health.parent.mkdir(parents=True, exist_ok=True)
+    tmp = rnd.health.with_suffix(".tmp")
+    tmp.write_text(json.dumps([asdict(c) for c in checks], indent=1))
+    os.replace(tmp, rnd.health)
+    return checks
+
+
+def enforce(checks: list[HealthCheck]) -> None:
+    failed = [c for c in checks if not c.ok]
+    if failed:
+        raise HealthError("\n".join(c.message() for c in failed))

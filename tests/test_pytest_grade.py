@@ -1,0 +1,195 @@
+"""Grading from pytest's own reports (collect/tasks/pytest_grade.py, pytest_report.py,
+report_records.py): the record stream's checks by hand, then grade_pytest.sh run as a task's
+test.sh runs it, outside a sandbox, on the honest fix and on attackers that forge the result
+from inside the test process (the same ones tests/test_redteam.py runs in the sandbox)."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "collect" / "tasks"
+TASK = ROOT / "datasets" / "toy" / "fix-sum-to"
+
+
+def _load(name: str):
+    """A standalone tool of collect/tasks, loaded from its file (they are not imported as a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"wharf_tool_{name}", TOOLS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+report_records = _load("report_records")
+_signer = _load("pytest_report")._signer
+
+KEY = bytes(range(32))
+
+
+def _line(seq: int, kind: str, *fields: str, key: bytes = KEY) -> bytes:
+    body = f"{seq} {kind} " + " ".join(f.encode().hex() or "-" for f in fields)
+    return f"{body} {hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}\n".encode()
+
+
+def _stream(*recs: tuple, key: bytes = KEY) -> bytes:
+    return b"".join(_line(i, *r, key=key) for i, r in enumerate(recs))
+
+
+GOOD = (("start", "7"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
+        ("test", "t.py::a", "teardown", "passed", "0"), ("finish", "0"))
+
+
+def test_the_plugins_signer_is_hmac_sha256():
+    msg = b"3 test 74 63 61 30"
+    assert _signer(KEY)(msg) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
+
+
+def test_a_complete_verified_stream_has_no_problem():
+    v = report_records.verify(_stream(*GOOD), KEY)
+    assert (v["problems"], v["finished"], v["exitstatus"]) == ([], True, 0)
+    assert report_records.statuses(v["records"]) == {"t.py::a": "PASSED"}
+
+
+@pytest.mark.parametrize("data, words", [
+    (_stream(*GOOD, key=b"k" * 32), "does not verify"),
+    (_stream(*GOOD[:-1]), "did not run to its end"),
+    (_stream(*GOOD)[:-5], "cut off"),
+    (_stream(*GOOD[1:]), "no start record"),
+    (_stream(*GOOD) + _line(5, "test", "t.py::b", "call", "passed", "0"), "after finish"),
+    (_stream(*GOOD[:2]) + _line(3, *GOOD[2]) + _line(4, *GOOD[3]) + _line(5, *GOOD[4]), "expected 2"),
+    (_stream(*GOOD[:2], ("tamper", "_pytest.python.Function.runtest"), *GOOD[2:]), "reporting was changed"),
+    (_stream(*GOOD).replace(b"0 start", b"PASSED t.py::a\n0 start"), "record 0: too short"),
+])
+def test_a_stream_that_is_not_whole_and_genuine_has_a_problem(data, words):
+    problems = report_records.verify(data, KEY)["problems"]
+    assert any(words in p for p in problems), problems
+
+
+def test_statuses_follow_swebench_log_semantics():
+    recs = [("test", n, w, o, x) for n, w, o, x in [
+        ("a", "setup", "passed", "0"), ("a", "call", "failed", "0"),
+        ("b", "setup", "failed", "0"),
+        ("c", "setup", "skipped", "0"),
+        ("d", "setup", "passed", "0"), ("d", "call", "skipped", "1"),
+        ("e", "setup", "passed", "0"), ("e", "call", "passed", "1"),  # XPASS: not a pass
+        ("f", "setup", "passed", "0"), ("f", "call", "passed", "0"), ("f", "teardown", "failed", "0"),
+        ("g", "setup", "passed", "0"),  # no call: the session died in it
+    ]]
+    assert report_records.statuses([(r[0], list(r[1:])) for r in recs]) == {
+        "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
+
+
+def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None) -> dict:
+    """grade_pytest.sh on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+    work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
+    shutil.copytree(TASK / "environment", work)
+    shutil.copytree(TASK / "tests", tests)
+    out.mkdir()
+    if reward_key is not None:  # as the sandbox puts it there (collect/sandbox/rewardproof.py)
+        (tests / ".wharf-reward-key").write_bytes(reward_key)
+    if mathutil is not None:
+        (work / "mathutil.py").write_text(mathutil)
+    env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
+           "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
+    # the marker stops forged_report_files' walk up the process tree below this test's own shell
+    cmd = f"bash {TOOLS}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
+    p = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=timeout + 120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads((out / "reward.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
+    key = b"0123456789abcdef" * 4
+    fixed = _grade(tmp_path / "fix", BUGGY.replace("range(1, n)", "range(1, n + 1)"), reward_key=key)
+    # the grader took the sandbox's key off the disk and signed its reward.json with it
+    assert not (tmp_path / "fix" / "tests" / ".wharf-reward-key").exists()
+    signed = (tmp_path / "fix" / "verifier" / "reward.json").read_bytes()
+    assert (tmp_path / "fix" / "verifier" / "reward.json.mac").read_text().strip() == \
+        hmac.new(key, signed, hashlib.sha256).hexdigest()
+    assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
+                     "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0}
+    bug = _grade(tmp_path / "bug")
+    assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(set(GRADING_ATTACKS) - {"kill_grader"}))  # that one: sandbox only
+def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
+    t0 = time.monotonic()
+    r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
+    assert r["reward"] == 0.0, r
+    if attack == "forged_report_files":  # the spec it rewrote is not the one graded against
+        assert json.loads((tmp_path / "tests" / "spec.json").read_text())["FAIL_TO_PASS"] == ["test_task.py::test_mean"]
+        assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    else:
+        assert r["records_ok"] == 0, r
+    if attack in ("forged_output_exit", "patch_reporting"):
+        assert r["log_reward"] == 1.0, "the attack should have fooled the log grader"
+    if attack == "hang_after_success":
+        assert r["timed_out"] == 1 and time.monotonic() - t0 < 60
+    time.sleep(1)  # a daemon the attack left would re-plant reward.json now
+    assert json.loads((tmp_path / "verifier" / "reward.json").read_text()) == r
+
+
+def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
+    d = tmp / "verifier"
+    d.mkdir(parents=True)
+    if reward is not None:
+        (d / "reward.json").write_bytes(reward)
+    if proof is not None:
+        (d / "reward.json.mac").write_text(proof + "\n")
+    (d / "reward.txt").write_text("1")
+    return d
+
+
+def test_reward_proof_keeps_a_reward_whose_mac_verifies_or_whose_grader_does_not_take_part(tmp_path):
+    from collect.sandbox import rewardproof
+
+    key, reward = b"ab" * 32, b'{"reward": 1.0}\n'
+    good = _verifier_dir(tmp_path / "a", reward, hmac.new(key, reward, hashlib.sha256).hexdigest())
+    assert rewardproof.enforce(good, key, key_left=None) is None
+    assert (good / "reward.json").read_bytes() == reward
+    legacy = _verifier_dir(tmp_path / "b", reward, None)  # the key file was left as written
+    assert rewardproof.enforce(legacy, key, key_left=key + b"\n") is None
+    assert (legacy / "reward.json").read_bytes() == reward
+
+
+@pytest.mark.parametrize("reward, proof, key_left, words", [
+    (b'{"reward": 1.0}', None, None, "no reward.json.mac"),  # planted, the grader killed
+    (b'{"reward": 1.0}', hmac.new(b"x" * 64, b'{"reward": 1.0}', hashlib.sha256).hexdigest(), None, "does not verify"),
+    (b'{"reward": 1.0}', None, b"a forged key file", "no reward.json.mac"),
+    (None, None, None, "no reward.json"),
+])
+def test_reward_proof_turns_a_reward_the_grader_did_not_sign_into_0(tmp_path, reward, proof, key_left, words):
+    from collect.sandbox import rewardproof
+
+    d = _verifier_dir(tmp_path, reward, proof)
+    assert words in rewardproof.enforce(d, b"ab" * 32, key_left=key_left)
+    assert json.loads((d / "reward.json").read_text()) == {"reward": 0.0, "reward_rejected": 1}
+    assert not (d / "reward.txt").exists() and words in (d / "reward_rejected.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_test_process_that_closes_its_pipes_and_hangs_is_killed_at_the_timeout(tmp_path):
+    # it shuts every descriptor (the records pipe and the output with them), then hangs: the grader
+    # must not take the closed pipes for an exit
+    payload = "import os, time\nos.closerange(0, 1024)\ntime.sleep(3600)\n"
+    t0 = time.monotonic()
+    r = _grade(tmp_path, payload + BUGGY, timeout=5)
+    assert (r["reward"], r["timed_out"], r["session_finished"]) == (0.0, 1, 0), r
+    assert time.monotonic() - t0 < 60
