@@ -106,7 +106,8 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
            "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
     # the marker stops forged_report_files' walk up the process tree below this test's own shell
     cmd = f"bash {TOOLS}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
-    p = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=timeout + 120)
+    # cwd: the forged-report attacker writes into its processes' cwds; keep the repo root clean
+    p = subprocess.run(["bash", "-c", cmd], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout + 120)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads((out / "reward.json").read_text())
 
