@@ -112,6 +112,26 @@ def test_compare_figure(tmp_path, capsys):
     assert "grpo: mean reward per round 0.250 0.750" in printed and "zero: mean reward per round 0.250 0.250" in printed
 
 
+def test_experiment_pairs_arms_by_seed(tmp_path, capsys):
+    """grpo-s<N> against zero-s<N>: the gap per seed and round, its mean and range, and the
+    successes' call counts (a collapse to one-call shortcuts would show as 0/n)."""
+    plan = {"grpo-s0": (1, 3), "zero-s0": (1, 1), "grpo-s1": (2, 4), "zero-s1": (2, 3), "grpo-s2": (1, 2)}
+    for name, (first, later) in plan.items():
+        layout = RunLayout(tmp_path / name)
+        make_round(layout, 0, {"a": first})
+        make_round(layout, 1, {"a": later})
+    out = tmp_path / "multiturn.png"
+    args = [f"multiturn-{n}={tmp_path / n}" for n in plan]
+    assert report_main(["--compare", *args, "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "seed 0: grpo 0.250 0.750 | zero 0.250 0.250 | grpo - zero 0.000 0.500" in printed
+    assert "seed 1: grpo 0.500 1.000 | zero 0.500 0.750 | grpo - zero 0.000 0.250" in printed
+    assert "seed 2" not in printed  # no control for seed 2: not paired
+    assert "round 1: grpo - zero +0.375 over 2 seed(s) (range +0.250 .. +0.500)" in printed
+    assert "successes in >= 2 calls 0/3" in printed  # make_round's rollouts are one call each
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
 def test_report_opens_in_headless_chromium(tmp_path):
     """The page renders from the file system with nothing else running (a screenshot to look at:

@@ -34,7 +34,8 @@ def _table(head: list[str], rows: list[list]) -> str:
 
 
 def _round_rows(rounds: list[RoundData]) -> list[list]:
-    return [[r.k, r.policy, r.rollouts, r.mean_reward, r.success_rate, r.groups_with_signal, r.groups_used,
+    return [[r.k, r.policy, r.rollouts, r.mean_reward, r.success_rate,
+             None if r.successes is None else f"{r.multi_call_successes}/{r.successes}", r.groups_with_signal, r.groups_used,
              r.calls / r.rollouts if r.calls and r.rollouts else None, r.rows, r.rows_per_rollout, r.prefix_breaks,
              r.trainable_tokens, r.response_tokens, len(r.steps), r.step_mean("loss"),
              r.mismatch_mean, r.shift.get("delta_mean"), r.shift.get("kl"), *[r.walls.get(s) for s in STAGES]]
@@ -69,8 +70,8 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
     if not rounds:
         parts.append("<p>No rounds yet.</p>")
     else:
-        head = ["round", "policy", "rollouts", "mean reward", "success", "groups w/ signal", "groups used", "calls/rollout",
-                "rows", "rows/rollout", "prefix breaks", "trainable tokens", "tokens/call", "steps", "loss", "mismatch", "|Δ log-prob|", "KL to prev", *[f"{s} s" for s in STAGES]]
+        head = ["round", "policy", "rollouts", "mean reward", "success", "successes in >= 2 calls", "groups w/ signal",
+                "groups used", "calls/rollout", "rows", "rows/rollout", "prefix breaks", "trainable tokens", "tokens/call", "steps", "loss", "mismatch", "|Δ log-prob|", "KL to prev", *[f"{s} s" for s in STAGES]]
         parts.append("<h2>Rounds</h2>" + _table(head, _round_rows(rounds)))
         health = _health_rows(rounds)
         if health:  # text-aligned: the sentences read left to right

@@ -1,6 +1,7 @@
 """`wharf report RUN_DIR` writes RUN_DIR/report.html (make report RUN=...);
 `wharf report --compare LABEL=RUN_DIR ... --out FILE.png` draws the mean reward of
-several runs side by side (the learning experiment's figure)."""
+several runs side by side; when the labels pair `grpo-s<N>` with `zero-s<N>` (the multi-turn
+experiment's arms), it prints GRPO minus control per seed and round and draws that instead."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,8 @@ from wharf.errors import WharfError
 
 from . import gather, write_report
 from .data import round_line
-from .plots import compare_rewards
+from .experiment import pair_arms, summary_lines
+from .plots import compare_rewards, experiment_figure
 
 
 def _mean_round_wall(rounds) -> float | None:
@@ -50,5 +52,9 @@ def _report(args) -> int:
             print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
             for r in runs[label]:
                 print(f"  {round_line(r)}")
-        print(f"wrote {compare_rewards(runs, Path(args.out))}")
+        pairs = pair_arms(runs)
+        for line in summary_lines(pairs):
+            print(line)
+        out = experiment_figure(runs, pairs, Path(args.out)) if pairs else compare_rewards(runs, Path(args.out))
+        print(f"wrote {out}")
     return 0

@@ -31,6 +31,8 @@ class RoundData:
     mean_reward: float | None = None
     success_rate: float | None = None
     success_by_task: dict[str, float] = field(default_factory=dict)
+    successes: int | None = None  # rollouts with reward > 0
+    multi_call_successes: int | None = None  # of those, the ones that took >= 2 model calls
     groups: int | None = None  # groups in the round
     groups_with_signal: int | None = None  # groups with both a success and a failure
     groups_used: int | None = None  # groups convert kept
@@ -88,7 +90,7 @@ def _rollouts(rnd: RoundLayout) -> list[dict]:
         return []
     try:
         return schema.read_table(rnd.collect.rollouts, "rollouts").select(
-            ["task_id", "group_id", "reward", "policy"]).to_pylist()
+            ["task_id", "group_id", "reward", "policy", "n_turns"]).to_pylist()
     except Exception as e:  # a report never stops the loop
         log.warning("report: %s: %s", rnd.collect.rollouts, e)
         return []
@@ -118,6 +120,8 @@ def collect_fields(rd: RoundData, rnd: RoundLayout) -> None:
     if rewards:
         rd.mean_reward = sum(rewards) / len(rewards)
         rd.success_rate = sum(r > 0 for r in rewards) / len(rewards)
+        won = [r for r in rows if (r["reward"] or 0) > 0]
+        rd.successes, rd.multi_call_successes = len(won), sum((r["n_turns"] or 0) >= 2 for r in won)
     by_task: dict[str, list[float]] = {}
     by_group: dict[str, set] = {}
     for r in rows:
@@ -228,4 +232,5 @@ def round_line(rd: RoundData) -> str:
             f"calls/rollout {_f(calls, '.2f')}, rows/rollout {_f(rd.rows_per_rollout, '.2f')}, "
             f"prefix breaks {_f(rd.prefix_breaks, 'd')}/{_f(rd.call_pairs, 'd')} pairs ({_f(breaks, '.0%')}), "
             f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
-            f"KL to previous {_f(rd.shift.get('kl'), '.3g')}")
+            f"KL to previous {_f(rd.shift.get('kl'), '.3g')}, "
+            f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}")

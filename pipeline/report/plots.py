@@ -206,3 +206,33 @@ def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) -> Path:
+    """The experiment: each seed's GRPO (solid) and control (dashed) mean reward per round, and
+    the paired gap GRPO - control per seed with its mean (pipeline/report/experiment.py)."""
+    fig = plt.figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    for i, p in enumerate(pairs):
+        color = f"C{i}"
+        left.plot(range(len(p.grpo)), p.grpo, marker="o", color=color, label=f"GRPO, seed {p.seed}")
+        left.plot(range(len(p.zero)), p.zero, marker="s", color=color, linestyle="--", label=f"control, seed {p.seed}")
+        pts = [(k, g) for k, g in enumerate(p.gaps) if g is not None]
+        right.plot([k for k, _ in pts], [g for _, g in pts], marker="o", color=color, alpha=0.6, label=f"seed {p.seed}")
+    n = max((len(p.gaps) for p in pairs), default=0)
+    means = [(k, [p.gaps[k] for p in pairs if k < len(p.gaps) and p.gaps[k] is not None]) for k in range(n)]
+    means = [(k, sum(g) / len(g)) for k, g in means if g]
+    if means:
+        right.plot([k for k, _ in means], [m for _, m in means], color="k", linewidth=2.5, label="mean over seeds")
+    right.axhline(0, color="grey", linewidth=0.8)
+    left.set_ylim(-0.02, 1.02)
+    left.set_ylabel("mean reward")
+    right.set_ylabel("GRPO - control")
+    _rounds_axis(left, "mean reward per round")
+    _rounds_axis(right, "paired gap, same sampling seeds")
+    _legend(left, fontsize=7)
+    _legend(right, fontsize=7)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
