@@ -142,6 +142,16 @@ def test_policy_that_did_not_move_fires(tmp_path):
     assert failed(check_round(rnd, "policy-v1", HealthConfig()))["policy_moved"].seen == "no shift measured"
 
 
+def test_corrupt_turns_shard_is_one_line_naming_it(tmp_path):
+    rnd = RunLayout(tmp_path / "run").round(1)
+    write_round(rnd, "policy-v1", {"a": 1, "b": 3})
+    shard = rnd.collect.turns / "part-00000.parquet"
+    shard.write_bytes(shard.read_bytes()[:200])  # cut short, as by a full disk
+    with pytest.raises(schema.SchemaError) as e:
+        check_round(rnd, "policy-v1", HealthConfig())
+    assert str(shard) in str(e.value) and "not a readable parquet file" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_health_config_is_validated():
     assert load_config(None, ["loop.health.min_policy_shift=0"]).loop.health.min_policy_shift == 0
     with pytest.raises(ConfigError, match="loop.health.max_bad_share"):
