@@ -117,12 +117,19 @@ replay: setup
 
 # The multi-turn experiment (datasets/multiturn): one arm of 5 rounds (ROUNDS=N) from one seed, in
 # runs/multiturn-<arm>-s<seed>. ARM=grpo, or ARM=zero: the control (the same groups and steps, every
-# advantage 0, so its policy must not move: the loop's policy_moved check is off). Then
-# `make experiment-multiturn-figure` draws docs/multiturn.png from the runs that exist.
+# advantage 0, so its policy must not move: the loop's policy_moved check is off). Both arms of a
+# seed sample round 0 from the base model with the same seeds, so ARM=zero starts from a copy of
+# the GRPO arm's round-0 collect when that is done. Then `make experiment-multiturn-figure` prints
+# GRPO minus control per seed and round and draws docs/multiturn.png from the runs that exist.
 ARM ?= grpo
 SEED ?= 0
+MT_SHARED := runs/multiturn-grpo-s$(SEED)/rounds/0
+MT_ZERO := runs/multiturn-zero-s$(SEED)/rounds/0
 experiment-multiturn: setup
 	$(if $(filter grpo zero,$(ARM)),,$(error ARM=$(ARM): use ARM=grpo or ARM=zero))
+	@if [ "$(ARM)" = zero ] && [ -f $(MT_SHARED)/done/collect.json ] && [ ! -e $(MT_ZERO) ]; then \
+		mkdir -p $(MT_ZERO)/done && cp -a $(MT_SHARED)/collect $(MT_ZERO)/ && cp $(MT_SHARED)/done/collect.json $(MT_ZERO)/done/ && \
+		echo "experiment-multiturn: round 0 of the control is a copy of $(MT_SHARED)/collect"; fi
 	$(WHARF) loop --config configs/multiturn.yaml rounds=$(or $(ROUNDS),5) name=multiturn-$(ARM)-s$(SEED) \
 		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) convert.advantage=$(ARM) \
 		$(if $(filter zero,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)

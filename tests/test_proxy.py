@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from collect.proxy.background import BackgroundProxy
+from collect.proxy.forward import NEUTRAL_SAMPLING
 
 from proxy_util import ADMIN, close_rollout, conversation, make_cfg, open_rollout, post, proxy, rows, wal_lines  # proxy: the fixture
 
@@ -74,7 +75,10 @@ def test_upstream_request_is_forced_and_recorded(tmp_path, stub):
         assert sent["max_tokens"] == 5 and "max_completion_tokens" not in sent
         assert "include_reasoning" not in sent
         knobs = {"top_k": 5, "min_p": 0.1, "logit_bias": {"50": 5}, "presence_penalty": 0.5, "min_tokens": 3}
-        assert not set(knobs) & set(sent)  # the trainer could not reproduce their effect on the log-probs
+        assert not set(knobs) - set(NEUTRAL_SAMPLING) & set(sent)  # the trainer could not reproduce their effect
+        # ... and those vLLM would fill from generation_config.json are sent neutral
+        assert {k: sent[k] for k in NEUTRAL_SAMPLING} == {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                                                          "presence_penalty": 0.0, "frequency_penalty": 0.0}
         bad = post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": "greedy", "temperature": 0}, headers=ADMIN)
         assert bad.status_code == 400 and "must be > 0" in bad.json()["error"]["message"]
         close_rollout(p, "forced")

@@ -23,6 +23,11 @@ from collect.proxy.upstreams import UpstreamPool
 UNREPRODUCIBLE = ("top_k", "min_p", "typical_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
                   "logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "best_of", "use_beam_search",
                   "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+# vLLM fills each of these that a request leaves unset from the model's generation_config.json
+# (Qwen2.5's: top_k 20, repetition_penalty 1.05-1.1), which would sample from, and report processed
+# log-probs of, a distribution the trainer never scores: sent upstream at their neutral values.
+NEUTRAL_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0}
 # Tokens a chat template adds around the messages' JSON bytes (which bound their own tokens).
 _TEMPLATE_SLACK = 512
 _UNKNOWN = -1  # an upstream whose /tokenize reports no max_model_len
@@ -39,6 +44,7 @@ def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | Non
     dropped = {k: up.pop(k) for k in UNREPRODUCIBLE if k in up}
     if dropped:
         notes = {**(notes or {}), "dropped_sampling": dropped}
+    up.update(NEUTRAL_SAMPLING)
     up["model"] = rollout.policy
     up["temperature"] = rollout.temperature
     up["top_p"] = rollout.top_p
