@@ -3,10 +3,11 @@
 Everything but install() is harbor's own GeminiCli: `gemini --yolo --model=<policy>
 --prompt=...`, its output in agent/gemini-cli.txt and its session file (~/.gemini/tmp/*/chats/)
 copied to agent/gemini-cli.trajectory.jsonl, the endpoint as GOOGLE_GEMINI_BASE_URL with
-GEMINI_API_KEY (Gemini's generateContent API: the proxy's gemini dialect). harbor's run() rewrites
-~/.gemini/settings.json (the auth type), so telemetry, usage statistics and the update check are
-switched off in a system settings file instead, which outranks it: install() writes it where
-GEMINI_CLI_SYSTEM_SETTINGS_PATH points.
+GEMINI_API_KEY (Gemini's generateContent API: the proxy's gemini dialect). harbor's run() writes
+~/.gemini/settings.json (the auth type) over whatever install() left, so the switches that turn
+telemetry, usage statistics and the update check off join the settings it writes. (A system
+settings file, GEMINI_CLI_SYSTEM_SETTINGS_PATH, would not do: gemini-cli skips one with a
+group- or world-writable ancestor, as /tmp is, and no other path is writable in every sandbox.)
 
 Load it by import path `collect.agents.gemini_cli:LocalGeminiCli`. Extra kwargs on top of harbor's
 gemini-cli options: base_url (the rollout's .../v1 route; gemini-cli appends /v1beta/models/...
@@ -14,8 +15,6 @@ itself, so /v1 is cut off) and api_key.
 """
 from __future__ import annotations
 
-import json
-import shlex
 from typing import Any
 
 from harbor.agents.installed.gemini_cli import GeminiCli
@@ -30,8 +29,6 @@ QUIET_SETTINGS = {
     "telemetry": {"enabled": False},
     "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
 }
-# /tmp: writable for the agent in every harbor environment, and the same path in each.
-SYSTEM_SETTINGS = "/tmp/wharf-gemini-cli/settings.json"
 
 
 class LocalGeminiCliOptions(GeminiCli.options_model):  # type: ignore[name-defined,misc]
@@ -43,7 +40,7 @@ class LocalGeminiCli(GeminiCli):
     options_model = LocalGeminiCliOptions
 
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, **kwargs: Any) -> None:
-        env = {"GEMINI_CLI_SYSTEM_SETTINGS_PATH": SYSTEM_SETTINGS, **node_clis.cli_env(), **(extra_env or {})}
+        env = {**node_clis.cli_env(), **(extra_env or {})}
         if kwargs.get("base_url"):
             env["GOOGLE_GEMINI_BASE_URL"] = node_clis.route_root(kwargs["base_url"])
         if kwargs.get("api_key"):
@@ -58,7 +55,9 @@ class LocalGeminiCli(GeminiCli):
         return f"{node_clis.cli('gemini')} --version"
 
     async def install(self, environment: BaseEnvironment) -> None:
-        settings = shlex.quote(json.dumps(QUIET_SETTINGS))
-        folder = shlex.quote(SYSTEM_SETTINGS.rsplit("/", 1)[0])
-        await self.exec_as_agent(environment, command=node_clis.install_check("gemini") +
-                                 f" && mkdir -p {folder} && echo {settings} > {shlex.quote(SYSTEM_SETTINGS)}")
+        await self.exec_as_agent(environment, command=node_clis.install_check("gemini"))
+
+    def _build_settings_config(self, model: str | None = None,
+                               auth_type: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
+        config, alias = super()._build_settings_config(model, auth_type)
+        return {**(config or {}), **QUIET_SETTINGS}, alias
