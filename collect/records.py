@@ -79,7 +79,7 @@ class TurnRow:
     rollout_id: str
     turn: int
     request_id: str
-    api: str  # chat | anthropic | responses
+    api: str  # chat | anthropic | responses | gemini
     policy: str
     started_at: float
     ended_at: float | None

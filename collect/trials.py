@@ -48,6 +48,9 @@ def agent_config(cc: CollectConfig, ep: RolloutRoute) -> AgentConfig:
         # claude-code appends /v1/messages itself
         "ANTHROPIC_BASE_URL": root,
         "ANTHROPIC_API_KEY": ep.api_key,
+        # gemini-cli appends /v1beta/models/... itself
+        "GOOGLE_GEMINI_BASE_URL": root,
+        "GEMINI_API_KEY": ep.api_key,
     }
     kwargs = {}
     if cc.agent in _URL_KWARG:

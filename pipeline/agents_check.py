@@ -9,7 +9,7 @@ Agents harbor installs from the internet are tried as they are; their row says w
 
 `wharf agents-check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
-claude-code, codex, opencode, qwen-code, aider, vibe) does not run cleanly.
+claude-code, codex, opencode, qwen-code, aider, vibe, gemini-cli) does not run cleanly.
 """
 from __future__ import annotations
 
@@ -57,13 +57,12 @@ AGENTS = [
     Agent("qwen-code", "collect.agents.qwen_code:LocalQwenCode", "stub"),
     Agent("aider", "collect.agents.aider:LocalAider", "stub"),
     Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
+    Agent("gemini-cli", "collect.agents.gemini_cli:LocalGeminiCli", "stub"),
     # harbor's own installers (they download the agent): tried as they are; `why` says what a row
     # of ours would take beyond the install.
     Agent("goose", "goose", "stub", shipped=False, why="a release binary (no registry here serves it)"),
     Agent("openhands", "openhands", "stub", shipped=False,
           why="harbor's run() calls /opt/openhands-venv (outside the sandbox's writable dirs)"),
-    Agent("gemini-cli", "gemini-cli", "stub", shipped=False,
-          why="speaks Gemini's generateContent API, which the proxy does not serve yet"),
     Agent("swe-agent", "swe-agent", "stub", shipped=False, why="installed from its git repository"),
 ]
 
@@ -82,6 +81,9 @@ def prompt_bytes(row: dict) -> tuple[int, int]:
     if api == "anthropic":
         system.append(text(req.get("system")))
         system += [text(m.get("content")) for m in req.get("messages") or () if m.get("role") == "system"]
+    elif api == "gemini":
+        si = req.get("systemInstruction") or req.get("system_instruction")
+        system.append(si if isinstance(si, str) else text((si or {}).get("parts")))
     elif api == "responses":
         system.append(req.get("instructions") or "")
         items = req.get("input") if isinstance(req.get("input"), list) else []

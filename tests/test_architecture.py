@@ -47,7 +47,8 @@ def _imports(path: Path, mod: str | None = None) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py")]
+    # node_modules: the agent CLIs' npm packages (gemini-cli's node-pty ships Python 2 scripts), not ours
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "node_modules" not in p.parts]
     mods = {_module(p): p for p in files}
     graph = {}
     for m, p in mods.items():

@@ -148,6 +148,7 @@ def test_the_route_relay_refuses_what_is_not_the_rollouts_route():
     prefix = "/rollout/abc/"
     assert allowed("/rollout/abc/v1/chat/completions", prefix)
     assert allowed("/rollout/abc/v1/models?x=1", prefix)
+    assert allowed("/rollout/abc/v1beta/models/m:streamGenerateContent?alt=sse", prefix)
     for bad in ("/rollout/abd/v1/chat/completions", "/admin/flush", "/rollout/abc/../admin/flush",
                 "/rollout/abc/%2e%2e/admin", "http://127.0.0.1:8200/admin", "/rollout/abc/./v1", "*"):
         assert not allowed(bad, prefix), bad

@@ -28,7 +28,7 @@ TURNS = pa.schema(
         ("rollout_id", pa.string()),
         ("turn", pa.int32()),
         ("request_id", pa.string()),
-        ("api", pa.string()),  # chat | anthropic | responses
+        ("api", pa.string()),  # chat | anthropic | responses | gemini
         ("policy", pa.string()),
         ("started_at", _TS),
         ("ended_at", _TS),

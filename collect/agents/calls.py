@@ -1,7 +1,10 @@
-"""One model call as an agent logged it: what every agent-log reader (logs.py, opencode_db.py) makes."""
+"""One model call as an agent logged it: what every agent-log reader (logs.py, opencode_db.py,
+gemini_session.py) makes, and the JSONL reading they share."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 
@@ -21,3 +24,16 @@ def item_call(item_id: str) -> str | None:
     kind, _, rest = item_id.partition("_")
     sfx, _, idx = rest.rpartition("_")
     return sfx if kind in ("msg", "fc", "ctc") and sfx and idx.isdigit() else None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSONL log, skipping any other line."""
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # the CLI's own stderr lines share the file
+    return out

@@ -36,10 +36,8 @@ class LocalClaudeCodeOptions(ClaudeCodeOptions):
     api_key: str | None = Field(default=None, description="API key (any string the proxy accepts)")
 
 
-def anthropic_root(base_url: str) -> str:
-    """claude-code's ANTHROPIC_BASE_URL: the route without its /v1."""
-    url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+# claude-code's ANTHROPIC_BASE_URL: the route without its /v1.
+anthropic_root = node_clis.route_root
 
 
 class LocalClaudeCode(ClaudeCode):

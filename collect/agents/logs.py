@@ -12,6 +12,8 @@ Readers, tried in order (the first whose file is there wins):
   set for the session is the one side call's answer, which its --format=json events leave out; its
   text log is not read: it may end before the last call's line is written);
 - qwen-code: its chat recording, qwen-sessions/**/chats/*.jsonl (one assistant record per call);
+- gemini-cli: its session file, gemini-cli.trajectory.jsonl (or .json before 0.40; one `gemini`
+  message per call, rewritten in place as its tool calls finish);
 - mistral-vibe 2.x: its session journal, vibe-home/logs/session/unified/*/journal/*.jsonl (a
   `completion` action per call, its result with the answer's parts and usage);
 - aider: its LLM history, aider.llm.history.txt (one `LLM RESPONSE <time>` block per call, written
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from collect.agents.calls import AgentCall, item_call
+from collect.agents.calls import read_jsonl as _jsonl
+from collect.agents.gemini_session import read_session
 from collect.agents.opencode_db import read_session_db
 
 _MINIMAL = "trajectory.json"  # collect.agents.minimal (format wharf-minimal/1), or ATIF
@@ -35,6 +39,7 @@ _MINI_SWE = "mini-swe-agent.trajectory.json"
 _CLAUDE = "claude-code.txt"
 _CODEX_SESSIONS = "sessions"
 _AIDER = "aider.llm.history.txt"  # collect.agents.aider sets it
+_GEMINI = ("gemini-cli.trajectory.jsonl", "gemini-cli.trajectory.json")  # harbor copies the session there
 
 
 @dataclass
@@ -45,18 +50,6 @@ class AgentLog:
     # Calls made beside the conversation, at no fixed place in the order (opencode's session title):
     # their rows are the ones whose answer no call in `calls` names (all of those carry ids).
     side: list[AgentCall] = field(default_factory=list)
-
-
-def _jsonl(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # the CLI's own stderr lines share the file
-    return out
 
 
 def _minimal(data) -> list[AgentCall] | None:
@@ -192,6 +185,9 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
     chats = sorted((agent_dir / "qwen-sessions").glob("**/chats/*.jsonl")) if (agent_dir / "qwen-sessions").is_dir() else []
     if chats:
         return AgentLog("qwen-code chat recording", _qwen(chats), False)
+    gemini = next((agent_dir / f for f in _GEMINI if (agent_dir / f).is_file()), None)
+    if gemini is not None:
+        return AgentLog("gemini-cli session", read_session(gemini), False)
     vibe = agent_dir / "vibe-home" / "logs" / "session" / "unified"
     if vibe.is_dir():  # journal files are numbered in write order
         return AgentLog("vibe session journal", _vibe(sorted(vibe.glob("*/journal/*.jsonl"))), False)
@@ -216,6 +212,9 @@ def row_text(row: dict) -> str:
     resp = json.loads(row["response"]) if row.get("response") else {}
     if row.get("api") == "anthropic":
         return "".join(b.get("text", "") for b in resp.get("content") or () if b.get("type") == "text")
+    if row.get("api") == "gemini":
+        parts = ((resp.get("candidates") or [{}])[0].get("content") or {}).get("parts") or ()
+        return "".join(p.get("text", "") for p in parts if not p.get("thought"))
     if row.get("api") == "responses":
         return "".join(c.get("text", "") for it in resp.get("output") or () if it.get("type") == "message"
                        for c in it.get("content") or () if c.get("type") == "output_text")

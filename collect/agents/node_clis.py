@@ -1,10 +1,10 @@
-"""The npm-installed agent CLIs (claude-code, codex, opencode, qwen-code), pinned in collect/agents/node/.
+"""The npm-installed agent CLIs (claude-code, codex, opencode, qwen-code, gemini-cli), pinned in
+collect/agents/node/.
 
 `make agents` installs them there against package-lock.json. The sandbox sees the project
 read-only, so the harbor agent classes built on these (collect/agents/claude_code.py, codex.py,
-opencode.py, qwen_code.py) run the CLIs
-from node_modules/.bin instead of downloading them, with the network chatter an offline run
-cannot use switched off.
+opencode.py, qwen_code.py, gemini_cli.py) run the CLIs from node_modules/.bin instead of
+downloading them, with the network chatter an offline run cannot use switched off.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ BIN_DIR = Path(os.path.realpath(NODE_DIR / "node_modules")) / ".bin"
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # npm package of each CLI, for versions and error messages.
 PACKAGES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex", "opencode": "opencode-ai",
-            "qwen": "@qwen-code/qwen-code"}
+            "qwen": "@qwen-code/qwen-code", "gemini": "@google/gemini-cli"}
 
 
 class CliMissing(FileNotFoundError):
@@ -44,6 +44,13 @@ def pinned_version(name: str) -> str:
 def cli_env() -> dict[str, str]:
     """PATH with the pinned CLIs first (harbor's run() calls them by bare name)."""
     return {"PATH": f"{BIN_DIR}:{SANDBOX_PATH}"}
+
+
+def route_root(base_url: str) -> str:
+    """The rollout's route without its /v1, for CLIs that append their API's own version path
+    (claude-code's /v1/messages, gemini-cli's /v1beta/models/...)."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 def install_check(name: str, link_as: str | None = None) -> str:

@@ -113,9 +113,9 @@ class RolloutRegistry:
         return True
 
     def for_request(self, request: web.Request) -> Rollout:
-        """The open rollout an agent call belongs to, by its API key (Bearer, or Anthropic's x-api-key);
-        on a /rollout/<id> route the key must be that rollout's: knowing an id is not enough."""
-        key = bearer(request.headers, anthropic=True)
+        """The open rollout an agent call belongs to, by its API key (`agent_key`); on a
+        /rollout/<id> route the key must be that rollout's: knowing an id is not enough."""
+        key = agent_key(request)
         r = self.by_key.get(key) if key else None
         rid = request.match_info.get("rollout_id")
         if rid is not None:
@@ -124,7 +124,8 @@ class RolloutRegistry:
                              "unknown_rollout", "not_found_error")
             if r is None or r.rollout_id != rid:
                 raise Reject(401, f"rollout '{rid}' needs its own API key (the api_key POST /admin/rollouts "
-                                  "returned) as `Authorization: Bearer KEY` or `x-api-key: KEY`",
+                                  "returned) as `Authorization: Bearer KEY`, `x-api-key: KEY` or "
+                                  "`x-goog-api-key: KEY`",
                              "bad_rollout_key", "authentication_error")
         elif r is None:
             raise Reject(401, "unknown API key: use the api_key POST /admin/rollouts returned",
@@ -132,6 +133,13 @@ class RolloutRegistry:
         if r.state != "open":
             raise Reject(403, f"rollout '{r.rollout_id}' is closed", "closed_rollout", "permission_error")
         return r
+
+
+def agent_key(request: web.Request) -> str:
+    """The key an agent sent, as its SDK sends it: `Authorization: Bearer`, Anthropic's `x-api-key`,
+    Google's `x-goog-api-key` or `?key=`. Only ever compared, never sent upstream."""
+    return bearer(request.headers, anthropic=True) or request.headers.get("x-goog-api-key", "").strip() \
+        or request.query.get("key", "")
 
 
 def _row_counts(out_dir: Path) -> dict[str, tuple[int, int]]:

@@ -29,6 +29,7 @@ from collect.proxy.admin import AdminAPI
 from collect.proxy.capture import CaptureError, StreamRelay, capture_full, plain_full
 from collect.proxy.dialects import DialectError
 from collect.proxy.dialects import anthropic as anthropic_dialect
+from collect.proxy.dialects import gemini as gemini_dialect
 from collect.proxy.dialects import responses as responses_dialect
 from collect.proxy.errors import Reject, UpstreamFailure, reject_response
 from collect.proxy.forward import Forwarder, forced_request, requested_max_tokens
@@ -120,6 +121,8 @@ class RecordingProxy:
             r.add_post(root + "/messages", self.messages)
             r.add_post(root + "/messages/count_tokens", self.count_tokens)
             r.add_post(root + "/responses", self.responses)
+            r.add_post(root + "/models/{target}", self.gemini)  # Gemini (the Python SDK's default version)
+            r.add_post(root + "beta/models/{target}", self.gemini)  # v1beta: gemini-cli's (the JS SDK's)
         self.admin.add_public_routes(r)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -136,25 +139,38 @@ class RecordingProxy:
     async def responses(self, request: web.Request) -> web.StreamResponse:
         return await self.chat(request, responses_dialect)
 
-    async def count_tokens(self, request: web.Request) -> web.Response:
-        """claude-code's /v1/messages/count_tokens: the prompt length from the upstream's /tokenize,
-        else a 4-characters-a-token estimate. Not a turn."""
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        """Gemini's models/{model}:{method}: generateContent, streamGenerateContent, countTokens."""
+        model, _, method = request.match_info["target"].rpartition(":")
+        dialect = gemini_dialect.Call(model, method == "streamGenerateContent")
+        if method == "countTokens":
+            return await self.count_tokens(request, dialect)
+        if method == "streamGenerateContent" and request.query.get("alt") != "sse":
+            return reject_response(self.metrics, Reject(400, "streamGenerateContent is served as server-sent "
+                                                        "events only: add ?alt=sse", "bad_request"), dialect)
+        if method not in ("generateContent", "streamGenerateContent"):
+            return reject_response(self.metrics, Reject(404, f"method {method!r} is not served: generateContent, "
+                                                        "streamGenerateContent or countTokens", "not_found"), dialect)
+        return await self.chat(request, dialect)
+
+    async def count_tokens(self, request: web.Request, dialect=anthropic_dialect) -> web.Response:
+        """claude-code's /v1/messages/count_tokens, Gemini's :countTokens: the prompt length from the
+        upstream's /tokenize, else a 4-characters-a-token estimate. Not a turn."""
         try:
             rollout = self.rollouts.for_request(request)
-            req = _json_body(await request.read())
-            try:  # count_tokens takes no max_tokens; the translation needs one
-                chat = anthropic_dialect.to_chat({**req, "max_tokens": 1} if isinstance(req, dict) else req)
+            try:
+                chat = dialect.count_chat(_json_body(await request.read()))
             except DialectError as e:
                 raise Reject(400, str(e), "bad_request") from None
         except Reject as e:
-            return reject_response(self.metrics, e, anthropic_dialect)
+            return reject_response(self.metrics, e, dialect)
         body = {"model": rollout.policy, "messages": chat["messages"], "add_generation_prompt": True}
         if chat.get("tools"):
             body["tools"] = chat["tools"]
         n = await self.forward.count_tokens(rollout.rollout_id, body)
         if n is None:
             n = len(_dumps([chat["messages"], chat.get("tools")])) // 4
-        return web.json_response({"input_tokens": n})
+        return web.json_response(dialect.count_answer(n))
 
     # -- the recorded call --------------------------------------------------------------------
     async def _read_call(self, request: web.Request, dialect) -> tuple[Rollout, bytes, dict, dict]:

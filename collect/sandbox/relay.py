@@ -16,7 +16,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 MAX_HEAD = 64 * 1024
-_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._~/-]*(\?[^#\s]*)?$")
+# ':' for Gemini's `models/<model>:generateContent`; nothing that could escape the route.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._~/:-]*(\?[^#\s]*)?$")
 _FORBIDDEN = b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
 
 

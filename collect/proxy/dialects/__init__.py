@@ -1,12 +1,15 @@
-"""Agent dialects the proxy translates to chat completions: Anthropic Messages and OpenAI Responses.
+"""Agent dialects the proxy translates to chat completions: Anthropic Messages, OpenAI Responses
+and Gemini generateContent.
 
-vLLM's own /v1/messages and /v1/responses return no token ids, so the proxy speaks chat upstream
-and translates both ways here. Each dialect module is pure (no HTTP) and offers:
+vLLM's own /v1/messages and /v1/responses return no token ids (and it has no Gemini API), so the
+proxy speaks chat upstream and translates both ways here. Each dialect module is pure (no HTTP) and offers:
 `NAME`, `to_chat(req) -> chat body`, `from_chat(chat answer, req) -> answer in the dialect`,
 `error_body(status, message) -> dict` (worded as the real API words it where clients key on the
 text), and `Stream(req)` (on `ChatStream` below): `feed(chat chunk)
 -> bytes` for what may go out now, `tail() -> bytes` for the rest once the row is durable, `final()`
-(the assembled answer the row stores), `error(status, message) -> bytes`.
+(the assembled answer the row stores), `error(status, message) -> bytes`. Those with a token
+count route (anthropic, gemini) add `count_chat(req)` and `count_answer(n)`. Gemini names the model
+and streaming in the URL: its route binds them first (`gemini.Call`), then calls it as a module.
 """
 from __future__ import annotations
 

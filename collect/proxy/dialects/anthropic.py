@@ -208,6 +208,15 @@ def to_chat(req) -> dict:
     return chat
 
 
+def count_chat(req) -> dict:
+    """A count_tokens request (a Messages request but for max_tokens, which it does not take) as chat."""
+    return to_chat({**req, "max_tokens": 1} if isinstance(req, dict) else req)
+
+
+def count_answer(n: int) -> dict:
+    return {"input_tokens": n}
+
+
 # -- answer ---------------------------------------------------------------------------------------
 def _stop(finish, matched, has_tools: bool, req: dict) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) from chat's finish_reason and vLLM's matched stop string."""
