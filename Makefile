@@ -68,8 +68,9 @@ $(AGENTS_PY)/%/.installed:
 	touch $@
 
 # One real trial per agent through the recording proxy: the agent matrix (README).
+# PYTHONPATH: its stub upstream lives in testing/, which the wheel (and so the console script) leaves out.
 agents-check: setup agents agents-py
-	$(WHARF) agents-check $(ARGS)
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(WHARF) agents-check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect

@@ -1,4 +1,4 @@
-"""`make collect` with the real claude-code, codex, opencode and qwen-code CLIs: a round end to end
+"""`make collect` with the real claude-code, codex, opencode, qwen-code and gemini-cli CLIs: a round end to end
 in the default (bubblewrap) sandbox against the scripted stub, every trial classified, every row
 matching the agent's own log (the audit)."""
 from __future__ import annotations
@@ -34,7 +34,8 @@ def stub():
 AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0),
           "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
           "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
-          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0)}
+          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
+          "collect.agents.gemini_cli:LocalGeminiCli": ("gemini", 2, 0, 1.0)}
 # aider and vibe ran in the sandbox through make agents-check, not yet through this test: to add
 # "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0), "collect.agents.aider:LocalAider":
 # ("chat", 1, 0, 0.0), with make test depending on agents-py.
