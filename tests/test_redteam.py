@@ -77,7 +77,7 @@ def world(tmp_path_factory):
         assert alive
 
 
-def run_attack(world: World, attack: str) -> tuple:
+def run_attack(world: World, attack: str, include_logs: list[str] | None = None) -> tuple:
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial
 
@@ -96,7 +96,7 @@ def run_attack(world: World, attack: str) -> tuple:
         environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
                                       kwargs={"forward": [opened["base_url"]], "disk_mb": 64, "pids_max": 256}),
         # the tests of fix-sum-to take ~1 s: a hung test process is killed (and graded 0) after 15
-        verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": "15"}),
+        verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": "15"}, include_logs=include_logs or []),
     )
     result = asyncio.run(_run(Trial, cfg))
     steps = json.loads((trials / rid / "agent" / "attack.json").read_text())
@@ -115,6 +115,15 @@ def test_the_control_attacker_that_fixes_the_bug_gets_1(world):
     result, _, _ = run_attack(world, "solve")
     assert result.verifier_result.rewards["reward"] == 1.0, result.exception_info
     assert result.verifier_result.rewards["grader_pytest_report"] == 1
+
+
+def test_a_planted_reward_is_refused_when_the_trial_filters_its_logs(world):
+    """harbor downloads the verifier dir another way when include_logs is set: the proof holds there too."""
+    result, _, trial_dir = run_attack(world, "kill_grader", include_logs=["grading.json"])
+    assert result.verifier_result is not None, result.exception_info
+    assert result.verifier_result.rewards == {"reward": 0.0, "reward_rejected": 1}
+    assert "reward.json.mac" in (trial_dir / "verifier" / "reward_rejected.txt").read_text()
+    assert not (trial_dir / "verifier" / "test-stdout.txt").exists()  # filtered out, as asked
 
 
 @pytest.mark.parametrize("attack", sorted(a for a in ATTACKS if a != "solve"))

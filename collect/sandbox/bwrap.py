@@ -35,10 +35,12 @@ import shutil
 import signal
 import sys
 import tarfile
+import tempfile
 from pathlib import Path, PurePosixPath
 
 from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
 from harbor.environments.capabilities import EnvironmentCapabilities
+from harbor.utils.path_filter import filter_paths_by_patterns
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from wharf import envdefaults
@@ -196,6 +198,21 @@ class BwrapEnvironment(BaseEnvironment):
             why = rewardproof.enforce(Path(target_dir), self._reward_key, key_left if rc == 0 else None)
             if why:
                 self.logger.warning(f"{self.session_id}: reward rejected: {why}")
+
+    async def download_dir_filtered(self, *, source_dir: str, target_dir: Path | str, include=None, exclude=None,
+                                    protect=None) -> None:
+        """harbor's path when a trial filters its logs (include_logs / exclude_logs): the whole dir
+        comes down through download_dir, so the reward proof holds here too, then only the
+        selected files (and `protect`, and the proof's verdict) are kept."""
+        with tempfile.TemporaryDirectory() as tmp:
+            await self.download_dir(source_dir, tmp)
+            paths = sorted(p.relative_to(tmp).as_posix() for p in Path(tmp).rglob("*") if p.is_file())
+            keep = set(filter_paths_by_patterns(paths, include=include, exclude=exclude))
+            keep |= set(paths) & {*(protect or ()), rewardproof.REJECTED}
+            for rel in sorted(keep):
+                dst = Path(target_dir) / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(tmp) / rel, dst)
 
     # ---- phases ------------------------------------------------------------------------
 
