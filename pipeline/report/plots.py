@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from .data import STAGES, RoundData  # noqa: E402
+from .experiment import ARM  # noqa: E402
 
 Plot = Callable[[list[RoundData], plt.Figure], bool]  # draws into the figure; False: nothing to show
 
@@ -211,8 +212,15 @@ def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str
 def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) -> Path:
     """The experiment: each seed's GRPO (solid) and control (dashed) mean reward per round, and
     the paired gap GRPO - control per seed with its mean (pipeline/report/experiment.py)."""
-    fig = plt.figure(figsize=(11, 4), layout="constrained")
-    left, right = fig.subplots(1, 2)
+    fig = plt.figure(figsize=(15, 4), layout="constrained")
+    left, right, calls = fig.subplots(1, 3)
+    seeds = {p.seed: f"C{i}" for i, p in enumerate(pairs)}
+    for label, rounds in runs.items():  # calls per rollout: a collapse to one-call shortcuts shows here
+        m = ARM.search(label)
+        if m and int(m["seed"]) in seeds:
+            _line(calls, [r for r in rounds if not r.partial], lambda r: r.calls / r.rollouts if r.calls and r.rollouts else None,
+                  f"{'GRPO' if m['arm'] == 'grpo' else 'control'}, seed {m['seed']}", color=seeds[int(m["seed"])],
+                  linestyle="-" if m["arm"] == "grpo" else "--")
     for i, p in enumerate(pairs):
         color = f"C{i}"
         left.plot(range(len(p.grpo)), p.grpo, marker="o", color=color, label=f"GRPO, seed {p.seed}")
@@ -230,6 +238,10 @@ def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) 
     right.set_ylabel("GRPO - control")
     _rounds_axis(left, "mean reward per round")
     _rounds_axis(right, "paired gap, same sampling seeds")
+    calls.set_ylabel("model calls per rollout")
+    calls.set_ylim(bottom=0)
+    _rounds_axis(calls, "calls per rollout")
+    _legend(calls, fontsize=7)
     _legend(left, fontsize=7)
     _legend(right, fontsize=7)
     out.parent.mkdir(parents=True, exist_ok=True)
