@@ -115,7 +115,9 @@ def converts(calls: list) -> str:
     """What convert makes of a rollout's ok calls (convert.rows.Call, in turn order): training rows
     and prefix breaks (a call whose prompt does not extend the row so far starts a new row)."""
     try:
-        built = build_rows(calls, RowOptions(max_seq_len=1 << 30))  # no truncation: the split is the question
+        # No truncation and no masking (a call cut at max_tokens would leave its row untrained and
+        # uncounted): the split is the question.
+        built = build_rows(calls, RowOptions(max_seq_len=1 << 30, length_completions="keep", context_exceeded="keep"))
     except RowError as e:
         return f"refused: {e}"
     n = len(calls) - len(built.duplicates)

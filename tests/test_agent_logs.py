@@ -148,6 +148,8 @@ def test_converts_counts_training_rows_and_prefix_breaks():
     assert converts([a, side, b]) == "3 -> 3 rows, 2 breaks"
     assert converts([a, b, side]) == "3 -> 2 rows, 1 break"
     assert converts([a, b, _call(3, [1, 2, 3, 4], [5])]) == "2 -> 1 row, 0 breaks"  # a retried duplicate
+    cut = [Call(c.turn, c.prompt, c.completion, c.logprobs, finish_reason="length") for c in (a, b)]
+    assert converts(cut) == "2 -> 1 row, 0 breaks"  # both cut at max_tokens: convert masks them, the row is there
 
 
 def test_stub_renders_a_tool_call_back_token_for_token():
