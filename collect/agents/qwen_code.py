@@ -36,4 +36,5 @@ class LocalQwenCode(Pinned, QwenCode):
 
     def install_command(self) -> str:
         settings = shlex.quote(json.dumps(QUIET_SETTINGS))
-        return super().install_command() + f' && mkdir -p "$HOME/.qwen" && echo {settings} > "$HOME/.qwen/settings.json"'
+        return (super().install_command() +
+                f' && mkdir -p "$HOME/.qwen" && echo {settings} > "$HOME/.qwen/settings.json"')
