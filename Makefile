@@ -57,14 +57,19 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 # Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
 # from the sandbox read-only like the node CLIs (collect/agents/py_clis.py holds the same pins).
 AGENTS_PY := .venv-agents
-PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1
+PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1 openhands=openhands-ai==1.6.0
+# Run by its venv's python at a fixed path (collect/agents/openhands.py), not from .venv-agents/bin.
+# openhands-ai 1.6.0: the last release with openhands.core.main, which harbor's run() calls; its
+# whole venv is pinned in collect/agents/openhands.lock.txt (pip's resolver backtracks without it).
+PY_AGENT_NO_LINK := openhands
 agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
 
 $(AGENTS_PY)/%/.installed:
 	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
 	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
-	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))'
-	mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*
+	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))' \
+		$(if $(wildcard collect/agents/$*.lock.txt),-c collect/agents/$*.lock.txt)
+	$(if $(filter $*,$(PY_AGENT_NO_LINK)),,mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*)
 	touch $@
 
 # One real trial per agent through the recording proxy: the agent matrix (README).

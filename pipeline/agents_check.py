@@ -9,7 +9,7 @@ Agents harbor installs from the internet are tried as they are; their row says w
 
 `wharf agents-check [--only a,b] [--engine-port N] [--proxy-port N] [--out DIR]`
 (`make agents-check`); exit code 1 when an agent we ship (minimal, mini-swe-agent, terminus-2,
-claude-code, codex, opencode, qwen-code, aider, vibe, gemini-cli) does not run cleanly.
+claude-code, codex, opencode, qwen-code, aider, vibe, gemini-cli, openhands) does not run cleanly.
 """
 from __future__ import annotations
 
@@ -58,11 +58,11 @@ AGENTS = [
     Agent("aider", "collect.agents.aider:LocalAider", "stub"),
     Agent("vibe", "collect.agents.vibe:LocalVibe", "stub"),
     Agent("gemini-cli", "collect.agents.gemini_cli:LocalGeminiCli", "stub"),
+    # Its headless run re-asks after each answer without a tool call until max_iterations.
+    Agent("openhands", "collect.agents.openhands:LocalOpenHands", "stub", {"max_iterations": 2}),
     # harbor's own installers (they download the agent): tried as they are; `why` says what a row
     # of ours would take beyond the install.
     Agent("goose", "goose", "stub", shipped=False, why="a release binary (no registry here serves it)"),
-    Agent("openhands", "openhands", "stub", shipped=False,
-          why="harbor's run() calls /opt/openhands-venv (outside the sandbox's writable dirs)"),
     Agent("swe-agent", "swe-agent", "stub", shipped=False, why="installed from its git repository"),
 ]
 

@@ -142,3 +142,17 @@ def test_the_makefile_installs_the_python_clis_at_the_pins_the_classes_name():
 
     line = re.search(r"^PY_AGENT_PINS := (.*)$", (REPO / "Makefile").read_text(), re.M).group(1)
     assert dict(p.split("=", 1) for p in line.split()) == py_clis.PINS
+
+
+def test_openhands_is_harbors_with_its_venv_at_the_fixed_path(monkeypatch, tmp_path):
+    from collect.agents import py_clis
+    from collect.agents.openhands import LocalOpenHands
+
+    agent = LocalOpenHands(logs_dir=tmp_path, model_name="openai/m", base_url="http://h/rollout/r/v1", api_key="k")
+    assert agent.name() == "wharf-openhands"
+    assert agent.get_version_command().startswith("/opt/openhands-venv/bin/python -m openhands.core.main")
+    env = agent.model_connection.env
+    assert (env["LLM_BASE_URL"], env["LLM_API_KEY"]) == ("http://h/rollout/r/v1", "k")
+    monkeypatch.setattr(py_clis, "ROOT", tmp_path)
+    with pytest.raises(node_clis.CliMissing, match=r"make agents-py.*openhands-ai==1\.6\.0"):
+        agent.install_command()

@@ -202,3 +202,23 @@ def test_vibe_journal_one_completion_action_per_call(tmp_path):
     log = read_agent_log(tmp_path)
     assert log.source == "vibe session journal"
     assert [(c.text, c.prompt_tokens) for c in log.calls] == [("", 5), ("Done", 7)]
+
+
+def test_openhands_completions_log_one_file_per_call_in_time_order(tmp_path):
+    done = tmp_path / "completions"
+    done.mkdir()
+    calls = [(12.5, {"id": "b", "choices": [{"message": {"content": "Done"}}], "usage": {"prompt_tokens": 9}}),
+             (3.25, {"id": "a", "choices": [{"message": {"content": None, "tool_calls": [{"id": "t"}]}}],
+                     "usage": {"prompt_tokens": 5}})]
+    for t, resp in calls:  # named <model>-<time>.json by OpenHands: the later call's name sorts first here
+        (done / f"openai__m-{t}.json").write_text(json.dumps({"messages": [], "response": resp, "args": [],
+                                                               "kwargs": {}, "timestamp": t, "cost": 0.0}))
+    (tmp_path / "trajectory.json").write_text(json.dumps({"steps": []}))  # harbor's ATIF: not read
+    log = read_agent_log(tmp_path)
+    assert log.source == "openhands completions log" and not log.counts_errors
+    assert [(c.text, c.response_ids, c.prompt_tokens) for c in log.calls] == [("", {"a"}, 5), ("Done", {"b"}, 9)]
+    rows = [row(0, "chat", {"id": "a", "choices": [{"message": {"content": None}}]}, n_prompt=5),
+            row(1, "chat", {"id": "b", "choices": [{"message": {"content": "Done"}}]}, n_prompt=9)]
+    assert compare(rows, log, "r") == []
+    rows[1]["response"] = json.dumps({"id": "c", "choices": [{"message": {"content": "Done"}}]})
+    assert compare(rows, log, "r") == ["r turn 1: the agent logged answer ['b'], the row holds c"]

@@ -1,6 +1,6 @@
-"""`make collect` with the real claude-code, codex, opencode, qwen-code and gemini-cli CLIs: a round end to end
-in the default (bubblewrap) sandbox against the scripted stub, every trial classified, every row
-matching the agent's own log (the audit)."""
+"""`make collect` with the real claude-code, codex, opencode, qwen-code and gemini-cli CLIs, and
+OpenHands when make agents-py installed it: a round end to end in the default (bubblewrap) sandbox
+against the scripted stub, every trial classified, every row matching the agent's own log (the audit)."""
 from __future__ import annotations
 
 import json
@@ -43,16 +43,28 @@ AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0)
 
 @pytest.mark.parametrize("agent", list(AGENTS))
 def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
+    check_round(tmp_path, stub, agent, *AGENTS[agent])
+
+
+@pytest.mark.skipif(not (REPO / ".venv-agents" / "openhands" / ".installed").exists(),
+                    reason="openhands is not installed: run `make agents-py` (.venv-agents/openhands; make test "
+                           "does not depend on it)")
+def test_make_collect_round_with_openhands(tmp_path, stub):
+    # it re-asks after an answer without a tool call, until max_iterations: two calls, the shell one first
+    check_round(tmp_path, stub, "collect.agents.openhands:LocalOpenHands", "chat", 2, 0, 1.0,
+                ['collect.agent_kwargs={"max_iterations": 2}'])
+
+
+def check_round(tmp_path, stub, agent, api, n_calls, n_side, reward, more=()):
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HARBOR_TELEMETRY": "0"}
     cmd = ["make", "-s", "collect", "CONFIG=configs/agents-stub.yaml", f"collect.agent={agent}",
-           f"endpoint.url={stub}", f"proxy.port={free_port()}", f"ARGS=runs_dir={tmp_path}"]
+           f"endpoint.url={stub}", f"proxy.port={free_port()}", *more, f"ARGS=runs_dir={tmp_path}"]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     cdir = tmp_path / "agents-stub" / "rounds" / "0" / "collect"
     rollouts = schema.read_table(cdir / "rollouts.parquet", "rollouts").to_pylist()
     turns = schema.read_dir(cdir / "turns", "turns").to_pylist()
     assert len(rollouts) == 2 and [r["status"] for r in rollouts] == ["ok", "ok"]
-    api, n_calls, n_side, reward = AGENTS[agent]
     assert all(r["reward"] == reward and r["n_turns"] == n_calls for r in rollouts)  # the command ran in the sandbox
     for ro in rollouts:
         rows = sorted((t for t in turns if t["rollout_id"] == ro["rollout_id"]), key=lambda t: t["turn"])

@@ -297,3 +297,48 @@ def test_an_install_under_a_writable_dir_is_bound_over_its_tmpfs():
     tmp = next(i for i in range(len(args) - 1) if args[i:i + 2] == ["--tmpfs", "/tmp"])
     for path in spec.expose:
         assert args.index(path) > tmp, path
+
+
+def test_a_bind_into_a_system_dir_is_read_only_and_keeps_the_dirs_entries():
+    """An agent's fixed path (/opt/openhands-venv): /opt is rebuilt from its entries on a tmpfs
+    (bwrap cannot make a mount point in the host's read-only /opt), read-only again after the bind."""
+    from collect.sandbox.ns import Spec, bwrap_args
+
+    spec = Spec(writable=["/app"], binds={"/opt/wharf-venv": "/host/venv"}, python="/v/bin/python")
+    args = bwrap_args(spec, {"init": "/x/init.py"}, 3)
+    assert args[args.index("/opt") - 1] == "--tmpfs"
+    assert not any(args[i:i + 3] == ["--ro-bind", "/opt", "/opt"] for i in range(len(args)))
+    bind = args.index("/host/venv")
+    assert args[bind - 1:bind + 2] == ["--ro-bind", "/host/venv", "/opt/wharf-venv"]
+    assert args.index("--remount-ro") > bind and args[args.index("--remount-ro") + 1] == "/opt"
+    for entry in os.listdir("/opt"):
+        assert f"/opt/{entry}" in args, entry
+    plain = bwrap_args(Spec(writable=["/app"], python="/v/bin/python"), {"init": "/x/init.py"}, 3)
+    assert plain[plain.index("/opt") - 1:plain.index("/opt") + 2] == ["--ro-bind", "/opt", "/opt"]
+
+
+def test_the_agents_fixed_path_shows_its_venv_read_only_in_the_agent_phase_only(tmp_path, monkeypatch):
+    from collect.sandbox import bwrap
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "marker").write_text("the venv\n")
+    monkeypatch.setattr(bwrap, "_AGENT_BINDS", {"/opt/wharf-test-venv": str(venv)})
+    env = make_env(tmp_path / "e")
+
+    async def go():
+        await env.start(force_build=False)
+        try:
+            r = await env.exec("cat /opt/wharf-test-venv/bin/marker; ls /opt")
+            assert r.stdout.splitlines()[0] == "the venv"
+            assert set(r.stdout.splitlines()[1:]) == set(os.listdir("/opt")) | {"wharf-test-venv"}
+            for path in ("/opt/wharf-test-venv/x", "/opt/x"):
+                assert (await env.exec(f"touch {path}")).return_code != 0, path
+            assert (await env.exec(f"ls {venv}")).return_code != 0  # the host path itself is not shown
+            await env.upload_dir(tmp_path / "e" / "task" / "environment", "/tests")  # the verifier's sandbox
+            assert (await env.exec("ls /opt/wharf-test-venv")).return_code != 0
+        finally:
+            await env.stop(delete=True)
+
+    run(go())
+    assert sorted(p.name for p in venv.rglob("*")) == ["bin", "marker"]

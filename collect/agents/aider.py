@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.aider import Aider
-from harbor.environments.base import BaseEnvironment
 
 from collect.agents import py_clis
+from collect.agents.pinned import Pinned
 
 LLM_HISTORY = "aider.llm.history.txt"
 
@@ -29,7 +29,8 @@ QUIET_ENV = {
 }
 
 
-class LocalAider(Aider):
+class LocalAider(Pinned, Aider):
+    agent_name, binary, clis = "aider", "aider", py_clis
     options_model = py_clis.endpoint_options(Aider.options_model)
 
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, model_name: str | None = None,
@@ -38,13 +39,3 @@ class LocalAider(Aider):
             model_name = "openai/" + model_name  # harbor strips one provider prefix; litellm needs one
         env = {**QUIET_ENV, **py_clis.cli_env(kwargs), **(extra_env or {})}
         super().__init__(*args, extra_env=env, model_name=model_name, **kwargs)
-
-    @staticmethod
-    def name() -> str:
-        return "wharf-aider"
-
-    def get_version_command(self) -> str | None:
-        return f"{py_clis.cli('aider')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=py_clis.install_check("aider"))

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.claude_code import ClaudeCode, ClaudeCodeOptions
-from harbor.environments.base import BaseEnvironment
 from pydantic import Field
 
 from collect.agents import node_clis
+from collect.agents.pinned import Pinned
 
 QUIET_ENV = {
     "DISABLE_TELEMETRY": "1",
@@ -40,7 +40,8 @@ class LocalClaudeCodeOptions(ClaudeCodeOptions):
 anthropic_root = node_clis.route_root
 
 
-class LocalClaudeCode(ClaudeCode):
+class LocalClaudeCode(Pinned, ClaudeCode):
+    agent_name, binary, clis = "claude-code", "claude", node_clis
     options_model = LocalClaudeCodeOptions
     options: LocalClaudeCodeOptions
 
@@ -52,12 +53,5 @@ class LocalClaudeCode(ClaudeCode):
             env["ANTHROPIC_API_KEY"] = kwargs["api_key"]
         super().__init__(*args, extra_env=env, **kwargs)
 
-    @staticmethod
-    def name() -> str:
-        return "wharf-claude-code"
-
-    def get_version_command(self) -> str | None:
-        return f"{node_clis.cli('claude')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=node_clis.install_check("claude", link_as="claude"))
+    def install_command(self) -> str:
+        return node_clis.install_check("claude", link_as="claude")

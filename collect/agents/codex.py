@@ -15,10 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.codex import Codex, CodexOptions
-from harbor.environments.base import BaseEnvironment
 from pydantic import Field
 
 from collect.agents import node_clis
+from collect.agents.pinned import Pinned
 
 QUIET_CONFIG = {"check_for_update_on_startup": False, "analytics": {"enabled": False}}
 
@@ -28,7 +28,8 @@ class LocalCodexOptions(CodexOptions):
     api_key: str | None = Field(default=None, description="API key (any string the proxy accepts)")
 
 
-class LocalCodex(Codex):
+class LocalCodex(Pinned, Codex):
+    agent_name, binary, clis = "codex", "codex", node_clis
     options_model = LocalCodexOptions
     options: LocalCodexOptions
 
@@ -42,13 +43,3 @@ class LocalCodex(Codex):
         if config is None or isinstance(config, dict):
             kwargs["config"] = {**QUIET_CONFIG, **(config or {})}
         super().__init__(*args, extra_env=env, **kwargs)
-
-    @staticmethod
-    def name() -> str:
-        return "wharf-codex"
-
-    def get_version_command(self) -> str | None:
-        return f"{node_clis.cli('codex')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=node_clis.install_check("codex"))

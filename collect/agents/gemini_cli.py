@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.gemini_cli import GeminiCli
-from harbor.environments.base import BaseEnvironment
 from pydantic import Field
 
 from collect.agents import node_clis
+from collect.agents.pinned import Pinned
 
 # Each would reach for the internet from an offline sandbox.
 QUIET_SETTINGS = {
@@ -36,7 +36,8 @@ class LocalGeminiCliOptions(GeminiCli.options_model):  # type: ignore[name-defin
     api_key: str | None = Field(default=None, description="API key (any string the proxy accepts)")
 
 
-class LocalGeminiCli(GeminiCli):
+class LocalGeminiCli(Pinned, GeminiCli):
+    agent_name, binary, clis = "gemini-cli", "gemini", node_clis
     options_model = LocalGeminiCliOptions
 
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, **kwargs: Any) -> None:
@@ -46,16 +47,6 @@ class LocalGeminiCli(GeminiCli):
         if kwargs.get("api_key"):
             env["GEMINI_API_KEY"] = kwargs["api_key"]
         super().__init__(*args, extra_env=env, **kwargs)
-
-    @staticmethod
-    def name() -> str:
-        return "wharf-gemini-cli"
-
-    def get_version_command(self) -> str | None:
-        return f"{node_clis.cli('gemini')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=node_clis.install_check("gemini"))
 
     def _build_settings_config(self, model: str | None = None,
                                auth_type: str | None = None) -> tuple[dict[str, Any] | None, str | None]:

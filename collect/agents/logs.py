@@ -18,6 +18,8 @@ Readers, tried in order (the first whose file is there wins):
   `completion` action per call, its result with the answer's parts and usage);
 - aider: its LLM history, aider.llm.history.txt (one `LLM RESPONSE <time>` block per call, written
   when the call ends, failed or not);
+- openhands: its completions log, completions/*.json (one file per call that got an answer, which
+  it writes itself; harbor's ATIF trajectory.json from its events may hold several steps per call);
 - any other harbor agent: trajectory.json in ATIF (agent steps that carry metrics).
 Calls that failed and that the agent retried leave no trace in the logs of claude-code, codex or
 ATIF agents: those are compared with the proxy's ok rows only (`counts_errors` False).
@@ -40,6 +42,7 @@ _CLAUDE = "claude-code.txt"
 _CODEX_SESSIONS = "sessions"
 _AIDER = "aider.llm.history.txt"  # collect.agents.aider sets it
 _GEMINI = ("gemini-cli.trajectory.jsonl", "gemini-cli.trajectory.json")  # harbor copies the session there
+_OPENHANDS = "completions"  # harbor's OpenHands sets LLM_LOG_COMPLETIONS_FOLDER to it
 
 
 @dataclass
@@ -168,6 +171,18 @@ def _vibe(files: list[Path]) -> list[AgentCall]:
     return calls
 
 
+def _openhands(files: list[Path]) -> list[AgentCall]:
+    """Each file holds one call's answer as litellm returned it, and when it was written."""
+    logged = [json.loads(f.read_text()) for f in files]
+    calls = []
+    for d in sorted(logged, key=lambda d: d.get("timestamp") or 0):
+        resp = d.get("response") or {}
+        msg = (resp.get("choices") or [{}])[0].get("message") or {}
+        calls.append(AgentCall(text=msg.get("content") or "", response_ids={resp["id"]} if resp.get("id") else set(),
+                               prompt_tokens=(resp.get("usage") or {}).get("prompt_tokens")))
+    return calls
+
+
 def read_agent_log(agent_dir: Path) -> AgentLog | None:
     """The agent's own record of its model calls, in order; None when it left none we read."""
     agent_dir = Path(agent_dir)
@@ -193,6 +208,9 @@ def read_agent_log(agent_dir: Path) -> AgentLog | None:
         return AgentLog("vibe session journal", _vibe(sorted(vibe.glob("*/journal/*.jsonl"))), False)
     if (agent_dir / _AIDER).is_file():
         return AgentLog("aider LLM history", _aider(agent_dir / _AIDER), False)
+    completions = sorted((agent_dir / _OPENHANDS).glob("*.json")) if (agent_dir / _OPENHANDS).is_dir() else []
+    if completions:
+        return AgentLog("openhands completions log", _openhands(completions), False)
     own = agent_dir / _MINIMAL
     if own.is_file():
         try:

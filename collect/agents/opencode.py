@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.opencode import OpenCode
-from harbor.environments.base import BaseEnvironment
 from pydantic import Field
 
 from collect.agents import node_clis
+from collect.agents.pinned import Pinned
 
 QUIET_ENV = {f"OPENCODE_DISABLE_{k}": "1" for k in
              ("AUTOUPDATE", "MODELS_FETCH", "SHARE", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "CLAUDE_CODE")}
@@ -27,7 +27,8 @@ class LocalOpenCodeOptions(OpenCode.options_model):  # type: ignore[name-defined
     api_key: str | None = Field(default=None, description="API key (any string the proxy accepts)")
 
 
-class LocalOpenCode(OpenCode):
+class LocalOpenCode(Pinned, OpenCode):
+    agent_name, binary, clis = "opencode", "opencode", node_clis
     options_model = LocalOpenCodeOptions
 
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, **kwargs: Any) -> None:
@@ -37,13 +38,3 @@ class LocalOpenCode(OpenCode):
         if kwargs.get("api_key"):
             env["OPENAI_API_KEY"] = kwargs["api_key"]
         super().__init__(*args, extra_env=env, **kwargs)
-
-    @staticmethod
-    def name() -> str:
-        return "wharf-opencode"
-
-    def get_version_command(self) -> str | None:
-        return f"{node_clis.cli('opencode')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=node_clis.install_check("opencode"))

@@ -1,9 +1,10 @@
-"""The Python agent CLIs (aider, mistral-vibe), each pinned in a venv of its own under .venv-agents/
+"""The Python agent CLIs (aider, mistral-vibe, openhands), each pinned in a venv of its own under .venv-agents/
 (`make agents-py`): their exact pins would clash with wharf's and with each other's.
 
 The sandbox sees the project read-only; the harbor agent classes built on these
 (collect/agents/aider.py, vibe.py) put .venv-agents/bin first on PATH. That dir holds only the CLIs'
-entry points, so the venvs' own python never shadows the task's.
+entry points, so the venvs' own python never shadows the task's. openhands has no entry point
+there: harbor's run() calls its venv's python at a fixed path (collect/agents/openhands.py).
 """
 from __future__ import annotations
 
@@ -15,12 +16,20 @@ from collect.agents.node_clis import SANDBOX_PATH, CliMissing
 ROOT = Path(__file__).resolve().parents[2] / ".venv-agents"
 BIN_DIR = ROOT / "bin"
 # CLI -> the pip requirement its venv (ROOT/<cli>) installs; the Makefile's agents-py pins the same.
-PINS = {"aider": "aider-chat==0.86.2", "vibe": "mistral-vibe==2.26.1"}
+PINS = {"aider": "aider-chat==0.86.2", "vibe": "mistral-vibe==2.26.1", "openhands": "openhands-ai==1.6.0"}
 
 
 def cli(name: str) -> Path:
     """The CLI's entry point; CliMissing naming the fix when it is absent."""
-    path = BIN_DIR / name
+    return _present(name, BIN_DIR / name)
+
+
+def venv_python(name: str) -> Path:
+    """The python of the CLI's own venv; CliMissing naming the fix when it is absent."""
+    return _present(name, ROOT / name / "bin" / "python")
+
+
+def _present(name: str, path: Path) -> Path:
     if not path.exists():
         raise CliMissing(f"{name} CLI not found at {path}: run `make agents-py` (pip installs {PINS[name]} "
                          f"into {ROOT / name})")
@@ -48,5 +57,10 @@ def endpoint_options(options_model):
 
 
 def install_check(name: str) -> str:
-    path = shlex.quote(str(cli(name)))
-    return f'test -x {path} || {{ echo "{path} is not visible in the sandbox" >&2; exit 1; }}'
+    return visible_check(cli(name))
+
+
+def visible_check(path: Path | str) -> str:
+    """A shell command that fails naming the path when the sandbox cannot run it."""
+    q = shlex.quote(str(path))
+    return f'test -x {q} || {{ echo "{q} is not visible in the sandbox" >&2; exit 1; }}'

@@ -16,9 +16,9 @@ import shlex
 from typing import Any
 
 from harbor.agents.installed.qwen_code import QwenCode
-from harbor.environments.base import BaseEnvironment
 
 from collect.agents import node_clis
+from collect.agents.pinned import Pinned
 
 # Each would reach for the internet (or the user's terminal) from an offline sandbox.
 QUIET_SETTINGS = {
@@ -28,18 +28,13 @@ QUIET_SETTINGS = {
 }
 
 
-class LocalQwenCode(QwenCode):
+class LocalQwenCode(Pinned, QwenCode):
+    agent_name, binary, clis = "qwen-code", "qwen", node_clis
+
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, extra_env={**node_clis.cli_env(), **(extra_env or {})}, **kwargs)
 
-    @staticmethod
-    def name() -> str:
-        return "wharf-qwen-code"
-
-    def get_version_command(self) -> str | None:
-        return f"{node_clis.cli('qwen')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
+    def install_command(self) -> str:
         settings = shlex.quote(json.dumps(QUIET_SETTINGS))
-        await self.exec_as_agent(environment, command=node_clis.install_check("qwen") +
-                                 f' && mkdir -p "$HOME/.qwen" && echo {settings} > "$HOME/.qwen/settings.json"')
+        return (super().install_command() +
+                f' && mkdir -p "$HOME/.qwen" && echo {settings} > "$HOME/.qwen/settings.json"')

@@ -14,24 +14,15 @@ from __future__ import annotations
 from typing import Any
 
 from harbor.agents.installed.vibe import Vibe
-from harbor.environments.base import BaseEnvironment
 
 from collect.agents import py_clis
+from collect.agents.pinned import Pinned
 
 
-class LocalVibe(Vibe):
+class LocalVibe(Pinned, Vibe):
+    agent_name, binary, clis = "vibe", "vibe", py_clis
     options_model = py_clis.endpoint_options(Vibe.options_model)
 
     def __init__(self, *args: Any, extra_env: dict[str, str] | None = None, backend: str | None = "generic",
                  **kwargs: Any) -> None:
         super().__init__(*args, backend=backend, extra_env={**py_clis.cli_env(kwargs), **(extra_env or {})}, **kwargs)
-
-    @staticmethod
-    def name() -> str:
-        return "wharf-vibe"
-
-    def get_version_command(self) -> str | None:
-        return f"{py_clis.cli('vibe')} --version"
-
-    async def install(self, environment: BaseEnvironment) -> None:
-        await self.exec_as_agent(environment, command=py_clis.install_check("vibe"))

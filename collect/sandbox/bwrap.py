@@ -59,6 +59,10 @@ TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
 # read-only like the venv when present.
 _AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agents" / "node" / "node_modules",
                                     Path(__file__).resolve().parents[2] / ".venv-agents") if p.is_dir()]
+# Fixed paths a harbor agent's own run() calls, each a read-only view of a venv of make agents-py
+# (already shown at its real path above); in the agent phase only.
+_AGENT_BINDS = {target: os.path.realpath(p) for target, p in (
+    ("/opt/openhands-venv", Path(__file__).resolve().parents[2] / ".venv-agents" / "openhands"),) if p.is_dir()}
 
 
 class SandboxTimeoutError(RuntimeError):
@@ -224,6 +228,7 @@ class BwrapEnvironment(BaseEnvironment):
             expose.append(str(TASK_TOOLS))
         forwards: dict[int, str] = {}
         sb = Sandbox(Spec(writable=[self.workdir, *dirs], expose=minimal_expose(expose),
+                          binds=dict(_AGENT_BINDS) if phase == "agent" else {},
                           python=os.path.realpath(self._python), tmpfs_bytes=self._disk,
                           pids_max=self._pids_max, forwards=forwards), parent=self._state_parent)
         if phase == "agent" and not self._no_network:

@@ -47,6 +47,9 @@ class Spec:
 
     writable: list[str]  # size-limited tmpfs dirs
     expose: list[str] = field(default_factory=list)  # host paths bound read-only at the same path
+    # sandbox path -> host path, bound read-only: a fixed path an agent's own run() calls
+    # (directly in a system dir or outside them)
+    binds: dict[str, str] = field(default_factory=dict)
     forwards: dict[int, str] = field(default_factory=dict)  # loopback port -> host Unix socket
     python: str = ""  # the interpreter that runs the init (its prefix must be in expose)
     tmpfs_bytes: int = 512 << 20
@@ -59,12 +62,15 @@ def bwrap_args(spec: Spec, stage: dict[str, str], info_fd: int) -> list[str]:
             "--unshare-uts", "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
             "--hostname", "sandbox", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
             "--new-session", "--tmpfs", "/"]
+    reopened = []  # system dirs rebuilt to hold a bind, made read-only again once it is in
     for name in SYSTEM_DIRS:
         host = f"/{name}"
         if os.path.islink(host):
             args += ["--symlink", os.readlink(host), host]
         elif os.path.isdir(host):
-            args += ["--ro-bind", host, host]
+            inside = {t for t in spec.binds if os.path.dirname(t.rstrip("/")) == host}
+            args += _system_dir(host, inside)
+            reopened += [host] if inside else []
     args += ["--proc", "/proc", "--dev", "/dev"]
     # Parents before children: an install under a writable dir (a clone in /tmp: its venv, its
     # node_modules) is bound on top of that dir's tmpfs, not hidden under it.
@@ -74,12 +80,30 @@ def bwrap_args(spec: Spec, stage: dict[str, str], info_fd: int) -> list[str]:
             args += ["--size", str(spec.tmpfs_bytes), "--tmpfs", path, "--chmod", "0777", path]
         else:
             args += ["--ro-bind", stage.get(path, path), path]
+    for target, path in sorted(spec.binds.items()):
+        args += ["--ro-bind", stage.get(path, path), target]
+    for host in reopened:
+        args += ["--remount-ro", host]
     for port, sock in spec.forwards.items():
         args += ["--bind", stage.get(sock, sock), f"/run/wharf/{port}.sock"]
     args += ["--ro-bind", stage["init"], "/run/wharf/init.py"]
     args += ["--remount-ro", "/", "--info-fd", str(info_fd), "--as-pid-1", "--chdir", "/"]
     fwd = [f"{port}=/run/wharf/{port}.sock" for port in spec.forwards]
     return [*args, "--", spec.python, "-I", "/run/wharf/init.py", *fwd]
+
+
+def _system_dir(host: str, binds: set[str]) -> list[str]:
+    """A host system dir read-only. One that is to hold a bind is rebuilt from its entries on a
+    tmpfs instead: bwrap cannot make the bind's mount point inside the host's own read-only dir."""
+    if not binds:
+        return ["--ro-bind", host, host]
+    args = ["--tmpfs", host]
+    for entry in sorted(os.listdir(host)):
+        path = os.path.join(host, entry)
+        if path in binds:
+            continue  # the bind takes its place
+        args += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
+    return args
 
 
 def _nested_in(path: str, others: list[str]) -> bool:
@@ -209,7 +233,7 @@ class Sandbox:
         if self.host_uid is None:
             return stage
         os.chmod(self.dir, 0o711)  # traversable by the sandbox's uid, not listable
-        for i, path in enumerate(self.spec.expose):
+        for i, path in enumerate(dict.fromkeys([*self.spec.expose, *self.spec.binds.values()])):
             dst = self.dir / f"stage{i}"
             (dst.mkdir if os.path.isdir(path) else dst.touch)()
             stage[path] = str(dst)
