@@ -99,7 +99,7 @@ def test_gemini_sampling_key_in_query_and_count_tokens(proxy, tap):
     assert out.candidates[0].finish_reason == types.FinishReason.MAX_TOKENS and out.usage_metadata.candidates_token_count == 5
     sent = tap.answers[-1][0]
     assert (sent["temperature"], sent["top_p"], sent["max_tokens"], sent["stop"]) == (0.7, 0.9, 5, ["zzz"])
-    assert "top_k" not in sent  # the trainer cannot reproduce it: noted in the row, never sent
+    assert sent["top_k"] == -1  # the trainer cannot reproduce 40: noted in the row, sent neutral
     n = c.models.count_tokens(model="m", contents="hello " * 40)
     assert n.total_tokens > 40  # the stub has no /tokenize: the estimate, from the translated prompt
     r = post(f"{proxy.url}/v1beta/models/m:generateContent?key={info['api_key']}",

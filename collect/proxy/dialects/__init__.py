@@ -60,6 +60,16 @@ def join_text(parts, where: str, text_types=("text",)) -> str:
     return "\n\n".join(out)
 
 
+def user_turn(tool_messages: list[dict], parts: list[dict]) -> list[dict]:
+    """A user turn as chat messages: its tool results first, then its content (plain text when
+    every part is text, so a text-only template renders it)."""
+    out = list(tool_messages)
+    if parts:
+        text = all(p["type"] == "text" for p in parts)
+        out.append({"role": "user", "content": "\n\n".join(p["text"] for p in parts) if text else parts})
+    return out
+
+
 def suffix(chat_id) -> str:
     """The chat completion id without its prefix: dialect ids derive from it, stream and full alike."""
     s = str(chat_id or "")

@@ -16,7 +16,7 @@ import json
 import uuid
 
 from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, parse_args,
-                                    sse, suffix)
+                                    sse, suffix, user_turn)
 from collect.proxy.jsonx import dumps
 
 NAME = "anthropic"
@@ -89,13 +89,7 @@ def _user(content, where: str) -> list[dict]:
                           "content": _tool_result_text(b.get("content"), f"{w}.content")})
         else:
             raise DialectError(f"{w}: content block type {t!r} is not supported in a user message")
-    out = tools
-    if parts:
-        if all(p["type"] == "text" for p in parts):
-            out.append({"role": "user", "content": "\n\n".join(p["text"] for p in parts)})
-        else:
-            out.append({"role": "user", "content": parts})
-    return out
+    return user_turn(tools, parts)
 
 
 def _assistant(content, where: str) -> dict:

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 
-from collect.proxy.dialects import NOTES, ChatStream, DialectError, context_overflow, parse_args, suffix
+from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, parse_args, suffix,
+                                    user_turn)
 from collect.proxy.dialects.gemini_tools import camel_keys, chat_tools, generation, tool_choice
 from collect.proxy.jsonx import dumps
 
@@ -116,13 +117,7 @@ def _user(parts: list, where: str, calls: _Calls) -> list[dict]:
         else:
             raise DialectError(f"{w}: part {sorted(p)} is not supported in a user turn "
                                "(text, inlineData, functionResponse)")
-    out = tools
-    if content:
-        if all(c["type"] == "text" for c in content):
-            out.append({"role": "user", "content": "\n\n".join(c["text"] for c in content)})
-        else:
-            out.append({"role": "user", "content": content})
-    return out
+    return user_turn(tools, content)
 
 
 def _model(parts: list, where: str, calls: _Calls, turn: int) -> dict:
