@@ -149,7 +149,7 @@ RUN ?= runs/default
 report: setup
 	$(WHARF) report $(RUN)
 
-test: setup agents
+test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
 test-fast: setup agents

@@ -1,5 +1,5 @@
-"""`make collect` with the real claude-code, codex, opencode, qwen-code and gemini-cli CLIs, and
-OpenHands when make agents-py installed it: a round end to end in the default (bubblewrap) sandbox
+"""`make collect` with the real claude-code, codex, opencode, qwen-code and gemini-cli CLIs (make
+agents), and mistral-vibe, aider and OpenHands (make agents-py): a round end to end in the default (bubblewrap) sandbox
 against the scripted stub, every trial classified, every row matching the agent's own log (the audit)."""
 from __future__ import annotations
 
@@ -35,10 +35,9 @@ AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0)
           "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
           "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
           "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
-          "collect.agents.gemini_cli:LocalGeminiCli": ("gemini", 2, 0, 1.0)}
-# aider and vibe ran in the sandbox through make agents-check, not yet through this test: to add
-# "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0), "collect.agents.aider:LocalAider":
-# ("chat", 1, 0, 0.0), with make test depending on agents-py.
+          "collect.agents.gemini_cli:LocalGeminiCli": ("gemini", 2, 0, 1.0),
+          "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0),
+          "collect.agents.aider:LocalAider": ("chat", 1, 0, 0.0)}
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
@@ -46,9 +45,6 @@ def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
     check_round(tmp_path, stub, agent, *AGENTS[agent])
 
 
-@pytest.mark.skipif(not (REPO / ".venv-agents" / "openhands" / ".installed").exists(),
-                    reason="openhands is not installed: run `make agents-py` (.venv-agents/openhands; make test "
-                           "does not depend on it)")
 def test_make_collect_round_with_openhands(tmp_path, stub):
     # it re-asks after an answer without a tool call, until max_iterations: two calls, the shell one first
     check_round(tmp_path, stub, "collect.agents.openhands:LocalOpenHands", "chat", 2, 0, 1.0,
