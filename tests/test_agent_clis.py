@@ -17,9 +17,8 @@ from collect.agents import node_clis
 from collect.agents.claude_code import QUIET_ENV, anthropic_root
 from collect.agents.codex import QUIET_CONFIG
 from collect.agents.logs import AgentLog, _claude, _codex, compare
-from collect.proxy.background import BackgroundProxy
-from proxy_util import close_rollout, make_cfg, open_rollout
-from test_proxy_dialects import check_rows_match_upstream, rows
+from proxy_util import close_rollout, open_rollout
+from test_proxy_dialects import check_rows_match_upstream, proxy, rows  # noqa: F401 (proxy: a fixture, over this tap)
 from test_proxy_engine import Tap
 
 COMMAND = "echo wharf-was-here"
@@ -29,13 +28,6 @@ COMMAND = "echo wharf-was-here"
 def tap():
     with StubServer(script=f"shell:{COMMAND}", max_model_len=65536) as s:
         yield Tap(s.url).start()
-
-
-@pytest.fixture
-def proxy(tmp_path, tap):
-    tap.answers.clear()
-    with BackgroundProxy(make_cfg(tmp_path, tap.url)) as p:
-        yield p
 
 
 def run_cli(argv: list[str], env: dict, cwd) -> subprocess.CompletedProcess:

@@ -14,26 +14,12 @@ from google.genai import errors, types
 from collect.proxy.background import BackgroundProxy
 from collect.proxy.dialects import gemini as gem
 from proxy_util import close_rollout, make_cfg, open_rollout, post, wal_lines
-from test_proxy_dialects import check_rows_match_upstream, rows
-from test_proxy_engine import Tap
+from test_proxy_dialects import check_rows_match_upstream, proxy, rows, tap  # noqa: F401 (fixtures)
 from testing.vllm_stub import StubServer
 
 BASH = types.FunctionDeclaration(name="bash", description="Run a shell command", parameters_json_schema={
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]})
 NO_AFC = types.AutomaticFunctionCallingConfig(disable=True)  # the test plays the agent's loop itself
-
-
-@pytest.fixture(scope="module")
-def tap():
-    with StubServer() as s:
-        yield Tap(s.url).start()
-
-
-@pytest.fixture
-def proxy(tmp_path, tap):
-    tap.answers.clear()
-    with BackgroundProxy(make_cfg(tmp_path, tap.url)) as p:
-        yield p
 
 
 def client(p, rid: str, key: str, **kw) -> genai.Client:
