@@ -210,23 +210,23 @@ def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str
 
 
 def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) -> Path:
-    """The experiment: each seed's GRPO (solid) and control (dashed) mean reward per round, and
-    the paired gap GRPO - control per seed with its mean (pipeline/report/experiment.py)."""
+    """The experiment: each arm's mean reward per round (GRPO solid, control dashed, a color per
+    seed), the paired gap GRPO - control of each seed that has both arms with its mean
+    (pipeline/report/experiment.py), and each arm's model calls per rollout."""
     fig = plt.figure(figsize=(15, 4), layout="constrained")
     left, right, calls = fig.subplots(1, 3)
-    seeds = {p.seed: f"C{i}" for i, p in enumerate(pairs)}
-    for label, rounds in runs.items():  # calls per rollout: a collapse to one-call shortcuts shows here
-        m = ARM.search(label)
-        if m and int(m["seed"]) in seeds:
-            _line(calls, [r for r in rounds if not r.partial], lambda r: r.calls / r.rollouts if r.calls and r.rollouts else None,
-                  f"{'GRPO' if m['arm'] == 'grpo' else 'control'}, seed {m['seed']}", color=seeds[int(m["seed"])],
-                  linestyle="-" if m["arm"] == "grpo" else "--")
-    for i, p in enumerate(pairs):
-        color = f"C{i}"
-        left.plot(range(len(p.grpo)), p.grpo, marker="o", color=color, label=f"GRPO, seed {p.seed}")
-        left.plot(range(len(p.zero)), p.zero, marker="s", color=color, linestyle="--", label=f"control, seed {p.seed}")
+    arms = [(m, [r for r in rounds if not r.partial]) for m, rounds in ((ARM.search(k), v) for k, v in runs.items()) if m]
+    color = {s: f"C{i}" for i, s in enumerate(sorted({int(m["seed"]) for m, _ in arms}))}
+    for m, done in arms:  # every arm, a seed without its control too
+        grpo = m["arm"] == "grpo"
+        kw = {"color": color[int(m["seed"])], "linestyle": "-" if grpo else "--",
+              "label": f"{'GRPO' if grpo else 'control'}, seed {m['seed']}"}
+        left.plot(range(len(done)), [r.mean_reward for r in done], marker="o" if grpo else "s", **kw)
+        # calls per rollout: a collapse to one-call shortcuts shows here
+        _line(calls, done, lambda r: r.calls / r.rollouts if r.calls and r.rollouts else None, **kw)
+    for p in pairs:
         pts = [(k, g) for k, g in enumerate(p.gaps) if g is not None]
-        right.plot([k for k, _ in pts], [g for _, g in pts], marker="o", color=color, alpha=0.6, label=f"seed {p.seed}")
+        right.plot([k for k, _ in pts], [g for _, g in pts], marker="o", color=color[p.seed], alpha=0.6, label=f"seed {p.seed}")
     n = max((len(p.gaps) for p in pairs), default=0)
     means = [(k, [p.gaps[k] for p in pairs if k < len(p.gaps) and p.gaps[k] is not None]) for k in range(n)]
     means = [(k, sum(g) / len(g)) for k, g in means if g]
