@@ -70,6 +70,14 @@ def user_turn(tool_messages: list[dict], parts: list[dict]) -> list[dict]:
     return out
 
 
+def assistant_turn(text: str, has_text: bool, tool_calls: list[dict]) -> dict:
+    """A model turn as a chat message: content None only when it holds tool calls and no text."""
+    msg = {"role": "assistant", "content": text if has_text or not tool_calls else None}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    return msg
+
+
 def suffix(chat_id) -> str:
     """The chat completion id without its prefix: dialect ids derive from it, stream and full alike."""
     s = str(chat_id or "")

@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import uuid
 
-from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, is_int, join_text, parse_args,
-                                    sse, suffix, user_turn)
+from collect.proxy.dialects import (NOTES, ChatStream, DialectError, assistant_turn, context_overflow, is_int,
+                                    join_text, parse_args, sse, suffix, user_turn)
 from collect.proxy.jsonx import dumps
 
 NAME = "anthropic"
@@ -109,10 +109,7 @@ def _assistant(content, where: str) -> dict:
             continue  # reasoning, and server-tool traffic the proxy never produced
         else:
             raise DialectError(f"{w}: content block type {t!r} is not supported in an assistant message")
-    msg = {"role": "assistant", "content": "\n\n".join(texts) if texts or not calls else None}
-    if calls:
-        msg["tool_calls"] = calls
-    return msg
+    return assistant_turn("\n\n".join(texts), bool(texts), calls)
 
 
 def _tools(tools, dropped: list) -> list[dict]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 
-from collect.proxy.dialects import (NOTES, ChatStream, DialectError, context_overflow, parse_args, suffix,
-                                    user_turn)
+from collect.proxy.dialects import (NOTES, ChatStream, DialectError, assistant_turn, context_overflow, parse_args,
+                                    suffix, user_turn)
 from collect.proxy.dialects.gemini_tools import camel_keys, chat_tools, generation, tool_choice
 from collect.proxy.jsonx import dumps
 
@@ -137,10 +137,7 @@ def _model(parts: list, where: str, calls: _Calls, turn: int) -> dict:
                 "name": fc["name"], "arguments": json.dumps(fc.get("args") or {}, ensure_ascii=False)}})
         else:
             raise DialectError(f"{w}: part {sorted(p)} is not supported in a model turn (text, functionCall)")
-    msg = {"role": "assistant", "content": "".join(texts) if texts or not tcs else None}
-    if tcs:
-        msg["tool_calls"] = tcs
-    return msg
+    return assistant_turn("".join(texts), bool(texts), tcs)
 
 
 def _messages(req: dict) -> list[dict]:
