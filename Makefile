@@ -64,6 +64,9 @@ PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1 openhands=op
 PY_AGENT_NO_LINK := openhands
 agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
 
+# A venv pinned by a lock file is brought to it again when the lock changes.
+$(AGENTS_PY)/openhands/.installed: collect/agents/openhands.lock.txt
+
 $(AGENTS_PY)/%/.installed:
 	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
 	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
