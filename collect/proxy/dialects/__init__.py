@@ -70,9 +70,10 @@ def user_turn(tool_messages: list[dict], parts: list[dict]) -> list[dict]:
     return out
 
 
-def assistant_turn(text: str, has_text: bool, tool_calls: list[dict]) -> dict:
-    """A model turn as a chat message: content None only when it holds tool calls and no text."""
-    msg = {"role": "assistant", "content": text if has_text or not tool_calls else None}
+def assistant_turn(texts: list[str], sep: str, tool_calls: list[dict]) -> dict:
+    """A model turn as a chat message: its texts joined by `sep`; content None only when it holds
+    tool calls and no text part."""
+    msg = {"role": "assistant", "content": sep.join(texts) if texts or not tool_calls else None}
     if tool_calls:
         msg["tool_calls"] = tool_calls
     return msg

@@ -109,7 +109,7 @@ def _assistant(content, where: str) -> dict:
             continue  # reasoning, and server-tool traffic the proxy never produced
         else:
             raise DialectError(f"{w}: content block type {t!r} is not supported in an assistant message")
-    return assistant_turn("\n\n".join(texts), bool(texts), calls)
+    return assistant_turn(texts, "\n\n", calls)
 
 
 def _tools(tools, dropped: list) -> list[dict]:

@@ -137,7 +137,7 @@ def _model(parts: list, where: str, calls: _Calls, turn: int) -> dict:
                 "name": fc["name"], "arguments": json.dumps(fc.get("args") or {}, ensure_ascii=False)}})
         else:
             raise DialectError(f"{w}: part {sorted(p)} is not supported in a model turn (text, functionCall)")
-    return assistant_turn("".join(texts), bool(texts), tcs)
+    return assistant_turn(texts, "", tcs)
 
 
 def _messages(req: dict) -> list[dict]:
