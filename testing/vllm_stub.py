@@ -34,7 +34,6 @@ import collections
 import json
 import math
 import random
-import re
 import threading
 import time
 import uuid
@@ -44,47 +43,9 @@ from aiohttp import web
 
 from collect.engine.auth import auth_middleware
 
-EOS_ID = 2
-IM_START, IM_END = 1, 2
+from testing.stub_template import EOS_ID, VOCAB, WORD, render_prompt, tool_call_text, word_id
+
 ERROR_KINDS = ("500", "503", "400", "invalid_json", "no_token_ids", "drop", "short_usage")
-_WORD = re.compile(r"\S+\s*|\s+")
-_VOCAB = [w + " " for w in "the a model tool call file test pass fix bug run code line value read write list".split()]
-
-
-def word_id(word: str) -> int:
-    return 100 + zlib.crc32(word.encode()) % 49000
-
-
-def tokenize(text: str) -> list[int]:
-    return [word_id(w) for w in _WORD.findall(text)]
-
-
-def tool_call_text(name, arguments) -> str:
-    """A tool call as the stub writes it, and as its template renders it back: the way vLLM hands a
-    template the parsed arguments and a Hermes-style template dumps them, so a conversation that sends
-    back what it got extends its prompt token for token (convert's one row per rollout)."""
-    try:
-        arguments = json.dumps(json.loads(arguments)) if isinstance(arguments, str) else json.dumps(arguments)
-    except ValueError:
-        pass  # not JSON: rendered as sent
-    return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": {arguments}}}\n</tool_call>'
-
-
-def render_prompt(messages: list, tools: list | None) -> list[int]:
-    """ChatML-like rendering: <|im_start|>role\\ncontent<|im_end|> per message, then the assistant header."""
-    ids: list[int] = []
-    if tools:
-        ids += [IM_START] + tokenize("system tools: " + json.dumps(tools, sort_keys=True)) + [IM_END]
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):  # content parts
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        text = f"{m.get('role')}\n{content or ''}"
-        for tc in m.get("tool_calls") or []:
-            fn = tc.get("function", {})
-            text += tool_call_text(fn.get("name"), fn.get("arguments"))
-        ids += [IM_START] + tokenize(text) + [IM_END]
-    return ids + [IM_START] + tokenize("assistant\n")
 
 
 def _error_body(status: int, message: str) -> dict:
@@ -133,15 +94,15 @@ class Stub:
         fn, args = self._scripted(body) if self.script else (None, None)
         if fn is None and not self.script and tools and last.get("role") == "user":
             fn = tools[0].get("function", {})
-            args = json.dumps({"command": "ls " + rng.choice(_VOCAB).strip()})
+            args = json.dumps({"command": "ls " + rng.choice(VOCAB).strip()})
         if fn is not None:
             tool_call = {"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
                          "function": {"name": fn.get("name", "tool"), "arguments": args}}
-            words = _WORD.findall(tool_call_text(fn.get("name", "tool"), args))
+            words = WORD.findall(tool_call_text(fn.get("name", "tool"), args))
         elif self.script:
-            words = _WORD.findall("Done: the command ran.")
+            words = WORD.findall("Done: the command ran.")
         else:
-            words = [rng.choice(_VOCAB) for _ in range(min(limit, self.completion_tokens))]
+            words = [rng.choice(VOCAB) for _ in range(min(limit, self.completion_tokens))]
         finish = "tool_calls" if tool_call else "stop"
         if len(words) >= limit:
             words, finish = words[:limit], "length"
@@ -167,7 +128,7 @@ class Stub:
         t = float(body.get("temperature") or 1.0)
         scaled = [-k / t for k in range(n)]
         norm = math.log(sum(math.exp(x) for x in scaled))
-        return [{"token": _VOCAB[k % len(_VOCAB)], "logprob": x - norm, "bytes": list(_VOCAB[k % len(_VOCAB)].encode())}
+        return [{"token": VOCAB[k % len(VOCAB)], "logprob": x - norm, "bytes": list(VOCAB[k % len(VOCAB)].encode())}
                 for k, x in enumerate(scaled)]
 
     # -- handlers ---------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import numpy as np
 from pipeline.agents_check import converts, prompt_bytes, why
 from collect.agents.logs import compare, read_agent_log
 from collect.agents.opencode_db import title_of
-from testing.vllm_stub import Stub, render_prompt
+from testing.stub_template import render_prompt
+from testing.vllm_stub import Stub
 from convert.rows import Call
 
 
