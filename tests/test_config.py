@@ -79,6 +79,8 @@ def test_values_out_of_range_or_shape_name_the_key(override, message):
     ("engine.dtype=int8", r"engine.dtype: 'int8' is not one of float32, bfloat16, float16"),
     ("train.lora_rank=128", r"train.lora_rank=128 is above train.max_lora_rank=64"),
     ("train.lora_target_modules=[]", r"train.lora_target_modules is empty"),
+    # a rule across sections: Dr. GRPO's constant must be fixed before any round trains
+    ("train.loss_agg=constant", r"train.loss_agg=constant needs a constant fixed for the run"),
 ])
 def test_stage_sections_are_checked_at_load_time(tmp_path, override, message):
     f = tmp_path / "run.yaml"

@@ -189,14 +189,14 @@ def test_a_rollout_weighs_the_same_merged_or_split_into_rows(agg):
 
 
 def test_the_dr_grpo_constant_is_the_generation_budget_fixed_for_the_run():
-    from wharf.config import load_config
-    from train.stage import TrainError, loss_config
+    from wharf.config import ConfigError, load_config
+    from train.stage import loss_config
 
     cfg = load_config(None, ["train.loss_agg=constant", "sampling.max_tokens=40", "collect.agent_kwargs={max_turns: 3}"])
     assert loss_config(cfg).constant == 120.0  # 40 tokens x 3 turns, whatever the round's rows
     assert loss_config(load_config(None, ["train.loss_agg=constant", "train.loss_constant=7"])).constant == 7.0
-    with pytest.raises(TrainError, match="train.loss_constant"):
-        loss_config(load_config(None, ["train.loss_agg=constant"]))  # no budget to take it from
+    with pytest.raises(ConfigError, match="train.loss_constant"):  # no budget to take it from: refused at load
+        load_config(None, ["train.loss_agg=constant", "sampling.max_tokens=40"])
 
 
 def test_the_head_stays_float32_under_bf16_autocast():

@@ -75,19 +75,12 @@ def loss_config(cfg: RunConfig) -> LossConfig:
 
 def loss_constant(cfg: RunConfig) -> float:
     """The Dr. GRPO constant, fixed for the run (never a function of one round's rows, so the step
-    size does not drift): train.loss_constant, else the generation budget of a rollout,
-    sampling.max_tokens x collect.agent_kwargs.max_turns."""
+    size does not drift): train.loss_constant, else the generation budget of a rollout (the config
+    refuses loss_agg=constant at load time when it has neither)."""
     t = cfg.train
     if t.loss_constant > 0:
         return float(t.loss_constant)
-    if t.loss_agg != "constant":
-        return 1.0  # unused
-    turns = cfg.collect.agent_kwargs.get("max_turns")
-    if cfg.sampling.max_tokens is None or not isinstance(turns, int) or turns < 1:
-        raise TrainError("train.loss_agg=constant needs a constant fixed for the run: set train.loss_constant "
-                         "(e.g. the completion tokens a rollout may generate), or both sampling.max_tokens and "
-                         "collect.agent_kwargs.max_turns (their product is used)")
-    return float(cfg.sampling.max_tokens * turns)
+    return float(cfg.rollout_budget() or 1) if t.loss_agg == "constant" else 1.0
 
 
 def load_batches(d: Path):

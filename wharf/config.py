@@ -293,6 +293,20 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
 
+    def __post_init__(self):
+        if self.train.loss_agg == "constant" and not self.train.loss_constant and self.rollout_budget() is None:
+            raise ValueError("train.loss_agg=constant needs a constant fixed for the run: set train.loss_constant "
+                             "(e.g. the completion tokens a rollout may generate), or both sampling.max_tokens and "
+                             "collect.agent_kwargs.max_turns (their product is used)")
+
+    def rollout_budget(self) -> int | None:
+        """The tokens one rollout may generate, sampling.max_tokens x collect.agent_kwargs.max_turns;
+        None when either is unset."""
+        turns = self.collect.agent_kwargs.get("max_turns")
+        if self.sampling.max_tokens is None or isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+            return None
+        return self.sampling.max_tokens * turns
+
     @property
     def run_dir(self) -> Path:
         return self.layout.root
