@@ -80,7 +80,9 @@ def loss_constant(cfg: RunConfig) -> float:
     t = cfg.train
     if t.loss_constant > 0:
         return float(t.loss_constant)
-    return float(cfg.rollout_budget() or 1) if t.loss_agg == "constant" else 1.0
+    if t.loss_agg != "constant":
+        return 1.0  # unused by the other aggregations
+    return float(cfg.rollout_budget())
 
 
 def load_batches(d: Path):
