@@ -6,6 +6,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from collect.judges import check_task
 from wharf.errors import WharfError
 
 
@@ -48,6 +49,8 @@ def discover(dataset: str | Path, only: list[str] | None = None) -> list[Task]:
                 f"collect.tasks: {unknown} not found in {root}; known tasks: {sorted(known)}"
             )
         tasks = [t for t in tasks if t.task_id in set(only)]
+    for t in tasks:  # a task whose judge lacks its files fails here, before any rollout starts
+        check_task(t.path)
     return tasks
 
 

@@ -1,4 +1,4 @@
-"""datasets/learn: well-formed, graded by the shared grader, and real harbor trials in the bwrap
+"""datasets/learn: well-formed, graded by the checker judge, and real harbor trials in the bwrap
 sandbox grade the reference solution 1.0 and an untouched repo 0.0 on every task."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.trials import assert_oracle_1_nop_0, assert_pytest_task_dir
+from tests.fixtures.trials import assert_oracle_1_nop_0, assert_judged_task_dir
 
 REPO = Path(__file__).resolve().parents[1]
 LEARN = REPO / "datasets" / "learn"
@@ -17,10 +17,7 @@ TASKS = sorted(p for p in LEARN.iterdir() if (p / "task.toml").is_file())
 def test_task_set_shape():
     assert len(TASKS) == 8
     for task in TASKS:
-        spec = assert_pytest_task_dir(task)
-        tests = (task / "tests" / "test_task.py").read_text()
-        for test_id in spec["FAIL_TO_PASS"] + spec["PASS_TO_PASS"]:
-            assert f"def {test_id.split('::')[1]}(" in tests, f"{task.name}: {test_id} is not in test_task.py"
+        assert_judged_task_dir(task, "checker")
         # the instruction spells the reference command: copying it is the skill to learn
         command = (task / "solution" / "solve.sh").read_text().strip().splitlines()[-1]
         assert command in (task / "instruction.md").read_text(), task.name

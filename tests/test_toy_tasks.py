@@ -1,4 +1,5 @@
-"""The bundled toy task set: well-formed, and real harbor trials in the bwrap sandbox grade the
+"""The bundled toy task set: well-formed, judged contest-style (the write-* tasks by a checker),
+and real harbor trials in the bwrap sandbox grade the
 reference solution 1.0 and an untouched repo 0.0 on every task."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.trials import grade_tasks
+from tests.fixtures.trials import assert_judged_task_dir, grade_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "datasets" / "toy"
@@ -23,25 +24,49 @@ def test_task_set_shape():
     assert 8 <= len(TASKS) <= 12
     difficulties = set()
     for task in TASKS:
-        for rel in ("instruction.md", "tests/test.sh", "tests/spec.json", "tests/test_task.py", "solution/solve.sh"):
-            assert (task / rel).is_file(), f"{task.name}: missing {rel}"
-        meta = tomllib.loads((task / "task.toml").read_text())
-        difficulties.add(meta["metadata"]["difficulty"])
-        spec = json.loads((task / "tests" / "spec.json").read_text())
-        tests = (task / "tests" / "test_task.py").read_text()
-        for test_id in spec["FAIL_TO_PASS"] + spec["PASS_TO_PASS"]:
-            assert f"def {test_id.split('::')[1]}(" in tests, f"{task.name}: {test_id} is not in test_task.py"
+        # the function tasks are judged contest-style, the write-a-file tasks by a checker
+        assert_judged_task_dir(task, "checker" if task.name.startswith("write-") else "contest")
+        difficulties.add(tomllib.loads((task / "task.toml").read_text())["metadata"]["difficulty"])
         assert not (task / "environment" / "Dockerfile").exists()  # the bwrap sandbox cannot build one
     assert difficulties == {"easy", "medium", "hard"}
 
 
 def test_tasks_grade_with_the_shared_tools():
-    """One grader for every task: test.sh runs collect/tasks/grade_pytest.sh (exported by the
-    sandbox as WHARF_TASK_TOOLS), never a copy that could go stale."""
+    """One grader for every task: test.sh runs collect/tasks/judge.sh (exported by the sandbox as
+    WHARF_TASK_TOOLS), never a copy that could go stale."""
     for task in TASKS:
         script = (task / "tests" / "test.sh").read_text()
-        assert '"${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh"' in script, task.name
+        assert '"${WHARF_TASK_TOOLS:-/tests}/judge.sh"' in script, task.name
         assert not (task / "tests" / "grading.py").exists(), task.name
+
+
+def test_contest_references_agree_with_the_oracle_fix(tmp_path):
+    """Each contest spec's reference answers its drawn inputs as the oracle's fixed module does
+    (the buggy one does not), so a 1.0 means the fix and a 0.0 the bug, not a wrong reference."""
+    import random
+    import subprocess
+    import sys
+
+    for task in (t for t in TASKS if not t.name.startswith("write-")):
+        spec: dict = {}
+        exec((task / "tests" / "contest.py").read_text(), spec)
+        for fixed in (False, True):
+            work = tmp_path / f"{task.name}-{fixed}"
+            shutil.copytree(task / "environment", work)
+            if fixed:
+                script = (task / "solution" / "solve.sh").read_text().replace("cd /app", f"cd {work}")
+                subprocess.run(["bash", "-c", script], check=True)
+            wrong = 0
+            for name, check in spec["CHECKS"].items():
+                inputs = check["inputs"](random.Random(0))
+                module = check.get("module", spec["MODULE"])
+                code = (f"import sys, json; sys.path.insert(0, {str(work)!r}); import {module} as m; "
+                        f"print(json.dumps([m.{name}(*a) for a in {inputs!r}]))")
+                got = json.loads(subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True,
+                                                check=True).stdout)
+                same = check.get("same", lambda g, w: g == w)
+                wrong += sum(not same(g, check["reference"](*a)) for g, a in zip(got, inputs))
+            assert (wrong == 0) == fixed, (task.name, fixed, wrong)
 
 
 @needs_bwrap
@@ -56,10 +81,11 @@ def test_oracle_solves_every_task_and_nop_none(tmp_path, monkeypatch):
         assert (rewards["reward"], rewards["log_ok"], rewards["p2p_passed"]) == (0.0, 1, 1), name
     # the sandboxes are gone
     assert not any((tmp_path / "oracle" / "state").iterdir())
-    # the verifier's log and grading story land in the trial dir
+    # the verdict and its story land in the trial dir: contest checks drawn afresh, answered in /app
     verifier = tmp_path / "oracle" / "trials" / "sed-add__oracle" / "verifier"
-    assert ">>>>> Test Exit Code: 0" in (verifier / "test_output.log").read_text()
-    assert json.loads((verifier / "grading.json").read_text())["resolved"] is True
+    detail = json.loads((verifier / "grading.json").read_text())
+    assert detail["resolved"] is True and detail["grader"] == "contest"
+    assert detail["checks"]["contest.py::add"]["cases"] > 10
 
 
 @pytest.mark.slow
@@ -74,7 +100,7 @@ def test_grade_pytest_ignores_planted_test_config_outside_the_sandbox(tmp_path, 
     from collect.sandbox.bwrap import TASK_TOOLS
     from tests.fixtures.redteam import PASS_ALL_CONFTEST
 
-    task = TOY / "fix-sum-to"
+    task = REPO / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
     work, vdir = tmp_path / "app", tmp_path / "verifier"
     shutil.copytree(task / "environment", work)
     vdir.mkdir()

@@ -24,36 +24,21 @@ session_finished, timed_out, log_reward (what the log alone would have given, -1
 from __future__ import annotations
 
 import argparse
-import ctypes
-import hashlib
-import hmac
 import os
 import random
 import secrets
 import selectors
-import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our siblings
 import grading  # noqa: E402
+import judge_io  # noqa: E402
 import report_records  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_RECORDS = 64 << 20  # bytes of records kept; more is an attack, not a test suite
-PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
-
-
-def _harden() -> None:
-    """Become the subreaper of everything the tests start, and not dumpable (no /proc/<pid>/
-    mem or environ for the same uid). Linux only; elsewhere the process group is the fallback."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _records_fd(w: int) -> int:
@@ -69,39 +54,6 @@ def _records_fd(w: int) -> int:
             os.dup2(w, n, inheritable=True)
             os.close(w)
             return n
-
-
-def _children() -> list[int]:
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
-                out.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def _kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the test process, its group and every process reparented to us, until none is left."""
-    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-        try:
-            target()
-        except OSError:
-            pass
-    proc.wait()
-    for _ in range(1000):
-        kids = _children()
-        if not kids:
-            return
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
 
 
 def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> dict:
@@ -125,7 +77,7 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
     while sel.get_map():
         if not reaped and (proc.poll() is not None or time.monotonic() > deadline):
             timed_out = proc.returncode is None
-            _kill_all(proc)  # after this nothing holds the pipes: they reach EOF
+            judge_io.kill_all(proc)  # after this nothing holds the pipes: they reach EOF
             reaped = True
         for sk, _ in sel.select(timeout=0.2):
             chunk = os.read(sk.fd, 65536)
@@ -143,7 +95,7 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-        _kill_all(proc)
+        judge_io.kill_all(proc)
     os.close(r)
     return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records)}
 
@@ -196,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
     args = ap.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    _harden()
+    judge_io.harden()
     os.makedirs(args.out, exist_ok=True)
     reward_path, detail_path = os.path.join(args.out, "reward.json"), os.path.join(args.out, "grading.json")
     try:
@@ -205,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2
-    reward_key = _take_reward_key(args.reward_key)
+    reward_key = judge_io.take_reward_key(args.reward_key)
     key = secrets.token_bytes(32)
     log_path = os.path.join(args.out, "test_output.log")
     with open(log_path, "wb") as log:
@@ -219,47 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         result = grade(spec, run, key, log_path)
     except grading.GradingError as e:  # swebench missing: an infrastructure fault, no reward
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
-        _remove(reward_path)
+        judge_io.remove(reward_path)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2
-    mac_path = reward_path + ".mac"
-    for path in (detail_path, reward_path, mac_path):
-        _remove(path)  # the tests may have left a dir or a link there
-    grading._write_json(detail_path, result)
-    grading._write_json(reward_path, reward_numbers(result))
-    if reward_key is not None:
-        with open(reward_path, "rb") as f:
-            proof = hmac.new(reward_key, f.read(), hashlib.sha256).hexdigest()
-        with open(mac_path + ".tmp", "w") as f:
-            f.write(proof + "\n")
-        os.replace(mac_path + ".tmp", mac_path)
+    judge_io.write_verdict(args.out, reward_numbers(result), result, reward_key)
     n = reward_numbers(result)
     print(f"pytest_grade.py: {spec['instance_id']}: reward {n['reward']} from pytest's reports "
           f"(FAIL_TO_PASS {n['f2p_passed']}/{n['f2p_total']}, PASS_TO_PASS {n['p2p_passed']}/{n['p2p_total']})"
           + "".join(f"; {p}" for p in result["problems"][:3]))
     return 0
-
-
-def _take_reward_key(path: str | None) -> bytes | None:
-    """The sandbox's reward key (collect/sandbox/rewardproof.py), gone from disk before any test runs."""
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            key = f.read().strip()
-        os.remove(path)
-    except OSError:
-        return None
-    return key or None
-
-
-def _remove(path: str) -> None:
-    import shutil
-
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.lexists(path):
-        os.remove(path)
 
 
 if __name__ == "__main__":

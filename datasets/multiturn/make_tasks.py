@@ -20,6 +20,7 @@ WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "l
          "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
 
 TOML = """[metadata]
+judge = "checker"
 difficulty = "easy"
 category = "multiturn"
 tags = ["multiturn", "shell", "observe"]
@@ -34,10 +35,12 @@ timeout_sec = 300.0
 workdir = "/app"
 """
 TEST_SH = """#!/bin/bash
-# SWE-bench-style grading of test_task.py: collect/tasks/grade_pytest.sh, which the bwrap
-# sandbox exports as $WHARF_TASK_TOOLS.
-exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
+# The checker judge (collect/tasks/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
+# tests/check.py reads the state the agent left, from outside it; no code of the workspace runs.
+exec bash "${WHARF_TASK_TOOLS:-/tests}/judge.sh" checker /app
 """
+CHECK_DOC = ('"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the\n'
+             'workspace the agent left and fails by raising; nothing of the workspace is imported here."""\n')
 
 
 def instruction(what: str, show: str, save: str, placeholder: str) -> str:
@@ -109,11 +112,11 @@ def tasks(rng: random.Random) -> list[dict]:
     ]
 
 
-def test_file(t: dict) -> str:
+def check_file(t: dict) -> str:
     kept_file, kept_text = t["kept"]
-    return (f"from pathlib import Path\n\n\ndef test_result():\n"
-            f"    assert Path({t['out']!r}).read_text().strip() == {t['value']!r}\n\n\n"
-            f"def test_kept():\n    assert {kept_text!r} in Path({kept_file!r}).read_text()\n")
+    return (f"{CHECK_DOC}\n\ndef test_result(state):\n"
+            f"    assert state.read_text({t['out']!r}).strip() == {t['value']!r}\n\n\n"
+            f"def test_kept(state):\n    assert {kept_text!r} in state.read_text({kept_file!r})\n")
 
 
 def write(t: dict, root: Path) -> None:
@@ -128,9 +131,9 @@ def write(t: dict, root: Path) -> None:
     (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\ncd /app\n{t['oracle']}\n")
     (d / "tests").mkdir()
     (d / "tests" / "test.sh").write_text(TEST_SH)
-    (d / "tests" / "test_task.py").write_text(test_file(t))
+    (d / "tests" / "check.py").write_text(check_file(t))
     spec = {"instance_id": f"multiturn__{t['name']}", "repo": f"wharf/multiturn-{t['name']}", "version": "1",
-            "FAIL_TO_PASS": ["test_task.py::test_result"], "PASS_TO_PASS": ["test_task.py::test_kept"],
+            "FAIL_TO_PASS": ["check.py::test_result"], "PASS_TO_PASS": ["check.py::test_kept"],
             "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
     (d / "tests" / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
     for sh in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):

@@ -1,4 +1,5 @@
 #!/bin/bash
-# SWE-bench-style grading of test_task.py: collect/tasks/grade_pytest.sh, which the bwrap
-# sandbox exports as $WHARF_TASK_TOOLS.
-exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
+# The contest judge (collect/tasks/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
+# inputs drawn at grading time from tests/contest.py, answered by the code under test in its own
+# process, compared with the reference in the grader.
+exec bash "${WHARF_TASK_TOOLS:-/tests}/judge.sh" contest /app
