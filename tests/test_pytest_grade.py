@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS
+from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS, PLUGIN_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
-TASK = ROOT / "datasets" / "toy" / "fix-sum-to"
+TASK = ROOT / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
 
 
 def _load(name: str):
@@ -123,9 +123,33 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
         hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
-                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0}
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1}
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
+    assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
+
+
+# An honest fix that uses what real code uses and the audit hook must let through: logging (it
+# reads frames through sys._getframe), inspect, formatted tracebacks, asyncio (types.coroutine
+# replaces a __code__), warnings, threads, ctypes' import, a gc.collect.
+HONEST_INTROSPECTION = """import asyncio, ctypes, gc, inspect, logging, threading, traceback, warnings
+logging.getLogger("mathutil").warning("loaded from %s", inspect.currentframe().f_code.co_filename)
+try:
+    raise ValueError("x")
+except ValueError:
+    assert "ValueError" in traceback.format_exc()
+warnings.warn("a warning", UserWarning)
+t = threading.Thread(target=lambda: None)
+t.start()
+t.join()
+gc.collect()
+"""
+
+
+@pytest.mark.slow
+def test_honest_code_that_introspects_still_gets_1(tmp_path):
+    r = _grade(tmp_path, HONEST_INTROSPECTION + BUGGY.replace("range(1, n)", "range(1, n + 1)"))
+    assert (r["reward"], r["records_ok"], r["recheck"]) == (1.0, 1, 1), r
 
 
 @pytest.mark.slow
@@ -139,7 +163,10 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
     else:
         assert r["records_ok"] == 0, r
-    if attack in ("forged_output_exit", "patch_reporting"):
+    if attack in PLUGIN_ATTACKS:  # the signer refused them (each scored 1.0 before the audit hook)
+        detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
+        assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
+    if attack == "forged_output_exit":  # (patch_reporting did too, until the audit hook refused its gc walk)
         assert r["log_reward"] == 1.0, "the attack should have fooled the log grader"
     if attack == "hang_after_success":
         assert r["timed_out"] == 1 and time.monotonic() - t0 < 60

@@ -129,11 +129,34 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
     }
 
 
+def recheck(args, spec: dict, result: dict, options: list[str]) -> dict:
+    """The FAIL_TO_PASS tests once more, in a fresh interpreter with a fresh key: a resolved
+    verdict stands only if they all pass there too (an attack must win twice, in two processes).
+    Sets result["recheck"]: 1 agreed, 0 disagreed, -1 not run (not resolved, or no --test-file)."""
+    result["recheck"] = -1
+    if not result["resolved"] or not args.test_file:
+        return result
+    key = secrets.token_bytes(32)
+    with open(os.path.join(args.out, "recheck_output.log"), "wb") as log:
+        run = run_tests(args.python, options + spec["FAIL_TO_PASS"], key, log, args.timeout)
+    checked = report_records.verify(run["records"], key)
+    status = report_records.statuses(checked["records"])
+    agrees = (not run["timed_out"] and checked["finished"] and not checked["problems"]
+              and all(status.get(t) == "PASSED" for t in spec["FAIL_TO_PASS"]))
+    result["recheck"] = int(agrees)
+    if not agrees:
+        result.update(reward=0.0, resolved=False)
+        result["problems"].append("the second run of the FAIL_TO_PASS tests disagrees: "
+                                  + "; ".join(checked["problems"][:3] or [str(status)[:300]]))
+    return result
+
+
 def reward_numbers(result: dict) -> dict:
     n = grading.reward_numbers(result)
     n.update(grader_pytest_report=1, records_ok=int(result["records_ok"]),
              session_finished=int(result["session_finished"]), timed_out=int(result["timed_out"]),
-             log_reward=-1.0 if result["log_reward"] is None else float(result["log_reward"]))
+             log_reward=-1.0 if result["log_reward"] is None else float(result["log_reward"]),
+             recheck=int(result.get("recheck", -1)))
     return n
 
 
@@ -145,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable, help="the interpreter that runs pytest")
     ap.add_argument("--reward-key", help="the sandbox's reward key file: read and deleted before the tests "
                     "run; reward.json.mac = HMAC-SHA256(key, reward.json) is written beside reward.json")
+    ap.add_argument("--test-file", action="append", default=[],
+                    help="a test file to run (repeatable; after the pytest options): the second run "
+                    "replaces them by the FAIL_TO_PASS ids")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
     args = ap.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -162,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     log_path = os.path.join(args.out, "test_output.log")
     with open(log_path, "wb") as log:
         log.write(f"{grading.START}\n".encode())
-        run = run_tests(args.python, pytest_args, key, log, args.timeout)
+        run = run_tests(args.python, pytest_args + args.test_file, key, log, args.timeout)
         code = -1 if run["code"] is None else run["code"]
         log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
         if run["timed_out"]:
             log.write(b">>>>> Tests Timed Out\n")
     try:
-        result = grade(spec, run, key, log_path)
+        result = recheck(args, spec, grade(spec, run, key, log_path), pytest_args)
     except grading.GradingError as e:  # swebench missing: an infrastructure fault, no reward
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
         judge_io.remove(reward_path)

@@ -3,7 +3,7 @@ hooks, sent to the grader through a channel the code under test is not told abou
 
     python -I pytest_report.py PYTEST_ARGS...   (started by pytest_grade.py, not by hand)
 
-Standalone (stdlib + pytest) and plain Python 3.6 syntax: it may run under a task repo's own
+Standalone (stdlib + pytest) and plain Python 3.8 syntax (audit hooks): it may run under a task repo's own
 interpreter. The grader writes one line on our stdin before anything else runs,
 `wharf-report-1 KEY_HEX FD`, and closes it; we read it and put /dev/null on stdin, so the key
 and the descriptor are in no argument, variable or file. Each record is one line on FD:
@@ -16,9 +16,11 @@ that failed), tamper (what of pytest's reporting machinery changed since start) 
 (pytest's exit status, at pytest_sessionfinish). Fields are hex so that no encoder the code
 under test could patch sits between what pytest reported and what is signed.
 
-The code under test runs in this process: it can find the descriptor (but not write a record
-that verifies) and, by reading this module's memory, the signing state. It is meant to stop
-forged output and patched reporting, not an attacker that reads the grader's own memory.
+The code under test runs in this process, so the key and the descriptor are kept where no
+object it can reach holds them: in an audit hook (pytest_guard.py), which signs a record only
+when pytest's own call site asked the plugin for it, and refuses the introspection (gc walks,
+ctypes, /proc/self/mem, other threads' frames) that reads around that. docs/judges.md says
+what is left.
 """
 import hashlib
 import os
@@ -26,6 +28,9 @@ import sys
 import types
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our sibling
+import pytest_guard  # noqa: E402
 
 MAGIC = "wharf-report-1"
 # Modules whose functions and classes decide or carry a test's outcome: a replaced one is tamper.
@@ -107,22 +112,17 @@ def _hook_snapshot(pm):
 
 
 class Recorder:
-    """The plugin. Every record goes out as it happens; the checks run around each test."""
+    """The plugin. It holds no key and no descriptor: each record is asked of the audit hook
+    (pytest_guard.py), which signs it only for pytest's own call sites. The checks of pytest's
+    machinery run around each test."""
 
-    def __init__(self, key, fd):
-        self._mac, self._fd, self._write, self._seq = _signer(key), fd, os.write, 0
-        self._names = self._modules = self._hooks = self._pm = self._report_cls = None
+    def __init__(self):
+        self._names = self._modules = self._hooks = self._pm = None
         self._tampered = set()
 
-    def _send(self, kind, *fields):
-        body = "%d %s %s" % (self._seq, kind, " ".join(f.encode("utf-8").hex() or "-" for f in fields))
-        line = (body + " " + self._mac(body.encode("ascii")) + "\n").encode("ascii")
-        self._seq += 1
-        try:
-            while line:
-                line = line[self._write(self._fd, line):]
-        except OSError:
-            pass  # the grader is gone or the descriptor was closed: records are missing, a failure
+    @staticmethod
+    def _send(kind, *fields):
+        sys.audit("wharf.record", kind, *fields)
 
     def _check(self):
         if self._modules is None:
@@ -140,15 +140,17 @@ class Recorder:
     @pytest.hookimpl(trylast=True)  # after the fixture manager registered itself
     def pytest_sessionstart(self, session):
         self._pm = session.config.pluginmanager
-        from _pytest.reports import TestReport
-        self._report_cls = TestReport
         self._names = _watched()
         self._modules, self._hooks = _module_snapshot(self._names), _hook_snapshot(self._pm)
-        self._send("start", str(os.getpid()))
+        self._send("start")
 
     def pytest_collectreport(self, report):
         if report.failed:
             self._send("collect", str(report.nodeid))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session):
+        self._send("items", session.items)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item):
@@ -157,22 +159,19 @@ class Recorder:
     @pytest.hookimpl(trylast=True)  # what the report says after every other plugin saw it
     def pytest_runtest_logreport(self, report):
         self._check()
-        if type(report) is not self._report_cls:
-            self._send("tamper", "report class %s" % type(report).__qualname__)
-        xfail = "1" if hasattr(report, "wasxfail") else "0"
-        self._send("test", str(report.nodeid), str(report.when), str(report.outcome), xfail)
+        self._send("test", report)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         self._check()
-        self._send("finish", str(int(exitstatus)))
+        self._send("finish", int(exitstatus))
 
 
 def main(argv):
     key, fd = _read_channel()
-    recorder = Recorder(key, fd)
+    pytest_guard.install(key, fd, Recorder, _signer)  # before collection: before any code under test
     del key
-    return pytest.main(argv, plugins=[recorder])
+    return pytest.main(argv, plugins=[Recorder()])
 
 
 if __name__ == "__main__":
