@@ -1,12 +1,17 @@
-"""What grading from pytest's reports costs per trial: the verifier of datasets/toy/fix-sum-to
-(fixed), run N times each way, interleaved, on the host (no sandbox: the grading alone):
+"""What a grading costs under each judge kind, and what each defence of the pytest judge adds:
+one fixed task graded N times each way, interleaved, on the host (no sandbox: the grading alone).
 
-  * log: the former grade_pytest.sh, `python -I -m pytest` teed into a SWE-bench log by
-    testlog.sh, then grading.py grades the log;
-  * report: today's grade_pytest.sh (pytest_grade.py: the report plugin, verified records,
-    the descendants reaped, the log graded beside them).
+  * log             `python -I -m pytest` teed into a SWE-bench log (testlog.sh), graded by grading.py
+  * pytest-plain    the report plugin as it was before the audit hook (commit PLAIN_REV, taken
+                    from git; skipped outside a git checkout), no second run
+  * pytest-guard    today's plugin under its audit hook (pytest_guard.py), no second run
+  * pytest          today's grade_pytest.sh: audit hook + the second, out-of-process run of the
+                    FAIL_TO_PASS tests
+  * contest         judge.sh contest on datasets/toy/fix-sum-to (62 drawn cases, 2 child processes)
+  * checker-calls   judge.sh checker on tests/fixtures/tasks/checker-sum-to (3 calls, 3 children)
+  * checker-files   judge.sh checker on datasets/learn/echo-color (reads two files, no child)
 
-`python -m bench.grading [--n 10]`: wall and CPU (user+sys of all child processes) seconds per
+`python -m bench.grading [--n 5]`: wall and CPU (user+sys of all child processes) seconds per
 grading, p50 and mean; CPU is the figure that holds on a shared, loaded machine.
 """
 from __future__ import annotations
@@ -24,12 +29,24 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
-TASK = ROOT / "datasets" / "toy" / "fix-sum-to"
+PYTEST_TASK = ROOT / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
+PLAIN_REV = "ba8ac4d"  # the last commit whose report plugin held its own key
 PYTEST = "-I -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null"
-LOG_WAY = (f'cd "$W" && cp "$T/test_task.py" . && . {TOOLS}/testlog.sh && '
-           f'wharf_run_tests "$V/test_output.log" "$P {PYTEST} --rootdir $W test_task.py" >/dev/null; '
-           f'"$P" {TOOLS}/grading.py --spec "$T/spec.json" --log "$V/test_output.log" --out "$V" >/dev/null')
-REPORT_WAY = f'bash {TOOLS}/grade_pytest.sh "$W" test_task.py >/dev/null'
+OPTS = '--spec "$T/spec.json" --out "$V" -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$W" test_task.py'
+FIX = "sed -i 's/range(1, n)/range(1, n + 1)/' \"$W/mathutil.py\""
+WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier dir, $P python, $X plain tools)
+    "log": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && . {TOOLS}/testlog.sh && '
+            f'wharf_run_tests "$V/test_output.log" "$P {PYTEST} --rootdir $W test_task.py" >/dev/null; '
+            f'"$P" {TOOLS}/grading.py --spec "$T/spec.json" --log "$V/test_output.log" --out "$V" >/dev/null'),
+    "pytest-plain": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I "$X/pytest_grade.py" {OPTS} >/dev/null'),
+    "pytest-guard": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I {TOOLS}/pytest_grade.py {OPTS} >/dev/null'),
+    "pytest": (PYTEST_TASK, f'{FIX} && bash {TOOLS}/grade_pytest.sh "$W" test_task.py >/dev/null'),
+    "contest": (ROOT / "datasets" / "toy" / "fix-sum-to", f'{FIX} && bash {TOOLS}/judge.sh contest "$W" >/dev/null'),
+    "checker-calls": (ROOT / "tests" / "fixtures" / "tasks" / "checker-sum-to",
+                      f'{FIX} && bash {TOOLS}/judge.sh checker "$W" >/dev/null'),
+    "checker-files": (ROOT / "datasets" / "learn" / "echo-color",
+                      f'echo blue > "$W/color.txt" && bash {TOOLS}/judge.sh checker "$W" >/dev/null'),
+}
 
 
 def _cpu() -> float:
@@ -37,40 +54,51 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def one(way: str, tmp: Path) -> tuple[float, float]:
+def plain_tools(dest: Path) -> Path | None:
+    """collect/tasks as of PLAIN_REV, or None when git or that commit is not at hand."""
+    try:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", PLAIN_REV, "collect/tasks"], capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+    return dest / "collect" / "tasks"
+
+
+def one(name: str, tmp: Path, plain: Path | None) -> tuple[float, float]:
+    task, way = WAYS[name]
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(TASK / "environment", tmp / "app")
+    shutil.copytree(task / "environment", tmp / "app")
     (tmp / "v").mkdir()
-    fixed = (tmp / "app" / "mathutil.py").read_text().replace("range(1, n)", "range(1, n + 1)")
-    (tmp / "app" / "mathutil.py").write_text(fixed)
-    env = {**os.environ, "W": str(tmp / "app"), "T": str(TASK / "tests"), "V": str(tmp / "v"), "P": sys.executable,
-           "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(TASK / "tests"), "WHARF_VERIFIER_DIR": str(tmp / "v")}
+    env = {**os.environ, "W": str(tmp / "app"), "T": str(task / "tests"), "V": str(tmp / "v"), "P": sys.executable,
+           "X": str(plain or ""), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
+           "WHARF_VERIFIER_DIR": str(tmp / "v")}
     t0, c0 = time.perf_counter(), _cpu()
     subprocess.run(["bash", "-c", way], env=env, check=True, timeout=300)
     took, cpu = time.perf_counter() - t0, _cpu() - c0
     reward = (tmp / "v" / "reward.json").read_text()
-    assert '"reward": 1.0' in reward, f"the fixed task did not grade 1.0: {reward}"
+    assert '"reward": 1.0' in reward, f"{name}: the fixed task did not grade 1.0: {reward}"
     return took, cpu
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--n", type=int, default=5)
     args = ap.parse_args()
-    times: dict[str, list[tuple[float, float]]] = {"log": [], "report": []}
     with tempfile.TemporaryDirectory() as d:
+        plain = plain_tools(Path(d))
+        names = [n for n in WAYS if plain is not None or n != "pytest-plain"]
+        if plain is None:
+            print(f"pytest-plain skipped: commit {PLAIN_REV} is not in a git checkout here")
+        times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for i in range(args.n):
-            for name, way in (("log", LOG_WAY), ("report", REPORT_WAY)):
-                times[name].append(one(way, Path(d) / f"{name}{i}"))
-    p50 = {}
+            for name in names:
+                times[name].append(one(name, Path(d) / f"{name}{i}", plain))
+    print(f"{'way':14s} {'wall p50':>9s} {'wall mean':>9s} {'cpu p50':>8s} {'cpu mean':>8s}   (seconds per grading, n={args.n})")
     for name, ts in times.items():
-        for k, what in enumerate(("wall", "cpu")):
-            xs = [t[k] for t in ts]
-            p50[name, what] = statistics.median(xs)
-            print(f"{name:7s}{what:5s} n={len(xs)} p50 {p50[name, what]:.3f} s  mean {statistics.mean(xs):.3f} s  "
-                  f"min {min(xs):.3f} s")
-    for what in ("wall", "cpu"):
-        print(f"report/log p50 {what}: {p50['report', what] / p50['log', what]:.3f}")
+        walls, cpus = [t[0] for t in ts], [t[1] for t in ts]
+        print(f"{name:14s} {statistics.median(walls):9.3f} {statistics.mean(walls):9.3f} "
+              f"{statistics.median(cpus):8.3f} {statistics.mean(cpus):8.3f}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ Every attack must end with reward 0 and leave every other rollout's data, the ho
 and the host's files as they were. One proxy (on the vLLM-shaped stub) serves the whole suite,
 with a victim rollout that already recorded a call; the control attacker that really fixes the
 bug must get reward 1, so a 0 means the attack failed, not that grading is broken.
+
+The attackers that act while the grading runs go against the same bug under each judge kind
+(docs/judges.md): fix-sum-to judged contest-style, and fixtures of it judged by a checker and by
+the hardened in-process pytest run; the sandbox's own attackers go against the contest task.
 """
 from __future__ import annotations
 
@@ -21,11 +25,13 @@ import requests
 from testing.vllm_stub import StubServer
 from collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
-from tests.fixtures.redteam import ATTACKS, GRADING_ATTACKS
+from tests.fixtures.redteam import ANSWER_ATTACKS_TAIL, ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 from tests.test_proxy import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "datasets" / "toy" / "fix-sum-to"
+TASKS = {"contest": TASK, "checker": REPO / "tests/fixtures/tasks/checker-sum-to",
+         "pytest": REPO / "tests/fixtures/tasks/pytest-sum-to"}
 
 pytestmark = [needs_bwrap, pytest.mark.slow]
 
@@ -77,7 +83,11 @@ def world(tmp_path_factory):
         assert alive
 
 
-def run_attack(world: World, attack: str, include_logs: list[str] | None = None) -> tuple:
+def run_attack(world: World, attack: str, include_logs: list[str] | None = None, task: Path = TASK) -> tuple:
+    return asyncio.run(attack_trial(world, attack, include_logs, task))
+
+
+async def attack_trial(world: World, attack: str, include_logs: list[str] | None = None, task: Path = TASK) -> tuple:
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
     from harbor.trial.trial import Trial
 
@@ -89,7 +99,7 @@ def run_attack(world: World, attack: str, include_logs: list[str] | None = None)
              "admin_token": world.token, "repo": str(REPO)}
     trials = world.tmp / "trials"
     cfg = TrialConfig(
-        task=TaskConfig(path=TASK),
+        task=TaskConfig(path=task),
         trial_name=rid,
         trials_dir=trials,
         agent=AgentConfig(import_path="tests.fixtures.redteam:AttackAgent", kwargs={"attack": attack, "facts": facts}),
@@ -98,23 +108,59 @@ def run_attack(world: World, attack: str, include_logs: list[str] | None = None)
         # the tests of fix-sum-to take ~1 s: a hung test process is killed (and graded 0) after 15
         verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": "15"}, include_logs=include_logs or []),
     )
-    result = asyncio.run(_run(Trial, cfg))
+    result = await (await Trial.create(cfg)).run()
     steps = json.loads((trials / rid / "agent" / "attack.json").read_text())
     return result, steps, trials / rid
-
-
-async def _run(Trial, cfg):
-    return await (await Trial.create(cfg)).run()
 
 
 def said(steps: list[dict]) -> str:
     return "\n".join(s.get("stdout", "") + s.get("stderr", "") + s.get("error", "") for s in steps)
 
 
-def test_the_control_attacker_that_fixes_the_bug_gets_1(world):
-    result, _, _ = run_attack(world, "solve")
-    assert result.verifier_result.rewards["reward"] == 1.0, result.exception_info
-    assert result.verifier_result.rewards["grader_pytest_report"] == 1
+def assert_nothing_leaked(world: World, out: str, trial_dir: Path) -> None:
+    """Nothing of the host leaked or changed, and the trial stayed within its size."""
+    assert world.secret not in out
+    for secret in ("def test_sum_to", "range(1, n + 1)", "n * (n + 1)"):
+        assert secret not in out, f"tests/ or solution/ were readable: {secret!r}"
+    assert not world.host_file.exists(), "a host file was written from the sandbox"
+    assert world.host_proc.poll() is None, "a host process was killed from the sandbox"
+    for code in ("HTTP=200", "HTTP=201"):
+        assert code not in out, f"a host service answered the sandbox: {out[-2000:]}"
+    size = sum(p.stat().st_size for p in trial_dir.rglob("*") if p.is_file())
+    assert size < 80 << 20, f"the trial dir grew to {size} bytes"
+
+
+@pytest.mark.parametrize("kind", sorted(TASKS))
+def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(world, kind):
+    """One test per judge kind, its trials two at a time: the control that fixes the bug gets 1.0,
+    every attacker that acts while the grading runs (the earlier ones, the four that drive the
+    pytest plugin through gc, the call stack, sys.modules and ctypes, and, for the judges outside
+    the process, an always-equal answer and a stolen reference) gets 0."""
+    attacks = ["solve", *sorted(GRADING_ATTACKS)] + (sorted(ANSWER_ATTACKS_TAIL) if kind != "pytest" else [])
+
+    async def all_trials():
+        sem = asyncio.Semaphore(2)
+
+        async def one(attack):
+            async with sem:
+                return attack, await attack_trial(world, attack, task=TASKS[kind])
+        return dict(await asyncio.gather(*(one(a) for a in attacks)))
+
+    for attack, (result, steps, trial_dir) in asyncio.run(all_trials()).items():
+        assert result.verifier_result is not None, (attack, result.exception_info)
+        rewards = result.verifier_result.rewards
+        assert rewards["reward"] == (1.0 if attack == "solve" else 0.0), (kind, attack, rewards, said(steps)[-3000:])
+        if attack == "kill_grader":  # no grading survived: the sandbox refused the planted reward
+            assert rewards == {"reward": 0.0, "reward_rejected": 1}, rewards
+            continue
+        assert rewards[{"pytest": "grader_pytest_report"}.get(kind, f"judge_{kind}")] == 1, (attack, rewards)
+        detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
+        if kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
+            assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
+        if kind == "pytest" and attack == "solve":
+            assert rewards["recheck"] == 1, rewards
+        assert_nothing_leaked(world, said(steps), trial_dir)
+    assert requests.get(world.proxy.url + "/health", timeout=10).status_code == 200
 
 
 def test_a_planted_reward_is_refused_when_the_trial_filters_its_logs(world):
@@ -126,27 +172,12 @@ def test_a_planted_reward_is_refused_when_the_trial_filters_its_logs(world):
     assert not (trial_dir / "verifier" / "test-stdout.txt").exists()  # filtered out, as asked
 
 
-@pytest.mark.parametrize("attack", sorted(a for a in ATTACKS if a != "solve"))
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - {"solve"} - set(GRADING_ATTACKS) - set(ANSWER_ATTACKS_TAIL)))
 def test_attack_gets_reward_0(world, attack):
     result, steps, trial_dir = run_attack(world, attack)
     assert result.verifier_result is not None, result.exception_info
     assert result.verifier_result.rewards["reward"] == 0.0, (attack, said(steps)[-3000:])
-    if attack == "kill_grader":  # no grading survived: the sandbox refused the planted reward
-        assert result.verifier_result.rewards == {"reward": 0.0, "reward_rejected": 1}
-        assert "reward.json.mac" in (trial_dir / "verifier" / "reward_rejected.txt").read_text()
-    elif attack in GRADING_ATTACKS:  # they act while the tests run: the grading must have seen them
-        detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
-        assert detail["grader"] == "pytest-report" and (detail["problems"] or attack == "forged_report_files"), detail
-    out = said(steps)
-    # nothing of the host leaked or changed
-    assert world.secret not in out
-    assert "def test_sum_to" not in out and "range(1, n + 1)" not in out, "tests/ or solution/ were readable"
-    assert not world.host_file.exists(), "a host file was written from the sandbox"
-    assert world.host_proc.poll() is None, "a host process was killed from the sandbox"
-    for code in ("HTTP=200", "HTTP=201"):
-        assert code not in out, f"a host service answered the sandbox: {out[-2000:]}"
-    size = sum(p.stat().st_size for p in trial_dir.rglob("*") if p.is_file())
-    assert size < 80 << 20, f"the trial dir grew to {size} bytes"
+    assert_nothing_leaked(world, said(steps), trial_dir)
     assert requests.get(world.proxy.url + "/health", timeout=10).status_code == 200
 
 
