@@ -1,0 +1,108 @@
+"""The checker and contest judges (collect/tasks/judge.py) run as a task's test.sh runs them,
+outside a sandbox, and the task format that names a task's judge (collect/judges.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collect.judges import TaskJudgeError, check_task, judge_of
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ROOT / "collect" / "tasks"
+CONTEST = ROOT / "datasets" / "toy" / "fix-sum-to"
+CHECKER = ROOT / "tests" / "fixtures" / "tasks" / "checker-sum-to"
+
+
+def judge(tmp: Path, task: Path, mathutil: str | None = None, hide: bool = False, plant=None) -> tuple[dict, dict]:
+    """judge.sh on a copy of the task; `hide`: as in the sandbox, the tests dir's files go once read."""
+    work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
+    shutil.copytree(task / "environment", work)
+    shutil.copytree(task / "tests", tests)
+    out.mkdir()
+    (tests / ".wharf-reward-key").write_text("k" * 64)
+    if mathutil is not None:
+        (work / "mathutil.py").write_text(mathutil)
+    if plant:
+        plant(work)
+    kind = judge_of(task).kind
+    env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_VERIFIER_DIR": str(out),
+           "WHARF_TEST_TIMEOUT": "10", **({} if hide else {"WHARF_TESTS_DIR": str(tests)})}
+    script = f"bash {TOOLS}/judge.sh {kind} {work}"
+    if hide:  # judge.sh hides /tests only: point it at our copy the way the sandbox lays it out
+        script = script.replace(f"{TOOLS}/judge.sh", str(tmp / "judge.sh"))
+        (tmp / "judge.sh").write_text((TOOLS / "judge.sh").read_text().replace('TOOLS="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"', f'TOOLS={TOOLS}')
+                                      .replace('"${WHARF_TESTS_DIR:-/tests}"', str(tests)))
+    p = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert not (tests / ".wharf-reward-key").exists()  # taken before any code under test ran
+    return json.loads((out / "reward.json").read_text()), json.loads((out / "grading.json").read_text())
+
+
+FIXED = (CONTEST / "environment" / "mathutil.py").read_text().replace("range(1, n)", "range(1, n + 1)")
+
+
+@pytest.mark.parametrize("task", [CONTEST, CHECKER], ids=["contest", "checker"])
+def test_the_fix_gets_1_the_bug_0_and_a_print_in_the_code_changes_nothing(tmp_path, task):
+    fixed, _ = judge(tmp_path / "fix", task, "print('hello from the code under test')\n" + FIXED)
+    assert (fixed["reward"], fixed["f2p_passed"], fixed["p2p_passed"], fixed["timed_out"]) == (1.0, 1, 1, 0)
+    bug, detail = judge(tmp_path / "bug", task)
+    assert (bug["reward"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 0, 1)
+    if task is CONTEST:  # the story names a drawn input, the answer and what was expected
+        wrong = detail["checks"]["contest.py::sum_to"]["first_wrong"]
+        assert wrong["answer"]["value"] != wrong["expected"] and detail["seed"] >= 0
+
+
+def test_the_inputs_are_drawn_afresh_and_a_solution_fitted_to_the_visible_ones_gets_0(tmp_path):
+    fitted = "def sum_to(n):\n    return {3: 6, 1: 1}.get(n, 0)\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n"
+    r, _ = judge(tmp_path / "a", CONTEST, fitted)
+    assert (r["reward"], r["f2p_passed"]) == (0.0, 0)
+    _, d1 = judge(tmp_path / "b", CONTEST, FIXED)
+    _, d2 = judge(tmp_path / "c", CONTEST, FIXED)
+    assert d1["seed"] != d2["seed"]
+
+
+def test_the_spec_is_gone_before_the_code_under_test_runs(tmp_path):
+    # the code under test looks for the reference at import: it must find the tests dir empty
+    steal = f"import os\nSEEN = os.listdir({str(tmp_path / 'tests')!r})\nassert not SEEN, SEEN\n" + FIXED
+    r, _ = judge(tmp_path, CONTEST, steal, hide=True)
+    assert r["reward"] == 1.0
+    assert os.listdir(tmp_path / "tests") == []
+
+
+def test_a_checker_reads_no_link_out_of_the_workspace_and_no_fifo(tmp_path):
+    task = ROOT / "datasets" / "learn" / "echo-color"
+    outside = tmp_path / "outside.txt"
+    outside.write_text("blue\n")
+
+    def link(work):
+        (work / "color.txt").symlink_to(outside)
+    r, d = judge(tmp_path / "link", task, plant=link)
+    assert r["reward"] == 0.0 and "outside the workspace" in d["checks"]["check.py::test_result"]["why"]
+    r, d = judge(tmp_path / "fifo", task, plant=lambda work: os.mkfifo(work / "color.txt"))
+    assert r["reward"] == 0.0 and "not a regular file" in d["checks"]["check.py::test_result"]["why"]
+
+
+@pytest.mark.slow
+def test_a_hung_call_is_killed_at_the_timeout(tmp_path):
+    r, _ = judge(tmp_path, CONTEST, "import time\ntime.sleep(3600)\n" + FIXED)
+    assert (r["reward"], r["timed_out"]) == (0.0, 1)
+
+
+def test_the_task_format_names_the_judge_and_a_task_that_lacks_its_files_is_refused(tmp_path):
+    assert judge_of(CONTEST).kind == "contest" and judge_of(CHECKER).kind == "checker"
+    assert check_task(ROOT / "tests" / "fixtures" / "tasks" / "answer").kind == "pytest"  # no key: pytest
+    task = tmp_path / "t"
+    shutil.copytree(CONTEST, task)
+    (task / "tests" / "contest.py").unlink()
+    with pytest.raises(TaskJudgeError, match="needs tests/contest.py"):
+        check_task(task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('judge = "contest"', 'judge = "oracle"'))
+    with pytest.raises(TaskJudgeError, match="is not a judge"):
+        check_task(task)
