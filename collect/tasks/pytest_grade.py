@@ -1,6 +1,7 @@
 """Grade a pytest task from pytest's own reports, not from its printed output.
 
-    python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY] -- PYTEST_ARGS...
+    python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY]
+        [--test-file FILE]... -- PYTEST_OPTIONS...
 
 Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdlib, swebench
 (through grading.py) and, in the test process, pytest. In order:
@@ -10,8 +11,10 @@ Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdl
      between the SWE-bench markers, for people and for swebench's log report;
   3. when the test process exits (or at the timeout), kill every process it left: this process
      is their subreaper, so none escapes by daemonizing and none writes after the grading;
-  4. verify the records and grade them with swebench's rules (grading.grade_statuses), and
-     write grading.json and reward.json last, over anything the tests wrote there.
+  4. verify the records and grade them with swebench's rules (grading.grade_statuses);
+  5. when resolved, run the FAIL_TO_PASS tests again the same way in a fresh process with a
+     fresh key (recheck): they must all pass there too, or the reward is 0;
+  6. write grading.json and reward.json last, over anything the tests wrote there.
 Reward 1.0 needs: the records verify (key, sequence, start first, finish last), no tamper
 record, the process exited by itself before the timeout, every spec test has a status and
 the spec's tests are resolved. The log's own verdict is kept beside it (log_reward) and never
@@ -19,7 +22,8 @@ decides. This process is not dumpable, so the tests cannot read its memory or en
 
 reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
 p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
-session_finished, timed_out, log_reward (what the log alone would have given, -1 if not gradable).
+session_finished, timed_out, log_reward (what the log alone would have given, -1 if not gradable),
+recheck (1 the second run agreed, 0 it did not, -1 not run).
 """
 from __future__ import annotations
 
