@@ -61,6 +61,40 @@ def _codes(*modules):
     return frozenset(out)
 
 
+def call_site(frame, mine, relay, allowed):
+    """The pytest frame that called pluggy, which called the plugin's `frame`; None when the
+    plugin did not ask, or was not called from one of the `allowed` code objects (None: any)."""
+    if frame.f_code not in mine:
+        return None
+    frame = frame.f_back
+    while frame is not None and frame.f_code in mine:  # the plugin's own helpers
+        frame = frame.f_back
+    for _ in range(MAX_WALK):
+        if frame is None or frame.f_code not in relay:
+            break
+        frame = frame.f_back
+    return frame if frame is not None and (allowed is None or frame.f_code in allowed) else None
+
+
+def why_not_genuine(site, report, items, session, classes):
+    """Why call_and_report's frame `site` does not vouch for `report`, or None."""
+    report_cls, call_cls = classes
+    loc = site.f_locals
+    item, call = loc.get("item"), loc.get("call")
+    kept = items.get(id(item))
+    if kept is None or kept[0] is not item or type(item) is not kept[1] or type(report) is not report_cls:
+        return "a report for an item this session did not collect"
+    if loc.get("report") is not report or type(call) is not call_cls or item.session is not session:
+        return "a report pytest's runner did not make"
+    if getattr(item, "obj", None) is not kept[2] or any(k in vars(item) for k in ("runtest", "ihook", "obj")):
+        return "an item changed since collection"
+    if type(report.nodeid) is not str or report.nodeid != item.nodeid or report.when != call.when:
+        return "a report that does not match its item"
+    if report.when == "call" and report.outcome == "passed" and call.excinfo is not None:
+        return "a passed report for a call that raised"
+    return None
+
+
 def install(key, fd, recorder_cls, signer):
     import _pytest.main
     import _pytest.reports
@@ -76,7 +110,7 @@ def install(key, fd, recorder_cls, signer):
              "test": {_pytest.runner.call_and_report.__code__}, "collect": _codes(_pytest.main, _pytest.runner),
              "items": _codes(_pytest.main), "tamper": None}
     protected = mine | relay | _codes(_pytest.main, _pytest.runner)
-    report_cls, call_cls, session_cls = _pytest.reports.TestReport, _pytest.runner.CallInfo, _pytest.main.Session
+    classes, session_cls = (_pytest.reports.TestReport, _pytest.runner.CallInfo), _pytest.main.Session
     st = {"seq": 0, "session": None, "items": {}}
 
     def send(kind, *fields):
@@ -89,36 +123,6 @@ def install(key, fd, recorder_cls, signer):
         except OSError:
             pass  # the grader is gone or the descriptor was closed: records missing, a failure
 
-    def site_of(kind):
-        """The frame that called the hook which called the plugin, if the plugin asked."""
-        frame = getframe(2)
-        if frame.f_code not in mine:
-            return None
-        frame = frame.f_back
-        while frame is not None and frame.f_code in mine:  # the plugin's own helpers
-            frame = frame.f_back
-        for _ in range(MAX_WALK):
-            if frame is None or frame.f_code not in relay:
-                break
-            frame = frame.f_back
-        return frame if frame is not None and (sites[kind] is None or frame.f_code in sites[kind]) else None
-
-    def genuine_test(site, report):
-        loc = site.f_locals
-        item, call = loc.get("item"), loc.get("call")
-        kept = st["items"].get(id(item))
-        if kept is None or kept[0] is not item or type(item) is not kept[1] or type(report) is not report_cls:
-            return "a report for an item this session did not collect"
-        if loc.get("report") is not report or type(call) is not call_cls or item.session is not st["session"]:
-            return "a report pytest's runner did not make"
-        if getattr(item, "obj", None) is not kept[2] or any(k in vars(item) for k in ("runtest", "ihook", "obj")):
-            return "an item changed since collection"
-        if type(report.nodeid) is not str or report.nodeid != item.nodeid or report.when != call.when:
-            return "a report that does not match its item"
-        if report.when == "call" and report.outcome == "passed" and call.excinfo is not None:
-            return "a passed report for a call that raised"
-        return None
-
     def hook(event, args):
         if event != "wharf.record":
             why = _refused(event, args, protected)
@@ -126,8 +130,9 @@ def install(key, fd, recorder_cls, signer):
                 send("tamper", "refused: " + why)
                 raise RuntimeError("wharf: %s is refused while the tests are graded" % why)
             return
-        kind = args[0] if args and type(args[0]) is str else ""
-        site = site_of(kind) if kind in sites else None
+        kind = args[0] if len(args) > 1 and type(args[0]) is str else ""
+        # getframe(1): the code that called sys.audit, which must be the plugin's
+        site = call_site(getframe(1), mine, relay, sites[kind]) if kind in sites else None
         if site is None:
             send("tamper", "a %s record asked for outside pytest's own call site" % kind[:20])
             return
@@ -139,7 +144,7 @@ def install(key, fd, recorder_cls, signer):
             st["items"] = {id(i): (i, type(i), getattr(i, "obj", None)) for i in list(args[1])}
         elif kind == "test":
             report = args[1]
-            why = genuine_test(site, report)
+            why = why_not_genuine(site, report, st["items"], st["session"], classes)
             if why:
                 send("tamper", why)
             else:

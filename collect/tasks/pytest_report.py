@@ -142,7 +142,7 @@ class Recorder:
         self._pm = session.config.pluginmanager
         self._names = _watched()
         self._modules, self._hooks = _module_snapshot(self._names), _hook_snapshot(self._pm)
-        self._send("start")
+        self._send("start", "")
 
     def pytest_collectreport(self, report):
         if report.failed:
