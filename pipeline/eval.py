@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,7 +148,9 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint) -> dict:
 
 
 def _interval(iv) -> dict:
-    return {"mean": iv.mean, "low": iv.low, "high": iv.high, "tasks": iv.clusters}
+    """JSON's null, not NaN, where there is no interval (one task): strict readers refuse NaN."""
+    bound = (lambda v: None if math.isnan(v) else v)
+    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters}
 
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
@@ -175,7 +178,7 @@ def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Polic
                "last": labels, "policies": entries, "paired": paired}
     ev.root.mkdir(parents=True, exist_ok=True)
     tmp = ev.summary.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
+    tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
     tmp.replace(ev.summary)
     return summary
 

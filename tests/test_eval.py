@@ -102,13 +102,14 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
     ev = RunLayout(tmp_path / "t").eval("heldout-echo-color-1")
     summary = json.loads(ev.summary.read_text())
     assert summary["last"] == ["base", "adapter-my-adapter"] and summary["attempts"] == 2
+    assert "NaN" not in ev.summary.read_text()  # one task: no interval, written as null
     assert "base: reward" in out.stdout and f"{adapter} - base:" in out.stdout and "pass@2" in out.stdout
     seeds = {}
     for label in summary["last"]:
         collect = ev.policy(label).round(0).collect
         rows = schema.read_table(collect.rollouts, "rollouts").to_pylist()
         assert sorted(r["attempt"] for r in rows) == [0, 1] and json.loads(collect.manifest.read_text())["state"] == "done"
-        turns = schema.read_table(collect.turns, "turns").to_pylist()
+        turns = schema.read_dir(collect.turns, "turns").to_pylist()
         seeds[label] = sorted((r["rollout_id"].split(".")[2], r["turn"], json.loads(r["sampling"])["seed"]) for r in turns
                               if r["turn"] == 0)
         assert {r["policy"] for r in turns} == {"smollm2-135m" if label == "base" else Policy(

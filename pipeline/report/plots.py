@@ -49,7 +49,9 @@ def heldout_points(rounds: list[RoundData]) -> list[tuple[int, float, float, flo
         if h:
             pts.setdefault(0, h.get("base") or {})
             pts[h["k"]] = h
-    return [(k, d["mean"], d.get("low", d["mean"]), d.get("high", d["mean"]))
+    def bound(d: dict, key: str) -> float:
+        return d[key] if isinstance(d.get(key), (int, float)) else d["mean"]  # null: one task, no interval
+    return [(k, d["mean"], bound(d, "low"), bound(d, "high"))
             for k, d in sorted(pts.items()) if isinstance(d.get("mean"), (int, float))]
 
 
@@ -60,8 +62,7 @@ def reward(rounds, fig) -> bool:
     held = heldout_points(rounds)
     if held:
         ks, ms, lo, hi = zip(*held)
-        err = [[max(m - v, 0) if v == v else 0 for m, v in zip(ms, lo)],
-               [max(v - m, 0) if v == v else 0 for m, v in zip(ms, hi)]]  # v == v: not NaN (one task)
+        err = [[max(m - v, 0) for m, v in zip(ms, lo)], [max(v - m, 0) for m, v in zip(ms, hi)]]
         ax.errorbar(ks, ms, yerr=err, marker="s", capsize=3, label="held-out reward (95% interval)")
     ax.set_ylim(-0.02, 1.02)
     _rounds_axis(ax, "reward per round (round k samples policy-v<k>)")
