@@ -117,3 +117,22 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
     assert seeds["base"] == seeds["adapter-my-adapter"]  # the same seed for the same (task, attempt): paired
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # finished: nothing re-run
     assert again.returncode == 0 and again.stdout.splitlines()[1] == out.stdout.splitlines()[1]
+
+
+def test_summary_json_and_printed_figures(tmp_path):
+    from pipeline.eval import summary_lines, write_summary
+    from pipeline.eval_stats import Trial
+
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "eval.dataset=datasets/learn/heldout", "eval.attempts=2"])
+    ev = cfg.layout.eval(eval_name(cfg))
+    base = [Trial("a", 0, 0.0), Trial("a", 1, 1.0), Trial("b", 0, 0.0), Trial("b", 1, 0.0)]
+    new = [Trial("a", 0, 1.0), Trial("a", 1, 1.0), Trial("b", 0, 1.0), Trial("b", 1, 0.0)]
+    s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), base),
+                                "x": (Policy("runs/R:2", "x", tmp_path, 2), new)})
+    assert json.loads(ev.summary.read_text()) == s and ev.root.name == "learn-heldout"
+    assert s["policies"]["x"]["pass_at"] == {"1": 0.75, "2": 1.0} and s["policies"]["x"]["successes"]["b"] == [1, 2]
+    d = s["paired"]["x - base"]
+    assert (d["mean"], d["pairs"], d["tasks"]) == (0.5, 4, 2) and d["low"] == pytest.approx(0.5)  # +0.5 on each task
+    lines = summary_lines(s)
+    assert "base: reward 0.250 [-2.927, 3.427] over 4 trials; pass@1 0.250, pass@2 0.500" in lines[1]  # a: 1 of 2, b: 0 of 2
+    assert lines[4] == "    successes: a 2/2 b 1/2" and "runs/R:2 - base: 0.500 [0.500, 0.500]" in lines[5]
