@@ -50,12 +50,15 @@ class Policy:
     adapter: Path | None  # None: the base model
     round: int | None = None  # k of a run round's policy-v<k> (0: base)
 
+    @property
+    def digest(self) -> str:
+        """The adapter's weights' sha256 prefix: what tells two adapters apart."""
+        return hashlib.sha256(adapter_weights(self.adapter).read_bytes()).hexdigest()[:12]
+
     def served_name(self, base: str) -> str:
         """The model name to sample: the base's, or one named by the adapter's weights (the same
         weights are loaded once, a different adapter never reuses a name)."""
-        if self.adapter is None:
-            return base
-        return "eval-" + hashlib.sha256(adapter_weights(self.adapter).read_bytes()).hexdigest()[:12]
+        return base if self.adapter is None else f"eval-{self.digest}"
 
 
 def _slug(text: str) -> str:
@@ -81,7 +84,8 @@ def resolve(spec: str, key: str = "eval.policies") -> Policy:
     if not has_adapter(adapter):
         raise EvalError(f"{key}: {spec!r} is neither base nor <run dir>:<k>, and {adapter} holds no adapter "
                         "(no adapter_config.json)")
-    return Policy(spec, _slug(f"adapter-{adapter.resolve().name}"), adapter)
+    named = Policy(spec, "", adapter)  # two adapter dirs of one name (.../train/adapter) differ by weights
+    return dataclasses.replace(named, label=_slug(f"adapter-{adapter.resolve().name}-{named.digest[:6]}"))
 
 
 def eval_name(cfg: RunConfig) -> str:
@@ -217,7 +221,7 @@ def _eval(cfg: RunConfig) -> int:
     try:
         discover(dataset_of(cfg))
     except TaskSetError as e:
-        raise EvalError(f"eval.dataset (or collect.dataset when unset): {e}".replace("collect.dataset: ", "")) from None
+        raise EvalError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
     labels = [p.label for p in policies]
     if len(set(labels)) < len(labels):
         raise EvalError(f"eval.policies: {cfg.eval.policies} names the same policy twice ({labels})")

@@ -49,7 +49,7 @@ def test_specs_resolve_to_their_weights_or_name_the_missing_path(adapters):
     p = resolve(f"{run.root}:3")
     assert (p.adapter, p.round, p.label) == (run.round(2).train.adapter, 3, "R-policy-v3")
     q = resolve(str(adapter))
-    assert q.adapter == adapter and q.label == "adapter-my-adapter"
+    assert q.adapter == adapter and q.label == f"adapter-my-adapter-{q.digest[:6]}"
     assert p.served_name("m") != q.served_name("m") and p.served_name("m") == resolve(f"{run.root}:3").served_name("x")
     with pytest.raises(EvalError, match=f"{run.round(1).train.adapter}.*rounds on disk: \\[2\\]"):
         resolve(f"{run.root}:2")
@@ -101,7 +101,8 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     ev = RunLayout(tmp_path / "t").eval("heldout-echo-color-1")
     summary = json.loads(ev.summary.read_text())
-    assert summary["last"] == ["base", "adapter-my-adapter"] and summary["attempts"] == 2
+    label = resolve(str(adapter)).label
+    assert summary["last"] == ["base", label] and summary["attempts"] == 2
     assert "NaN" not in ev.summary.read_text()  # one task: no interval, written as null
     assert "base: reward" in out.stdout and f"{adapter} - base:" in out.stdout and "pass@2" in out.stdout
     seeds = {}
@@ -114,7 +115,7 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
                               if r["turn"] == 0)
         assert {r["policy"] for r in turns} == {"smollm2-135m" if label == "base" else Policy(
             "", "", adapter).served_name("")}
-    assert seeds["base"] == seeds["adapter-my-adapter"]  # the same seed for the same (task, attempt): paired
+    assert seeds["base"] == seeds[label]  # the same seed for the same (task, attempt): paired
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # finished: nothing re-run
     assert again.returncode == 0 and again.stdout.splitlines()[1] == out.stdout.splitlines()[1]
 
