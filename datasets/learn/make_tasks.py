@@ -51,60 +51,75 @@ exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
 """
 
 
-def draw(kind: str, rng: random.Random) -> dict:
-    """One instance of `kind`: what to do, the command, files, and test_result / test_kept bodies."""
-    if kind == "append-line":
-        v, n = rng.choice(VARS), rng.randrange(2, 100)
-        return dict(what=f"Add the line {v} = {n} to the end of config.py.", cmd=f"echo '{v} = {n}' >> config.py",
-                    files={"config.py": 'name = "app"\n'},
-                    result=f"    import config\n    assert config.{v} == {n}\n",
-                    kept='    import config\n    assert config.name == "app"\n')
-    if kind == "cp-backup":
-        src, dst = rng.sample(WORDS, 2)
-        text = rng.choice(["buy bread", "call mum", "pay rent", "water plants"])
-        return dict(what=f"Copy {src}.txt to {dst}.txt.", cmd=f"cp {src}.txt {dst}.txt", files={f"{src}.txt": f"{text}\n"},
-                    result=f"    assert Path({dst + '.txt'!r}).read_text() == {text + chr(10)!r}\n",
-                    kept=f"    assert Path({src + '.txt'!r}).read_text() == {text + chr(10)!r}\n")
-    if kind == "echo-color":
-        c = rng.choice(COLORS)
-        return dict(what=f"Create a file named color.txt that contains the word {c}.", cmd=f"echo {c} > color.txt",
-                    files={"notes.txt": "colors: " + " ".join(COLORS) + "\n"},
-                    result=f"    assert Path('color.txt').read_text().strip() == {c!r}\n",
-                    kept="    assert 'colors' in Path('notes.txt').read_text()\n")
-    if kind == "echo-number":
-        n = rng.randrange(2, 100)
-        return dict(what=f"Write the number {n} into the file count.txt.", cmd=f"echo {n} > count.txt",
-                    files={"notes.txt": "count the days of the week\n"},
-                    result=f"    assert Path('count.txt').read_text().strip() == {str(n)!r}\n",
-                    kept="    assert 'week' in Path('notes.txt').read_text()\n")
-    if kind == "mkdir-out":
-        d = rng.choice(WORDS + ["out", "build", "dist", "tmp", "data"])
-        return dict(what=f"Create a directory named {d}.", cmd=f"mkdir {d}", files={"README.md": "# project\n"},
-                    result=f"    assert Path({d!r}).is_dir()\n", kept="    assert Path('README.md').exists()\n")
-    if kind == "mv-rename":
-        src, dst = rng.sample(WORDS, 2)
-        return dict(what=f"Rename {src}.txt to {dst}.txt.", cmd=f"mv {src}.txt {dst}.txt",
-                    files={f"{src}.txt": "the report\n", "README.md": "# docs\n"},
-                    result=f"    assert Path({dst + '.txt'!r}).read_text() == 'the report\\n' "
-                           f"and not Path({src + '.txt'!r}).exists()\n",
-                    kept="    assert Path('README.md').exists()\n")
-    if kind == "sed-sub":
-        fn, wrong, right, (a, b), want = rng.choice(OPS)
-        other = "mul" if fn != "mul" else "add"
-        other_op = "a * b" if other == "mul" else "a + b"
-        return dict(what=f"The function {fn} in ops.py computes {wrong} instead of {right}.",
-                    cmd=f"sed -i 's/{wrong}/{right}/' ops.py", fix_word="Run this command to fix it:",
-                    files={"ops.py": f"def {fn}(a, b):\n    return {wrong}\n\n\ndef {other}(a, b):\n    return {other_op}\n"},
-                    result=f"    from ops import {fn}\n    assert {fn}({a}, {b}) == {want}\n",
-                    kept=f"    from ops import {other}\n    assert {other}(2, 3) == {6 if other == 'mul' else 5}\n")
-    if kind == "sed-world":
-        right, typo = rng.choice(TYPOS)
-        return dict(what=f"msg.py has a typo: it says {typo} instead of {right}.", cmd=f"sed -i 's/{typo}/{right}/' msg.py",
-                    fix_word="Run this command to fix it:",
-                    files={"msg.py": f'def msg():\n    return "Hello, {typo}!"\n\n\ndef size():\n    return 3\n'},
-                    result=f"    from msg import msg\n    assert msg() == 'Hello, {right}!'\n",
-                    kept="    from msg import size\n    assert size() == 3\n")
-    raise ValueError(f"unknown kind {kind!r}")
+def _append_line(rng: random.Random) -> dict:
+    v, n = rng.choice(VARS), rng.randrange(2, 100)
+    return dict(what=f"Add the line {v} = {n} to the end of config.py.", cmd=f"echo '{v} = {n}' >> config.py",
+                files={"config.py": 'name = "app"\n'},
+                result=f"    import config\n    assert config.{v} == {n}\n",
+                kept='    import config\n    assert config.name == "app"\n')
+
+
+def _cp_backup(rng: random.Random) -> dict:
+    src, dst = rng.sample(WORDS, 2)
+    text = rng.choice(["buy bread", "call mum", "pay rent", "water plants"])
+    return dict(what=f"Copy {src}.txt to {dst}.txt.", cmd=f"cp {src}.txt {dst}.txt", files={f"{src}.txt": f"{text}\n"},
+                result=f"    assert Path({dst + '.txt'!r}).read_text() == {text + chr(10)!r}\n",
+                kept=f"    assert Path({src + '.txt'!r}).read_text() == {text + chr(10)!r}\n")
+
+
+def _echo_color(rng: random.Random) -> dict:
+    c = rng.choice(COLORS)
+    return dict(what=f"Create a file named color.txt that contains the word {c}.", cmd=f"echo {c} > color.txt",
+                files={"notes.txt": "colors: " + " ".join(COLORS) + "\n"},
+                result=f"    assert Path('color.txt').read_text().strip() == {c!r}\n",
+                kept="    assert 'colors' in Path('notes.txt').read_text()\n")
+
+
+def _echo_number(rng: random.Random) -> dict:
+    n = rng.randrange(2, 100)
+    return dict(what=f"Write the number {n} into the file count.txt.", cmd=f"echo {n} > count.txt",
+                files={"notes.txt": "count the days of the week\n"},
+                result=f"    assert Path('count.txt').read_text().strip() == {str(n)!r}\n",
+                kept="    assert 'week' in Path('notes.txt').read_text()\n")
+
+
+def _mkdir_out(rng: random.Random) -> dict:
+    d = rng.choice(WORDS + ["out", "build", "dist", "tmp", "data"])
+    return dict(what=f"Create a directory named {d}.", cmd=f"mkdir {d}", files={"README.md": "# project\n"},
+                result=f"    assert Path({d!r}).is_dir()\n", kept="    assert Path('README.md').exists()\n")
+
+
+def _mv_rename(rng: random.Random) -> dict:
+    src, dst = rng.sample(WORDS, 2)
+    return dict(what=f"Rename {src}.txt to {dst}.txt.", cmd=f"mv {src}.txt {dst}.txt",
+                files={f"{src}.txt": "the report\n", "README.md": "# docs\n"},
+                result=f"    assert Path({dst + '.txt'!r}).read_text() == 'the report\\n' "
+                       f"and not Path({src + '.txt'!r}).exists()\n",
+                kept="    assert Path('README.md').exists()\n")
+
+
+def _sed_sub(rng: random.Random) -> dict:
+    fn, wrong, right, (a, b), want = rng.choice(OPS)
+    other = "mul" if fn != "mul" else "add"
+    other_op = "a * b" if other == "mul" else "a + b"
+    return dict(what=f"The function {fn} in ops.py computes {wrong} instead of {right}.",
+                cmd=f"sed -i 's/{wrong}/{right}/' ops.py", fix_word="Run this command to fix it:",
+                files={"ops.py": f"def {fn}(a, b):\n    return {wrong}\n\n\ndef {other}(a, b):\n    return {other_op}\n"},
+                result=f"    from ops import {fn}\n    assert {fn}({a}, {b}) == {want}\n",
+                kept=f"    from ops import {other}\n    assert {other}(2, 3) == {6 if other == 'mul' else 5}\n")
+
+
+def _sed_world(rng: random.Random) -> dict:
+    right, typo = rng.choice(TYPOS)
+    return dict(what=f"msg.py has a typo: it says {typo} instead of {right}.", cmd=f"sed -i 's/{typo}/{right}/' msg.py",
+                fix_word="Run this command to fix it:",
+                files={"msg.py": f'def msg():\n    return "Hello, {typo}!"\n\n\ndef size():\n    return 3\n'},
+                result=f"    from msg import msg\n    assert msg() == 'Hello, {right}!'\n",
+                kept="    from msg import size\n    assert size() == 3\n")
+
+
+# kind -> its draw: what to do, the command, files, and the bodies of test_result / test_kept
+DRAW = {"append-line": _append_line, "cp-backup": _cp_backup, "echo-color": _echo_color, "echo-number": _echo_number, "mkdir-out": _mkdir_out, "mv-rename": _mv_rename, "sed-sub": _sed_sub, "sed-world": _sed_world}
 
 
 def training_commands() -> set[str]:
@@ -117,7 +132,7 @@ def heldout() -> list[dict]:
     for kind in KINDS:
         seed = HELDOUT_SEED
         while sum(t["kind"] == kind for t in out) < HELDOUT_COPIES:
-            t = draw(kind, random.Random(f"{seed}:{kind}"))
+            t = DRAW[kind](random.Random(f"{seed}:{kind}"))
             if t["cmd"] not in seen:
                 seen.add(t["cmd"])
                 out.append({**t, "kind": kind, "name": f"{kind}-{sum(x['kind'] == kind for x in out) + 1}"})
