@@ -119,7 +119,8 @@ def _sed_world(rng: random.Random) -> dict:
 
 
 # kind -> its draw: what to do, the command, files, and the bodies of test_result / test_kept
-DRAW = {"append-line": _append_line, "cp-backup": _cp_backup, "echo-color": _echo_color, "echo-number": _echo_number, "mkdir-out": _mkdir_out, "mv-rename": _mv_rename, "sed-sub": _sed_sub, "sed-world": _sed_world}
+DRAW = {"append-line": _append_line, "cp-backup": _cp_backup, "echo-color": _echo_color, "echo-number": _echo_number,
+        "mkdir-out": _mkdir_out, "mv-rename": _mv_rename, "sed-sub": _sed_sub, "sed-world": _sed_world}
 
 
 def training_commands() -> set[str]:
