@@ -130,11 +130,12 @@ def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[str]:
                 log.warning("could not unload %s: %s", name, e)
 
 
-def read_trials(run: RunLayout) -> list[Trial]:
-    """The scored trials of a policy's collect job (a policy-side failure without a reward scores 0)."""
+def read_trials(run: RunLayout, attempts: int) -> list[Trial]:
+    """The scored trials of a policy's collect job, attempts 0..attempts-1 (an earlier call with more
+    attempts left more); a policy-side failure without a reward scores 0."""
     rows = schema.read_table(run.round(0).collect.rollouts, "rollouts").to_pylist()
     return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0)
-            for r in rows if r["status"] not in UNSCORED]
+            for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
 
 
 def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint) -> dict:
@@ -147,7 +148,7 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint) -> dict:
         with serving(ep, cfg, p) as served:
             log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
             collect_round(policy_config(cfg, ev, p, served))
-        results[p.label] = (p, read_trials(run))
+        results[p.label] = (p, read_trials(run, cfg.eval.attempts))
     return write_summary(ev, cfg, results)
 
 
