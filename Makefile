@@ -22,7 +22,7 @@ NODE_DIR := collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop replay report test test-fast bench clean \
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure
 
 setup: $(VENV)/.installed
@@ -146,6 +146,11 @@ experiment-multiturn: setup
 experiment-multiturn-figure: setup
 	$(WHARF) report --out docs/multiturn.png --compare \
 		$(foreach r,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*),$(notdir $(r))=$(r))
+
+# Policies side by side on a task set, no training (docs/eval.md):
+#   make eval CONFIG=configs/multiturn.yaml eval.dataset=datasets/multiturn/heldout "eval.policies=[base,runs/multiturn:5]"
+eval: setup
+	$(WHARF) eval --config $(CONFIG) $(DOTTED) $(ARGS)
 
 # Rewrite runs/<run>/report.html: make report RUN=runs/learn
 RUN ?= runs/default

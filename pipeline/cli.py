@@ -17,6 +17,7 @@ COMMANDS = {
     "train": ("pipeline.train", "LoRA GRPO on a round's micro-batches; publishes policy-v<round+1>"),
     "publish": ("train.publish", "publish (again) the adapter `wharf train` wrote"),
     "loop": ("pipeline.loop", "collect -> convert -> train -> publish, `rounds` times; resumable"),
+    "eval": ("pipeline.eval", "policies side by side on a task set (base, <run>:<k>, adapter dirs); no training"),
     "replay": ("pipeline.replay", "convert + train from stored collect dirs; no agent, no endpoint"),
     "report": ("pipeline.report.cli", "write a run's report.html, or draw runs' rewards side by side"),
     "serve": ("collect.engine.cli", "serve the local engine (vLLM's HTTP API)"),

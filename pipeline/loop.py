@@ -9,7 +9,10 @@ finished rollouts, convert is atomic, train restarts from its last checkpoint). 
 continues a finished loop. The endpoint is started once for the whole loop when `endpoint.launch`
 is set and nothing answers (and stopped when the loop ends); before each round samples, the loop
 makes sure the endpoint serves that round's policy, loading the adapter again after an endpoint
-restart. After each round the loop's health checks (pipeline/health.py) run and stop the loop,
+restart. With `loop.eval_every: N`, every N rounds the policy just published (and the base model,
+once) is evaluated on `loop.eval_dataset` (pipeline/eval.py, into runs/<run>/evals/), and the
+round's line and the report show the held-out reward beside the training reward. After each
+round the loop's health checks (pipeline/health.py) run and stop the loop,
 naming what failed, when it is not learning.
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ from wharf.endpoint import Endpoint, launch, with_key
 from wharf.entry import guarded
 from wharf.layout import RunLayout, has_adapter, policy_name
 
+from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
 from .report.data import gather_round, round_line
 from .stages import LoopError, convert_stage, read_marker, run_stage, train_stage, write_report
@@ -97,6 +101,27 @@ def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     return {"policy": name, "adapter": str(adapter), "published": True}
 
 
+def eval_due(every: int, k: int) -> bool:
+    """Whether the loop evaluates after round k, i.e. the policy-v<k+1> it just published."""
+    return every > 0 and (k + 1) % every == 0
+
+
+def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
+    """policy-v<k+1> and the base on loop.eval_dataset, eval.attempts trials a task with the same
+    seeds (the base's trials are run once, the first time, and reused: a finished job is kept)."""
+    k = cfg.round + 1
+    run = RunLayout.of(cfg.runs_dir, cfg.name).root
+    ecfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, dataset=cfg.loop.eval_dataset, name=None,
+                                                             policies=["base", f"{run}:{k}"]))
+    summary = evaluate(ecfg, [resolve(s) for s in ecfg.eval.policies], ep)
+    base, new = (summary["policies"][label] for label in summary["last"])
+    diff = summary["paired"][f"{new['label']} - {base['label']}"]
+    keep = ("mean", "low", "high", "tasks")
+    return {"policy": policy_name(k), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
+            **{key: new["reward"][key] for key in keep}, "base": {key: base["reward"][key] for key in keep},
+            "diff": {key: diff[key] for key in keep}}
+
+
 def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
@@ -104,6 +129,8 @@ def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     run_stage(rnd, "train", lambda: train_stage(cfg))
     measure_shift(cfg)
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
+    if ep is not None and eval_due(cfg.loop.eval_every, cfg.round):
+        run_stage(rnd, "eval", lambda: eval_stage(cfg, ep))
 
 
 def print_round(layout: RunLayout, k: int) -> None:

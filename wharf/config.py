@@ -271,9 +271,49 @@ class HealthConfig:
     max_bad_share: Annotated[float, Field(ge=0, le=1)] = 0.5
 
 
+def check_policy_spec(spec: str, key: str) -> str:
+    """The forms a policy to evaluate takes (pipeline/eval.py resolves them): `base`, a run's round
+    `<run dir>:<k>` (policy-v<k> of that run), or an adapter dir."""
+    head, sep, tail = spec.rpartition(":")
+    if not spec.strip() or (sep and (not head or not tail.isdigit())):
+        raise ValueError(f"{key}: {spec!r} is not a policy: use base (the endpoint's model), <run dir>:<k> "
+                         "(policy-v<k> of that run, e.g. runs/multiturn:5), or an adapter dir (adapter_config.json)")
+    return spec
+
+
+@dataclass
+class EvalConfig:
+    """`wharf eval` (and the loop's held-out evaluation): policies side by side on one task set."""
+
+    # A harbor task dir or a directory of them; None: collect.dataset.
+    dataset: str | None = None
+    # base, <run dir>:<k> (policy-v<k> of that run), or an adapter dir; each against the same seeds.
+    policies: list[str] = field(default_factory=lambda: ["base"])
+    attempts: Positive = 4  # trials per task and policy (pass@k up to k = attempts)
+    # The folder under runs/<name>/evals/; None: named after the dataset (datasets/multiturn/heldout
+    # -> multiturn-heldout), so the same command resumes and a policy already run is not run again.
+    name: str | None = None
+
+    def __post_init__(self):
+        for i, spec in enumerate(self.policies):
+            check_policy_spec(spec, f"eval.policies[{i}]")
+        if self.name is not None and (not self.name.strip() or "/" in self.name or self.name in (".", "..")):
+            raise ValueError(f"eval.name={self.name!r}: a folder name (no '/'), or null to name it after the dataset")
+
+
 @dataclass
 class LoopConfig:
     health: HealthConfig = field(default_factory=HealthConfig)
+    # Every this many rounds (0: never) the loop evaluates the policy it just published on
+    # eval_dataset (and the base model once) with eval.attempts trials per task: held-out reward
+    # per round beside the training reward, in the round's line and the report.
+    eval_every: NonNegative = 0
+    eval_dataset: str | None = None  # a held-out split, e.g. datasets/multiturn/heldout
+
+    def __post_init__(self):
+        if self.eval_every and not self.eval_dataset:
+            raise ValueError(f"loop.eval_every={self.eval_every} needs loop.eval_dataset: the task set to evaluate "
+                             "on (a held-out split, e.g. datasets/multiturn/heldout)")
 
 
 @dataclass
@@ -292,6 +332,7 @@ class RunConfig:
     convert: ConvertConfig = field(default_factory=ConvertConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self):
         if self.train.loss_agg == "constant" and not self.train.loss_constant and self.rollout_budget() is None:

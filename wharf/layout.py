@@ -8,7 +8,10 @@ runs/<run>/
   rounds/<k>/train/     metrics.jsonl, checkpoint/, adapter/ (policy-v<k+1>), optimizer.pt, result.json, shift.json,
                         offpolicy.json (replay), prox-rank<r>.safetensors (while training)
   rounds/<k>/health.json  the loop's checks of the round
-  rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json
+  rounds/<k>/done/      the loop's stage markers: collect.json, convert.json, train.json, publish.json, eval.json
+  evals/<eval>/summary.json           `wharf eval`'s figures per policy and the paired differences
+  evals/<eval>/<policy>/rounds/0/collect/   each policy's trials: a one-round run of its own (a normal
+                                      collect job: turns, rollouts, manifest, harbor trials)
   report.html, report/*.png
 ```
 
@@ -208,6 +211,13 @@ class RunLayout:
         """Where accelerate's trackers (train.log_with: tensorboard, ...) write, one run per run dir."""
         return self.root / "trackers"
 
+    @property
+    def evals(self) -> Path:
+        return self.root / "evals"
+
+    def eval(self, name: str) -> "EvalLayout":
+        return EvalLayout(self.evals / name)
+
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)
 
@@ -217,3 +227,17 @@ class RunLayout:
         if not base.is_dir():
             return []
         return sorted(int(p.name) for p in base.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+@dataclass(frozen=True)
+class EvalLayout:
+    root: Path  # runs/<run>/evals/<eval>
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+    def policy(self, label: str) -> RunLayout:
+        """A policy's trials as a one-round run (runs_dir = this eval's dir, name = the label): the
+        collect round machinery writes it unchanged, and convert, audit and report read it."""
+        return RunLayout(self.root / label)

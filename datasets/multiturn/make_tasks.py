@@ -6,6 +6,11 @@ the value. Solving takes two model calls, the second depending on what the first
 six tasks show the whole second command (value included: copy it from the output), two show
 only the value (put it in place of a placeholder in the command the instruction gives). The
 values are drawn from a fixed seed, so running this again writes the same files.
+
+The held-out split, heldout/ (never trained on: for `wharf eval` and `loop.eval_dataset`), holds
+HELDOUT_COPIES instances of each kind, named <kind>-<i>, whose values come from other seeds:
+seeds from HELDOUT_SEED up, each kept only when none of its values is a value of the training
+split or of an instance kept before (so a policy that remembered the training values fails them).
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SEED = 17
+HELDOUT_SEED = 1000
+HELDOUT_COPIES = 2  # 16 held-out instances for the 8 trained on
 WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "lantern", "walnut",
          "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
 
@@ -140,10 +147,31 @@ def write(t: dict, root: Path) -> None:
         sh.chmod(0o755)
 
 
+def heldout(train: list[dict]) -> list[dict]:
+    """HELDOUT_COPIES instances of every kind, from the first seeds >= HELDOUT_SEED whose values
+    are all new (disjoint from the training values and from each other)."""
+    seen = {t["value"] for t in train}
+    out, seed = [], HELDOUT_SEED
+    while len(out) < HELDOUT_COPIES * len(train):
+        drawn = tasks(random.Random(seed))
+        values = [t["value"] for t in drawn]
+        if len(set(values)) == len(values) and not seen & set(values):
+            seen |= set(values)
+            copy = len(out) // len(train) + 1
+            out += [{**t, "name": f"{t['name']}-{copy}"} for t in drawn]
+        seed += 1
+    return out
+
+
 def main() -> None:
-    for t in tasks(random.Random(SEED)):
+    train = tasks(random.Random(SEED))
+    for t in train:
         write(t, HERE)
         print(f"{t['name']}: {t['value']}")
+    shutil.rmtree(HERE / "heldout", ignore_errors=True)
+    for t in heldout(train):
+        write(t, HERE / "heldout")
+        print(f"heldout/{t['name']}: {t['value']}")
 
 
 if __name__ == "__main__":

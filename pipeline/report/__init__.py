@@ -13,7 +13,7 @@ from pathlib import Path
 
 from wharf.layout import RunLayout
 
-from .data import STAGES, RoundData, gather
+from .data import STAGES, RoundData, gather, gather_evals
 from .plots import PLOTS, draw_all
 
 __all__ = ["write_report", "render", "gather"]
@@ -63,7 +63,28 @@ CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-col
        "figure{margin:1.5em 0}")
 
 
-def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
+def _iv(d: dict) -> str:
+    ok = all(isinstance(d.get(k), (int, float)) for k in ("low", "high"))
+    return f"[{d['low']:.3f}, {d['high']:.3f}]" if ok else "–"
+
+
+def _eval_rows(evals: list[tuple[str, dict]]) -> tuple[list[list], list[list]]:
+    """Per policy: trials, mean reward and its interval, pass@1, pass@k; per pair: the difference."""
+    pol, diff = [], []
+    for name, s in evals:
+        for e in s["policies"].values():
+            r, pk = e.get("reward") or {}, e.get("pass_at") or {}
+            top = max(pk, key=int) if pk else None
+            pol.append([name, e.get("spec"), e.get("trials"), r.get("mean"), _iv(r), pk.get("1"),
+                        f"pass@{top} {pk[top]:.3f}" if top else None])
+        for d in (s.get("paired") or {}).values():
+            specs = [s["policies"].get(d.get(x), {}).get("spec") for x in ("a", "b")]
+            diff.append([name, f"{specs[0]} − {specs[1]}", d.get("pairs"), d.get("mean"), _iv(d)])
+    return pol, diff
+
+
+def render(name: str, rounds: list[RoundData], images: dict[str, str],
+           evals: list[tuple[str, dict]] = ()) -> str:
     """The page, given the plots' paths relative to it (pure: no I/O)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>wharf run {html.escape(name)}</title>"
              f"<style>{CSS}</style></head><body><h1>wharf run {html.escape(name)}</h1>"]
@@ -86,6 +107,13 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
             parts.append("<h2>Jobs (how far off-policy)</h2>" + _table(
                 ["round", "job", "dir", "policies", "tokens", "mismatch mean", "mismatch max", "ratio mean",
                  "ratio p95", "KL est."], jobs))
+    if evals:
+        pol, diff = _eval_rows(list(evals))
+        parts.append("<h2>Evaluations (wharf eval, the loop's held-out split)</h2><p>95% t intervals over per-task "
+                     "means; differences paired by task and attempt (the same seeds).</p>"
+                     + _table(["eval", "policy", "trials", "mean reward", "95% interval", "pass@1", "pass@k"], pol))
+        if diff:
+            parts.append(_table(["eval", "difference", "pairs", "mean", "95% interval"], diff))
     for key, (title, _, _) in PLOTS.items():
         if key in images:
             src = html.escape(images[key])
@@ -107,6 +135,6 @@ def write_report(run_dir: str | Path) -> Path:
         if stale not in written.values():
             stale.unlink()
     tmp = layout.report.with_suffix(".html.tmp")
-    tmp.write_text(render(layout.root.name, rounds, images))
+    tmp.write_text(render(layout.root.name, rounds, images, gather_evals(layout)))
     tmp.replace(layout.report)
     return layout.report

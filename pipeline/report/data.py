@@ -51,6 +51,9 @@ class RoundData:
     jobs: list[dict] = field(default_factory=list)  # replay: off-policy statistics per job
     shift: dict = field(default_factory=dict)  # train/shift.py: the update's |delta log-prob|, KL
     health: list[dict] = field(default_factory=list)  # pipeline/health.py: the loop's checks
+    # The loop's held-out evaluation after this round (its eval marker): policy-v<k+1>'s reward
+    # (mean, low, high, k), the base's, and their paired difference.
+    heldout: dict = field(default_factory=dict)
 
     def step_mean(self, key: str) -> float | None:
         vals = [s[key] for s in self.steps if _num(s.get(key))]
@@ -211,7 +214,17 @@ def gather_round(layout: RunLayout, k: int) -> RoundData:
     marker_walls(rd, rnd)
     health = read_json(rnd.health) if rnd.health.is_file() else None
     rd.health = health if isinstance(health, list) else []
+    heldout = read_json(rnd.marker("eval"))
+    rd.heldout = heldout if isinstance(heldout, dict) and _num(heldout.get("mean")) and _num(heldout.get("k")) else {}
     return rd
+
+
+def gather_evals(layout: RunLayout) -> list[tuple[str, dict]]:
+    """(eval name, summary.json) of every evaluation under the run's evals/ (`wharf eval`, the loop)."""
+    if not layout.evals.is_dir():
+        return []
+    found = [(d.name, read_json(layout.eval(d.name).summary)) for d in sorted(layout.evals.iterdir())]
+    return [(name, s) for name, s in found if isinstance(s, dict) and isinstance(s.get("policies"), dict)]
 
 
 def gather(run_dir: str | Path) -> list[RoundData]:
@@ -233,4 +246,16 @@ def round_line(rd: RoundData) -> str:
             f"prefix breaks {_f(rd.prefix_breaks, 'd')}/{_f(rd.call_pairs, 'd')} pairs ({_f(breaks, '.0%')}), "
             f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
             f"KL to previous {_f(rd.shift.get('kl'), '.3g')}, "
-            f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}")
+            f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}"
+            + heldout_text(rd.heldout))
+
+
+def heldout_text(h: dict) -> str:
+    """'; held-out (policy-v<k>): 0.41 [0.22, 0.60], base 0.16, difference 0.25 [0.05, 0.45]', or ''."""
+    if not h:
+        return ""
+    def iv(d: dict) -> str:
+        ok = _num(d.get("low")) and _num(d.get("high"))
+        return f"{_f(d.get('mean'))}" + (f" [{_f(d['low'])}, {_f(d['high'])}]" if ok else "")
+    return (f"; held-out ({h.get('policy')}): {iv(h)}, base {iv(h.get('base') or {})}, "
+            f"difference {iv(h.get('diff') or {})}")

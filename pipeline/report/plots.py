@@ -40,14 +40,34 @@ def _rounds_axis(ax, title: str) -> None:
     ax.xaxis.get_major_locator().set_params(integer=True)
 
 
+def heldout_points(rounds: list[RoundData]) -> list[tuple[int, float, float, float]]:
+    """(k, mean, low, high) of policy-v<k> on the held-out set: the base at 0 (from the first
+    evaluation), then each evaluated policy at its own k, the x of the round it samples."""
+    pts = {}
+    for r in rounds:
+        h = r.heldout
+        if h:
+            pts.setdefault(0, h.get("base") or {})
+            pts[h["k"]] = h
+    def bound(d: dict, key: str) -> float:
+        return d[key] if isinstance(d.get(key), (int, float)) else d["mean"]  # null: one task, no interval
+    return [(k, d["mean"], bound(d, "low"), bound(d, "high"))
+            for k, d in sorted(pts.items()) if isinstance(d.get("mean"), (int, float))]
+
+
 def reward(rounds, fig) -> bool:
     ax = fig.subplots()
-    drawn = _line(ax, rounds, lambda r: r.mean_reward, "mean reward")
-    drawn |= _line(ax, rounds, lambda r: r.success_rate, "success rate", linestyle="--")
+    drawn = _line(ax, rounds, lambda r: r.mean_reward, "training reward (policy-v<k> on the training tasks)")
+    drawn |= _line(ax, rounds, lambda r: r.success_rate, "training success rate", linestyle="--")
+    held = heldout_points(rounds)
+    if held:
+        ks, ms, lo, hi = zip(*held)
+        err = [[max(m - v, 0) for m, v in zip(ms, lo)], [max(v - m, 0) for m, v in zip(ms, hi)]]
+        ax.errorbar(ks, ms, yerr=err, marker="s", capsize=3, label="held-out reward (95% interval)")
     ax.set_ylim(-0.02, 1.02)
-    _rounds_axis(ax, "reward per round")
-    _legend(ax)
-    return drawn
+    _rounds_axis(ax, "reward per round (round k samples policy-v<k>)")
+    _legend(ax, fontsize=8)
+    return drawn or bool(held)
 
 
 def tasks(rounds, fig) -> bool:
@@ -162,7 +182,7 @@ def offpolicy(rounds, fig) -> bool:
 
 
 PLOTS: dict[str, tuple[str, Plot, tuple[float, float]]] = {
-    "reward": ("Mean reward and success rate", reward, (6, 3.6)),
+    "reward": ("Training and held-out reward", reward, (6, 3.6)),
     "tasks": ("Success rate per task", tasks, (6, 3.6)),
     "signal": ("Groups with signal, rows, prefix breaks", signal, (10, 3.6)),
     "training": ("Loss, KL, clip fraction, entropy", training, (10, 6)),

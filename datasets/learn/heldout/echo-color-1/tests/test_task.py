@@ -1,0 +1,9 @@
+from pathlib import Path
+
+
+def test_result():
+    assert Path('color.txt').read_text().strip() == 'green'
+
+
+def test_kept():
+    assert 'colors' in Path('notes.txt').read_text()

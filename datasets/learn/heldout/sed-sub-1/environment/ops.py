@@ -1,0 +1,6 @@
+def pow(a, b):
+    return a + b
+
+
+def mul(a, b):
+    return a * b

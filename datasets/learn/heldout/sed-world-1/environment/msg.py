@@ -1,0 +1,6 @@
+def msg():
+    return "Hello, Eatrh!"
+
+
+def size():
+    return 3

@@ -1,0 +1,6 @@
+def msg():
+    return "Hello, Tehre!"
+
+
+def size():
+    return 3

@@ -1,0 +1,139 @@
+"""`wharf eval`: policy specs resolve to the right weights, which the real engine serves (log-probs
+differ from the base's); end to end, base and an adapter on a tiny held-out set through the real
+engine, the minimal agent and harbor trials in bubblewrap."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO, free_port
+from wharf import model_store, schema
+from wharf.config import load_config
+from wharf.configio import ConfigError
+from wharf.endpoint import Endpoint
+from wharf.layout import RunLayout
+from pipeline.eval import EvalError, Policy, eval_name, resolve, serving
+
+MSGS = [{"role": "user", "content": "Name a colour."}]
+
+
+def make_adapter(path: Path, seed: int) -> Path:
+    """A saved peft adapter with random non-zero A and B: it changes the base's outputs."""
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    base, _ = model_store.load_model(model_store.embedded_model_dir(), "cpu", "float32")
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                    init_lora_weights=False)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval")
+    run = RunLayout(root / "runs" / "R")
+    make_adapter(run.round(2).train.adapter, seed=1)  # policy-v3 of run R
+    return make_adapter(root / "my-adapter", seed=2), run
+
+
+def test_specs_resolve_to_their_weights_or_name_the_missing_path(adapters):
+    adapter, run = adapters
+    assert resolve("base") == Policy("base", "base", None, 0)
+    assert resolve(f"{run.root}:0").adapter is None  # policy-v0 is the base model
+    p = resolve(f"{run.root}:3")
+    assert (p.adapter, p.round, p.label) == (run.round(2).train.adapter, 3, "R-policy-v3")
+    q = resolve(str(adapter))
+    assert q.adapter == adapter and q.label == f"adapter-my-adapter-{q.digest[:6]}"
+    assert p.served_name("m") != q.served_name("m") and p.served_name("m") == resolve(f"{run.root}:3").served_name("x")
+    with pytest.raises(EvalError, match=f"{run.round(1).train.adapter}.*rounds on disk: \\[2\\]"):
+        resolve(f"{run.root}:2")
+    with pytest.raises(EvalError, match="nowhere.*no adapter_config.json"):
+        resolve(str(adapter.parent / "nowhere"))
+
+
+def test_bad_specs_and_names_are_refused_at_load():
+    cfg = load_config(None, ["eval.dataset=datasets/multiturn/heldout"])
+    assert eval_name(cfg) == "multiturn-heldout" and cfg.eval.policies == ["base"]
+    with pytest.raises(ConfigError, match=r"eval.policies\[1\]: 'runs/R:x'.*base.*<run dir>:<k>.*adapter dir"):
+        load_config(None, ["eval.policies=[base,runs/R:x]"])
+    with pytest.raises(ConfigError, match="loop.eval_every=2 needs loop.eval_dataset"):
+        load_config(None, ["loop.eval_every=2"])
+
+
+def _logprobs(ep: Endpoint, model: str) -> tuple[list, list]:
+    r = ep._json("POST", "/v1/chat/completions", {"model": model, "messages": MSGS, "max_tokens": 6, "seed": 0,
+                                                  "temperature": 1.0, "logprobs": True, "return_token_ids": True})
+    ch = r["choices"][0]
+    return ch["token_ids"], [e["logprob"] for e in ch["logprobs"]["content"]]
+
+
+def test_both_forms_are_served_with_their_own_weights(adapters, engine_url):
+    adapter, run = adapters
+    ep = Endpoint(engine_url, model="smollm2-135m")
+    cfg = load_config(None, [f"endpoint.url={engine_url}"])
+    base = _logprobs(ep, "smollm2-135m")
+    seen = {}
+    for spec in (str(adapter), f"{run.root}:3"):
+        with serving(ep, cfg, resolve(spec)) as name:
+            assert name in ep.models()
+            seen[spec] = _logprobs(ep, name)
+            assert _logprobs(ep, name) == seen[spec]  # the same weights, the same seed: the same tokens
+        assert name not in ep.models()  # unloaded after: the endpoint's adapter slots are few
+    assert base != seen[str(adapter)] and base != seen[f"{run.root}:3"] and seen[str(adapter)] != seen[f"{run.root}:3"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
+    adapter, _ = adapters
+    task = "datasets/learn/heldout/echo-color-1"
+    cmd = [sys.executable, "-m", "pipeline.cli", "eval", "--config", str(REPO / "configs/learn.yaml"),
+           f"runs_dir={tmp_path}", "name=t", f"eval.dataset={task}", f"eval.policies=[base,{adapter}]",
+           "eval.attempts=2", f"endpoint.url={engine_url}", "endpoint.launch=false", f"proxy.port={free_port()}"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ev = RunLayout(tmp_path / "t").eval("heldout-echo-color-1")
+    summary = json.loads(ev.summary.read_text())
+    label = resolve(str(adapter)).label
+    assert summary["last"] == ["base", label] and summary["attempts"] == 2
+    assert "NaN" not in ev.summary.read_text()  # one task: no interval, written as null
+    assert "base: reward" in out.stdout and f"{adapter} - base:" in out.stdout and "pass@2" in out.stdout
+    seeds = {}
+    for label in summary["last"]:
+        collect = ev.policy(label).round(0).collect
+        rows = schema.read_table(collect.rollouts, "rollouts").to_pylist()
+        assert sorted(r["attempt"] for r in rows) == [0, 1] and json.loads(collect.manifest.read_text())["state"] == "done"
+        turns = schema.read_dir(collect.turns, "turns").to_pylist()
+        seeds[label] = sorted((r["rollout_id"].split(".")[2], r["turn"], json.loads(r["sampling"])["seed"]) for r in turns
+                              if r["turn"] == 0)
+        assert {r["policy"] for r in turns} == {"smollm2-135m" if label == "base" else Policy(
+            "", "", adapter).served_name("")}
+    assert seeds["base"] == seeds[label]  # the same seed for the same (task, attempt): paired
+    again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # finished: nothing re-run
+    assert again.returncode == 0 and again.stdout.splitlines()[1] == out.stdout.splitlines()[1]
+
+
+def test_summary_json_and_printed_figures(tmp_path):
+    from pipeline.eval import summary_lines, write_summary
+    from pipeline.eval_stats import Trial
+
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "eval.dataset=datasets/learn/heldout", "eval.attempts=2"])
+    ev = cfg.layout.eval(eval_name(cfg))
+    base = [Trial("a", 0, 0.0), Trial("a", 1, 1.0), Trial("b", 0, 0.0), Trial("b", 1, 0.0)]
+    new = [Trial("a", 0, 1.0), Trial("a", 1, 1.0), Trial("b", 0, 1.0), Trial("b", 1, 0.0)]
+    s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), base),
+                                "x": (Policy("runs/R:2", "x", tmp_path, 2), new)})
+    assert json.loads(ev.summary.read_text()) == s and ev.root.name == "learn-heldout"
+    assert s["policies"]["x"]["pass_at"] == {"1": 0.75, "2": 1.0} and s["policies"]["x"]["successes"]["b"] == [1, 2]
+    d = s["paired"]["x - base"]
+    assert (d["mean"], d["pairs"], d["tasks"]) == (0.5, 4, 2) and d["low"] == pytest.approx(0.5)  # +0.5 on each task
+    lines = summary_lines(s)
+    assert "base: reward 0.250 [-2.927, 3.427] over 4 trials; pass@1 0.250, pass@2 0.500" in lines[1]  # a: 1 of 2, b: 0 of 2
+    assert lines[4] == "    successes: a 2/2 b 1/2" and "runs/R:2 - base: 0.500 [0.500, 0.500]" in lines[5]

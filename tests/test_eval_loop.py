@@ -1,0 +1,78 @@
+"""The loop's held-out evaluation: its schedule, the eval marker it writes from eval's summary,
+and the run report and round line that show held-out reward beside the training reward (the
+loop end to end is tests/test_loop.py; its evaluation reuses wharf eval's collect, tested in
+tests/test_eval.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wharf.config import load_config
+from wharf.layout import RunLayout
+from pipeline import loop
+from pipeline.eval import Policy, write_summary
+from pipeline.eval_stats import Trial
+from pipeline.report import write_report
+from pipeline.report.data import gather, round_line
+from pipeline.report.plots import heldout_points
+from pipeline.stages import run_stage
+from test_report import make_round, referenced
+
+
+def test_schedule():
+    assert [k for k in range(6) if loop.eval_due(2, k)] == [1, 3, 5]  # after policy-v2, v4, v6
+    assert [k for k in range(3) if loop.eval_due(1, k)] == [0, 1, 2]
+    assert not any(loop.eval_due(0, k) for k in range(5))  # 0: off, the default
+    assert load_config(None).loop.eval_every == 0
+
+
+def _trials(rewards: dict[str, list[float]]) -> list[Trial]:
+    return [Trial(t, a, r) for t, rs in rewards.items() for a, r in enumerate(rs)]
+
+
+def fake_evaluate(scores: dict[int, dict[str, list[float]]]):
+    """wharf eval's evaluate with the trials given (its collect is tested in test_eval.py)."""
+    def evaluate(cfg, policies, ep):
+        ev = cfg.layout.eval("heldout")
+        return write_summary(ev, cfg, {p.label: (p, _trials(scores[p.round])) for p in policies})
+    return evaluate
+
+
+def test_eval_stage_marks_the_new_policy_beside_the_base_and_the_report_shows_it(tmp_path, monkeypatch):
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=run", "loop.eval_every=1",
+                             "loop.eval_dataset=datasets/multiturn/heldout", "eval.attempts=2"])
+    layout = cfg.layout
+    scores = {0: {"a": [0, 0], "b": [1, 0], "c": [0, 0]}, 1: {"a": [1, 0], "b": [1, 1], "c": [0, 0]},
+              2: {"a": [1, 1], "b": [1, 1], "c": [1, 0]}}
+    monkeypatch.setattr(loop, "evaluate", fake_evaluate(scores))
+    for k, succ in enumerate([{"a": 1, "b": 2, "c": 0}, {"a": 3, "b": 2, "c": 1}]):
+        make_round(layout, k, succ)
+        (layout.round(k).train.adapter / "adapter_config.json").parent.mkdir(parents=True, exist_ok=True)
+        (layout.round(k).train.adapter / "adapter_config.json").write_text("{}")
+        rcfg = loop.round_config(cfg, k)
+        assert run_stage(layout.round(k), "eval", lambda: loop.eval_stage(rcfg, ep=None))
+    marker = json.loads(layout.round(1).marker("eval").read_text())
+    assert (marker["policy"], marker["k"], marker["trials"]) == ("policy-v2", 2, 6)
+    assert marker["mean"] == pytest.approx(5 / 6) and marker["base"]["mean"] == pytest.approx(1 / 6)
+    assert marker["diff"]["mean"] == pytest.approx(4 / 6) and marker["diff"]["low"] < marker["diff"]["mean"]
+    summary = json.loads(layout.eval("heldout").summary.read_text())
+    assert set(summary["policies"]) == {"base", "run-policy-v1", "run-policy-v2"}  # the base once, kept
+
+    rounds = gather(layout.root)
+    assert [(k, round(m, 3)) for k, m, _, _ in heldout_points(rounds)] == [(0, 0.167), (1, 0.5), (2, 0.833)]
+    line = round_line(rounds[1])
+    assert "held-out (policy-v2): 0.833 [" in line and "base 0.167 [" in line and "mean reward 0.500" in line
+    page = write_report(layout.root)
+    assert "report/reward.png" in referenced(page) and (layout.root / "report" / "reward.png").is_file()
+    text = page.read_text()
+    assert "Evaluations" in text and f"{layout.root}:2 − base" in text and "<td>run-policy-v2</td>" not in text
+    assert f"<td>{layout.root}:2</td>" in text
+
+
+def test_rounds_without_evaluation_keep_their_line_and_plot(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1, "b": 2})
+    rounds = gather(layout.root)
+    assert heldout_points(rounds) == [] and "held-out" not in round_line(rounds[0])
+    assert "Evaluations" not in write_report(layout.root).read_text()

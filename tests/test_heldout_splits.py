@@ -1,0 +1,72 @@
+"""The held-out splits (datasets/multiturn/heldout, datasets/learn/heldout): the same kinds of task
+as the training split with values never trained on, at least as many instances, written by the
+set's make_tasks.py; real harbor trials grade their reference solution 1.0 and an untouched
+sandbox 0.0."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.trials import assert_oracle_1_nop_0, assert_pytest_task_dir
+
+REPO = Path(__file__).resolve().parents[1]
+SETS = ["multiturn", "learn"]
+
+
+def tasks(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if (p / "task.toml").is_file())
+
+
+def answer(task: Path) -> str:
+    """The value test_result asks for (multiturn: `== 'value'`)."""
+    return re.search(r"== '([^']*)'", (task / "tests" / "test_task.py").read_text()).group(1)
+
+
+def command(task: Path) -> str:
+    return (task / "solution" / "solve.sh").read_text().strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_heldout_has_every_kind_and_no_fewer_instances(name):
+    train, held = tasks(REPO / "datasets" / name), tasks(REPO / "datasets" / name / "heldout")
+    assert len(held) >= len(train) == 8
+    assert {re.sub(r"-\d+$", "", t.name) for t in held} == {t.name for t in train}
+    for t in held:
+        spec = assert_pytest_task_dir(t)
+        assert spec["FAIL_TO_PASS"] == ["test_task.py::test_result"], t.name
+
+
+def test_no_heldout_value_is_a_training_value():
+    mt = REPO / "datasets" / "multiturn"
+    train_values = {answer(t) for t in tasks(mt)}
+    held_values = [answer(t) for t in tasks(mt / "heldout")]
+    assert len(set(held_values)) == len(held_values) and not train_values & set(held_values)
+    for t in tasks(mt / "heldout"):  # and, as in training, only the sandbox shows it
+        assert answer(t) not in (t / "instruction.md").read_text(), t.name
+    learn = REPO / "datasets" / "learn"
+    train_cmds = {command(t) for t in tasks(learn)}
+    held_cmds = [command(t) for t in tasks(learn / "heldout")]
+    assert len(set(held_cmds)) == len(held_cmds) and not train_cmds & set(held_cmds)
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_generator_writes_the_committed_dirs(tmp_path, name):
+    src = REPO / "datasets" / name
+    shutil.copytree(src, tmp_path / name)
+    shutil.rmtree(tmp_path / name / "heldout")
+    subprocess.run([sys.executable, str(tmp_path / name / "make_tasks.py")], check=True, capture_output=True)
+    diff = subprocess.run(["diff", "-r", str(src), str(tmp_path / name), "-x", "__pycache__"],
+                          capture_output=True, text=True)
+    assert diff.returncode == 0, diff.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+def test_oracle_solves_every_heldout_task_and_nop_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
+    assert_oracle_1_nop_0([t for name in SETS for t in tasks(REPO / "datasets" / name / "heldout")], tmp_path)
