@@ -153,6 +153,11 @@ class CollectConfig:
     verifier_timeout_s: PositiveFloat | None = None
     # The model name to sample from this round (an adapter name); None: endpoint.model.
     policy: str | None = None
+    # Where the trials run: local (here, one proxy) or ray (over a Ray cluster's nodes, a proxy
+    # per node; needs the ray extra: pip install -e '.[ray]').
+    executor: Literal["local", "ray"] = "local"
+    # What ray.init takes (e.g. 10.0.0.5:6379 or auto); None: RAY_ADDRESS, else a local cluster.
+    ray_address: str | None = None
 
 
 @dataclass
