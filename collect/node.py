@@ -37,11 +37,14 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def node_proxy(cfg: RunConfig, node: str) -> RunConfig:
-    """`cfg` for the proxy of cluster node `node`: a port of its own (nodes may share a host) and
-    a write-ahead log of its own, so that two proxies never fold each other's segments."""
+def node_proxy(cfg: RunConfig, node: str, node_ip: str) -> RunConfig:
+    """`cfg` for the proxy of cluster node `node`: a port of its own (nodes may share a host), a
+    write-ahead log of its own, so that two proxies never fold each other's segments, and, when
+    it listens on every interface, the node's own address handed to the agents."""
     turns = cfg.round_layout.collect.turns
-    proxy = dataclasses.replace(cfg.proxy, port=free_port(cfg.proxy.host),
+    port = free_port(cfg.proxy.host)
+    public = f"http://{node_ip}:{port}" if cfg.proxy.host == "0.0.0.0" else None
+    proxy = dataclasses.replace(cfg.proxy, port=port, public_url=public,
                                 wal_dir=str(wal_dir(turns).with_name(f"_wal-{node}")))
     return dataclasses.replace(cfg, proxy=proxy)
 

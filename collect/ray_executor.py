@@ -44,7 +44,9 @@ class NodeActor:
     def __init__(self, cfg: RunConfig, policy: str, node: str, cwd: str):
         if os.path.isdir(cwd):  # a node sharing the driver's disk resolves relative paths the same way
             os.chdir(cwd)
-        cfg = node_proxy(cfg, node)
+        import ray
+
+        cfg = node_proxy(cfg, node, ray.util.get_node_ip_address())
         paths = cfg.round_layout.collect
         self.node = NodeTrials(cfg, policy, paths.proxy_config.with_name(f"proxy-{node}.yaml"),
                                paths.logs / f"proxy-{node}.log")
