@@ -7,6 +7,7 @@ rest are run again under fresh rollout ids.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -23,6 +24,7 @@ from wharf import endpoint, schema
 from collect.audit import orphan_turns
 from wharf.config import RunConfig, dump_config
 from wharf.layout import CollectPaths
+from wharf.replicas import PublishRecord
 from collect.executor import make_executor
 from collect.proxy_client import ServiceError
 from collect.records import RolloutRow
@@ -173,7 +175,20 @@ def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
+def with_refusals(cfg: RunConfig) -> RunConfig:
+    """`cfg` with proxy.refused naming the replicas that refused this round's policy when it was
+    published, so that the proxy routes none of its calls there."""
+    policy = cfg.collect.policy or cfg.endpoint.model
+    record = PublishRecord.read(cfg.layout.published(policy))
+    if record is None or not record.refused:
+        return cfg
+    log.warning("%s is not served by %s (it refused the adapter): no calls go there", policy, ", ".join(record.refused))
+    refused = {**cfg.proxy.refused, policy: sorted(record.refused)}
+    return dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, refused=refused))
+
+
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)
