@@ -34,6 +34,13 @@ class LocalExecutor:
         return {}
 
 
+def check_executor(cfg: RunConfig) -> None:
+    """Refuse an executor that cannot run here before anything starts (the endpoint included)."""
+    if cfg.collect.executor == "ray":
+        from collect.ray_executor import require_ray
+        require_ray()
+
+
 def make_executor(cfg: RunConfig, policy: str, config_path: Path) -> Executor:
     if cfg.collect.executor == "ray":
         from collect.ray_executor import RayExecutor  # ray is an optional extra

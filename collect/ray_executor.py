@@ -29,7 +29,7 @@ class RayExecutorError(WharfError, RuntimeError):
     """The Ray cluster could not run the round (not installed, no node to run on, all nodes lost)."""
 
 
-def _ray():
+def require_ray():
     try:
         import ray
     except ImportError:
@@ -115,7 +115,7 @@ class RayExecutor:
         self.cfg, self.policy = cfg, policy
 
     async def run(self, todo: list[PlannedRollout], job_id: str, on_row: OnRow) -> dict:
-        ray = _ray()
+        ray = require_ray()
         from ray.exceptions import ActorUnschedulableError, NodeDiedError, RayActorError
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

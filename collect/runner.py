@@ -25,7 +25,7 @@ from collect.audit import orphan_turns
 from wharf.config import RunConfig, dump_config
 from wharf.layout import CollectPaths
 from wharf.replicas import PublishRecord
-from collect.executor import make_executor
+from collect.executor import check_executor, make_executor
 from collect.proxy_client import ServiceError
 from collect.records import RolloutRow
 from collect.tasksets import PlannedRollout, discover, plan
@@ -188,6 +188,7 @@ def with_refusals(cfg: RunConfig) -> RunConfig:
 
 
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    check_executor(cfg)
     cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)

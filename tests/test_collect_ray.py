@@ -40,7 +40,7 @@ def rounds():
     out = Path(tempfile.mkdtemp(prefix="wr."))  # short: Ray's socket paths live under it
     try:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        r = subprocess.run(["unshare", "-n", "-p", "-f", "--mount-proc", "bash", str(SCRIPT), str(out),
+        r = subprocess.run(["unshare", "-n", "-p", "-f", "--kill-child", "--mount-proc", "bash", str(SCRIPT), str(out),
                             sys.executable], cwd=ROOT, env=env, timeout=840,
                            capture_output=True, text=True)
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
@@ -148,3 +148,25 @@ def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
     assert {n for _, n in ran} == {"a", "b"}
     with pytest.raises(RayExecutorError, match="every node of the cluster was lost"):
         asyncio.run(dispatch({"b": node("b", 0)}, 1, todo, lambda *a: None, (Lost,)))
+
+
+def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import builtins
+
+    from collect import runner
+    from collect.ray_executor import RayExecutorError
+    from wharf.config import load_config
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=t", "collect.executor=ray",
+                             "endpoint.url=http://127.0.0.1:9", "endpoint.launch=false"])
+    with pytest.raises(RayExecutorError, match=r"pip install -e '\.\[ray\]'"):
+        runner.run(cfg, progress=False)
+    assert not (tmp_path / "t").exists()  # nothing written, no endpoint tried
