@@ -135,8 +135,12 @@ class RayExecutor:
             submit = {name: _submitter(a, job_id) for name, a in actors.items()}
             lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
                                   (RayActorError, NodeDiedError, ActorUnschedulableError))
-            left = [a for name, a in actors.items() if name not in lost]
-            await asyncio.gather(*(a.finish.remote() for a in left))
+            left = {name: a for name, a in actors.items() if name not in lost}
+            # A node lost now costs nothing: each closed rollout's shard was published at its close.
+            for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
+                                                            return_exceptions=True)):
+                if isinstance(err, Exception):
+                    log.warning("node %s: stopping its proxy failed: %s", name, err)
             return {"nodes": sorted(nodes), "lost_nodes": lost}
         finally:
             for a in actors.values():
