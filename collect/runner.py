@@ -7,6 +7,7 @@ rest are run again under fresh rollout ids.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -17,17 +18,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 from tqdm import tqdm
 
 from wharf import endpoint, schema
 from collect.audit import orphan_turns
 from wharf.config import RunConfig, dump_config
 from wharf.layout import CollectPaths
-from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
-from collect.records import Outcome, RolloutRow
-from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed
-from collect.trials import RolloutRoute, classify, preflight, trial_config
+from wharf.replicas import PublishRecord
+from collect.executor import check_executor, make_executor
+from collect.proxy_client import ServiceError
+from collect.records import RolloutRow
+from collect.tasksets import PlannedRollout, discover, plan
+from collect.trials import preflight
 
 log = logging.getLogger("wharf.collect")
 
@@ -38,6 +40,7 @@ class RoundSummary:
     planned: int
     rows: list[RolloutRow] = field(default_factory=list)
     resumed: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)  # trials finished by this run, per node
 
     @property
     def counts(self) -> dict[str, int]:
@@ -87,16 +90,6 @@ def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     return [RolloutRow.from_dict(r) for r in schema.read_table(paths.rollouts, "rollouts").to_pylist()]
 
 
-def _row(job_id: str, cfg: RunConfig, p: PlannedRollout, rollout_id: str, policy: str, outcome: Outcome,
-         n_turns: int, started: dt.datetime, trial_dir: str) -> RolloutRow:
-    return RolloutRow(
-        rollout_id=rollout_id, job_id=job_id, round=cfg.round, task_id=p.task.task_id,
-        group_id=f"{job_id[:8]}.{p.group_id}", attempt=p.attempt, policy=policy,
-        reward=outcome.reward, rewards=json.dumps(outcome.rewards), status=outcome.status,
-        n_turns=n_turns, started_at=started, ended_at=_now(), trial_dir=trial_dir, error=outcome.error,
-    )
-
-
 class Round:
     def __init__(self, cfg: RunConfig, config_path: Path):
         """`config_path`: where the proxy process's config file is written."""
@@ -104,49 +97,17 @@ class Round:
         self.config_path = config_path
         self.paths = cfg.round_layout.collect
         self.policy = cfg.collect.policy or cfg.endpoint.model
-        self._lock = asyncio.Lock()
 
-    async def _one(self, p: PlannedRollout, admin: ProxyAdmin, queue, summary: RoundSummary,
-                   sem: asyncio.Semaphore, bar: tqdm) -> None:
-        async with sem:
-            rollout_id = new_rollout_id(summary.job_id, p)
-            started = _now()
-            seed = rollout_seed(self.cfg.sampling.seed, self.cfg.round, p)
-            opened = await admin.open(rollout_id, self.policy, seed)
-            ep = RolloutRoute(opened.base_url, opened.api_key, self.policy)
-            tc = trial_config(self.cfg.collect, p.task.path, rollout_id, self.paths.harbor, ep)
-            try:
-                result = await queue.submit(tc)
-                crash = None
-            except Exception as e:  # harbor itself failed: not the policy's fault
-                log.exception("trial %s crashed in harbor", rollout_id)
-                result, crash = None, f"{type(e).__name__}: {e}"
-            (n_turns, n_errors), close_error = await self._close(admin, rollout_id)
-            if result is None or close_error:
-                outcome = Outcome("infra_error", None, {}, crash or close_error)
-            else:
-                outcome = classify(result, upstream_errors=n_errors)
-            row = _row(summary.job_id, self.cfg, p, rollout_id, self.policy, outcome, n_turns,
-                       started, str(self.paths.trial(rollout_id).relative_to(self.paths.root)))
-            async with self._lock:
-                summary.rows.append(row)
-                # The whole table, atomically, after each trial: a killed round loses no finished rollout.
-                schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
-                bar.update(1)
-                failed = sum(1 for r in summary.rows if r.status != "ok")
-                mean = summary.mean_reward
-                bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
-
-    @staticmethod
-    async def _close(admin: ProxyAdmin, rollout_id: str) -> tuple[tuple[int, int], str | None]:
-        """(turns, upstream errors) of a closed rollout; a close that fails (e.g. a call the agent
-        gave up on still running upstream past the admin timeout) costs this rollout, not the round."""
-        try:
-            closed = await admin.close(rollout_id)
-        except (ServiceError, aiohttp.ClientError, asyncio.TimeoutError) as e:
-            log.warning("closing rollout %s on the proxy failed: %s", rollout_id, e)
-            return (0, 0), f"proxy close failed: {type(e).__name__}: {e}"
-        return (closed.n_turns, closed.n_errors), None
+    def _record(self, summary: RoundSummary, bar: tqdm, row: RolloutRow, node: str) -> None:
+        """A finished trial, in the driver: the whole table, atomically, after each one, so a
+        killed round loses no finished rollout."""
+        summary.rows.append(row)
+        summary.nodes[node] = summary.nodes.get(node, 0) + 1
+        schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
+        bar.update(1)
+        failed = sum(1 for r in summary.rows if r.status != "ok")
+        mean = summary.mean_reward
+        bar.set_postfix(failed=failed, reward=f"{mean:.2f}" if mean is not None else "-")
 
     def plan(self) -> tuple[list, list[PlannedRollout], list[RolloutRow], list[PlannedRollout]]:
         """Tasks, planned rollouts, rows already finished, and the rollouts still to run."""
@@ -160,9 +121,6 @@ class Round:
         return tasks, planned, done, todo
 
     async def run(self, progress: bool = True) -> RoundSummary:
-        from harbor.models.job.config import RetryConfig
-        from harbor.trial.queue import TrialQueue
-
         cc = self.cfg.collect
         tasks, planned, done, todo = self.plan()
         preflight(cc)
@@ -182,18 +140,15 @@ class Round:
         if done:
             log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
 
+        executor_info: dict = {}
         if todo:
-            # The proxy runs per round, writing into this round's turns dir.
-            with proxy_process(self.cfg, self.config_path, self.paths.turns, self.paths.logs / "proxy.log") as access:
-                async with ProxyAdmin(access.url, access.token) as admin:
-                    queue = TrialQueue(n_concurrent=cc.concurrency, retry_config=RetryConfig(max_retries=0))
-                    sem = asyncio.Semaphore(cc.concurrency)
-                    with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
-                              unit="rollout", disable=not progress) as bar:
-                        await asyncio.gather(*(self._one(p, admin, queue, summary, sem, bar) for p in todo))
-                    await admin.flush()
-            # The proxy publishes a shard per closed rollout (durability first); fold them now
-            # that it has stopped, so a round is a few files, not thousands.
+            executor = make_executor(self.cfg, self.policy, self.config_path)
+            with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
+                      unit="rollout", disable=not progress) as bar:
+                executor_info = await executor.run(
+                    todo, job_id, lambda row, node: self._record(summary, bar, row, node))
+            # Each proxy publishes a shard per closed rollout (durability first); fold them now
+            # that every proxy has stopped, so a round is a few files, not thousands.
             schema.compact_dir(self.paths.turns, "turns")
 
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
@@ -206,6 +161,9 @@ class Round:
             "mean_reward": summary.mean_reward, "mixed_groups": summary.mixed_groups(),
             "success_rate_by_task": _success_by_task(summary.rows),
         })
+        if self.cfg.collect.executor != "local":  # which node ran how many of this run's trials
+            manifest["executor"] = {"kind": self.cfg.collect.executor, **executor_info,
+                                    "trials_by_node": dict(sorted(summary.nodes.items()))}
         _write_json(self.paths.manifest, manifest)
         return summary
 
@@ -217,7 +175,21 @@ def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
 
 
+def with_refusals(cfg: RunConfig) -> RunConfig:
+    """`cfg` with proxy.refused naming the replicas that refused this round's policy when it was
+    published, so that the proxy routes none of its calls there."""
+    policy = cfg.collect.policy or cfg.endpoint.model
+    record = PublishRecord.read(cfg.layout.published(policy))
+    if record is None or not record.refused:
+        return cfg
+    log.warning("%s is not served by %s (it refused the adapter): no calls go there", policy, ", ".join(record.refused))
+    refused = {**cfg.proxy.refused, policy: sorted(record.refused)}
+    return dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, refused=refused))
+
+
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    check_executor(cfg)
+    cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)

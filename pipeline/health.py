@@ -18,7 +18,8 @@ from pathlib import Path
 from wharf import schema
 from wharf.config import HealthConfig
 from wharf.errors import WharfError
-from wharf.layout import RoundLayout
+from wharf.layout import RoundLayout, RunLayout, policy_name
+from wharf.replicas import PublishRecord
 
 from .report.data import read_result
 
@@ -59,6 +60,8 @@ class RoundFacts:
     rows_trained: int = 0
     rows_masked: int = 0
     files: dict[str, str] = field(default_factory=dict)  # fact -> the file it came from
+    published: str | None = None  # the policy this round trained, when it was published
+    refused: dict[str, str] = field(default_factory=dict)  # replica url -> why it does not serve it
 
 
 def check_served(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
@@ -128,7 +131,19 @@ def check_bad_share(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
     return HealthCheck("bad_share", f.k, ok, expected, seen, file, relax)
 
 
-CHECKS = (check_served, check_trainable, check_shift, check_bad_share)
+def check_replicas(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    expected = "every replica the proxy routes to serves the published policy"
+    if f.published is None:
+        seen = "nothing published"
+    elif f.refused:
+        seen = "; ".join(f"{url} refused {f.published} ({why})" for url, why in sorted(f.refused.items()))
+    else:
+        seen = f"every replica serves {f.published}"
+    return HealthCheck("replicas_serve", f.k, not f.refused or not cfg.all_replicas_serve, expected, seen,
+                       f.files.get("published", "?"), "loop.health.all_replicas_serve=false")
+
+
+CHECKS = (check_served, check_trainable, check_shift, check_bad_share, check_replicas)
 
 
 def run_checks(f: RoundFacts, cfg: HealthConfig) -> list[HealthCheck]:
@@ -180,7 +195,20 @@ def gather(rnd: RoundLayout, policy: str) -> RoundFacts:
             continue  # a line cut by a kill
         f.rows_trained += int(step.get("rows") or 0)
         f.rows_masked += int(step.get("masked_rows") or 0)
+    _published(f, rnd)
     return f
+
+
+def _published(f: RoundFacts, rnd: RoundLayout) -> None:
+    path = RunLayout(rnd.root.parents[1]).published(policy_name(rnd.k + 1))
+    f.files["published"] = str(path)
+    try:
+        record = PublishRecord.read(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        f.published, f.refused = policy_name(rnd.k + 1), {"?": f"unreadable record: {e}"}
+        return
+    if record is not None:
+        f.published, f.refused = record.policy, record.refused
 
 
 def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig) -> list[HealthCheck]:

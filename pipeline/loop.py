@@ -59,7 +59,7 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
                         f"{RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).marker('train')} to train round {k - 1} again")
     log.info("the endpoint does not serve %s: loading %s", name, adapter)
-    publish(cfg, adapter, name)
+    publish(cfg, adapter, name, resume=True)
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -96,8 +96,8 @@ def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
     if ep is None:
         return {"policy": name, "published": False}
-    if name not in ep.models():  # killed after the endpoint took it but before the marker: done already
-        publish(cfg, adapter, name)
+    # killed after the replicas took it but before the marker: each is checked, none reloaded
+    publish(cfg, adapter, name, resume=True)
     return {"policy": name, "adapter": str(adapter), "published": True}
 
 

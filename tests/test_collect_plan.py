@@ -122,7 +122,7 @@ def test_a_failed_close_costs_the_rollout_not_the_round():
     import asyncio
 
     from collect.proxy_client import ServiceError
-    from collect.runner import Round
+    from collect.node import close_rollout
 
     class Admin:
         def __init__(self, fail):
@@ -133,7 +133,7 @@ def test_a_failed_close_costs_the_rollout_not_the_round():
                 raise asyncio.TimeoutError()
             raise ServiceError("proxy POST /admin/rollouts/r1/close: HTTP 404: unknown rollout")
 
-    (counts, error) = asyncio.run(Round._close(Admin(True), "r1"))
+    (counts, error) = asyncio.run(close_rollout(Admin(True), "r1"))
     assert counts == (0, 0) and error.startswith("proxy close failed: TimeoutError")
-    (counts, error) = asyncio.run(Round._close(Admin(False), "r1"))
+    (counts, error) = asyncio.run(close_rollout(Admin(False), "r1"))
     assert "HTTP 404" in error

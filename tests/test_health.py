@@ -70,10 +70,10 @@ def test_a_healthy_round_passes_and_is_written(tmp_path):
     rnd = RunLayout(tmp_path / "run").round(1)
     write_round(rnd, "policy-v1", {"a": 1, "b": 3})
     checks = check_round(rnd, "policy-v1", HealthConfig())
-    assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "bad_share"]
+    assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "bad_share", "replicas_serve"]
     assert failed(checks) == {}
     enforce(checks)
-    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 4
+    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 5
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):
@@ -222,3 +222,19 @@ def test_shift_measured_on_real_adapters(tmp_path):
     again = measure(tmp_path / "convert", embedded_model_dir(), moved, zero)  # from an adapter, not the base
     assert again["delta_mean"] == pytest.approx(off["delta_mean"], rel=1e-3)
     assert again["weight_delta"] == pytest.approx(off["weight_delta"])
+
+
+def test_a_replica_that_refused_the_published_policy_is_named(tmp_path):
+    from wharf.replicas import PublishRecord, ReplicaResult
+
+    layout = RunLayout(tmp_path / "run")
+    rnd = layout.round(1)
+    write_round(rnd, "policy-v1", {"a": 1, "b": 3})
+    PublishRecord("policy-v2", "adapter", [ReplicaResult("http://127.0.0.1:1", True),
+                                           ReplicaResult("http://127.0.0.1:2", False, "HTTP 500: no")]
+                  ).write(layout.published("policy-v2"))
+    bad = failed(check_round(rnd, "policy-v1", HealthConfig()))
+    assert list(bad) == ["replicas_serve"]
+    msg = bad["replicas_serve"].message()
+    assert "http://127.0.0.1:2 refused policy-v2 (HTTP 500: no)" in msg and "all_replicas_serve=false" in msg
+    assert failed(check_round(rnd, "policy-v1", HealthConfig(all_replicas_serve=False))) == {}

@@ -91,3 +91,19 @@ def test_sticky_routing_and_failover(tmp_path):
             assert "last_error" in ups.describe()[1]
             p.call(p.proxy.store.flush())
             assert all(r["status"] == "ok" for r in rows(p))
+
+
+def test_a_replica_that_refused_a_policy_gets_none_of_its_calls(tmp_path):
+    with StubServer(model="a") as a, StubServer(model="b") as b:
+        cfg = make_cfg(tmp_path, a.url, f"proxy.upstreams=[{b.url}]", f"proxy.refused={{policy-v1: [{b.url}]}}")
+        with BackgroundProxy(cfg) as p:
+            for i in range(8):
+                for policy in ("policy-v1", "base"):
+                    info = open_rollout(p, f"{policy}-{i}", policy=policy)
+                    post(f"{info['base_url']}/chat/completions",
+                         json={"model": "m", "messages": [{"role": "user", "content": "x"}]}).raise_for_status()
+            models_at = {name: [body["model"] for body in up.stub.requests] for name, up in (("a", a), ("b", b))}
+            assert sorted(models_at["a"] + models_at["b"]) == ["base"] * 8 + ["policy-v1"] * 8
+            assert models_at["a"].count("policy-v1") == 8 and "policy-v1" not in models_at["b"]
+            assert "base" in models_at["b"]  # the base model b does serve: routed as before
+            assert [u["refused"] for u in p.proxy.pool.describe()] == [[], ["policy-v1"]]

@@ -1,4 +1,4 @@
-"""Hand a trained adapter to the endpoint as policy-v<k+1>, and check that the name serves.
+"""Hand a trained adapter to every replica as policy-v<k+1>, and check that the name serves.
 
 `POST /v1/load_lora_adapter` with a new name and a new directory every round (never a reload in
 place: vLLM can reuse stale prefix-cache blocks under an old name). The same API on vLLM and
@@ -17,6 +17,7 @@ from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import RunLayout, has_adapter, policy_name
+from wharf.replicas import PublishRecord, ReplicaResult, replica_urls
 
 log = logging.getLogger("wharf.train")
 
@@ -25,30 +26,49 @@ class PublishError(WharfError, RuntimeError):
     """The endpoint refused the adapter or does not serve it afterwards; the adapter stays on disk."""
 
 
-def publish(cfg: RunConfig, adapter_dir: Path, name: str) -> list[str]:
-    """Load `adapter_dir` as `name`, unload older policy-v<j> (j < k, the endpoint's slots are few),
-    and check that `name` is listed and answers a completion. Returns the served model names."""
-    ep = Endpoint(cfg.endpoint.url, cfg.endpoint.api_key, cfg.endpoint.model)
+def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) -> PublishRecord:
+    """Load `adapter_dir` as `name` on every replica the proxy routes to (endpoint.url and
+    proxy.upstreams: a load reaches only the server that receives it) and check each. A replica
+    that refuses is recorded (runs/<run>/published/<name>.json) so that the proxy routes no call
+    for `name` there; only when every replica refuses does publishing fail. `resume`: a replica
+    already serving `name` (a loop killed mid-publish) is checked, not refused."""
     if not has_adapter(Path(adapter_dir)):
         raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
-    served = ep.models()
-    if name in served:
-        raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
-                           "(stale prefix cache): restart the endpoint or train the next round")
-    keep = _version(name) - 1  # the policy that sampled this round may still be in use
-    for old in served:
-        v = _version(old)
-        if v is not None and v < keep:
-            try:
-                ep.unload_adapter(old)
-            except EndpointError as e:
-                log.warning("could not unload %s: %s", old, e)
+    record = PublishRecord(name, str(adapter_dir), [
+        _publish_one(Endpoint(url, cfg.endpoint.api_key, cfg.endpoint.model), adapter_dir, name, resume)
+        for url in replica_urls(cfg.endpoint.url, cfg.proxy.upstreams)])
+    record.write(RunLayout.of(cfg.runs_dir, cfg.name).published(name))
+    if not record.serving:
+        why = "; ".join(f"{url}: {e}" for url, e in record.refused.items())
+        raise PublishError(f"publishing {adapter_dir} as {name!r} failed on every replica ({why}); the adapter "
+                           "stays on disk, `make publish` retries")
+    for url, why in record.refused.items():
+        log.error("replica %s refused %s and gets none of its calls: %s", url, name, why)
+    return record
+
+
+def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool) -> ReplicaResult:
     try:
+        served = ep.models()
+        if name in served and resume:
+            verify(ep, name)
+            return ReplicaResult(ep.url, True)
+        if name in served:
+            raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
+                               "(stale prefix cache): restart the endpoint or train the next round")
+        keep = _version(name) - 1  # the policy that sampled this round may still be in use
+        for old in served:
+            v = _version(old)
+            if v is not None and v < keep:
+                try:
+                    ep.unload_adapter(old)
+                except EndpointError as e:
+                    log.warning("could not unload %s from %s: %s", old, ep.url, e)
         ep.load_adapter(name, adapter_dir)
-    except EndpointError as e:
-        raise PublishError(f"publishing {adapter_dir} as {name!r} failed: {e}; the adapter stays on disk, "
-                           "`make publish` retries") from None
-    return verify(ep, name)
+        verify(ep, name)
+    except (PublishError, EndpointError) as e:
+        return ReplicaResult(ep.url, False, str(e))
+    return ReplicaResult(ep.url, True)
 
 
 def verify(ep: Endpoint, name: str) -> list[str]:
@@ -72,11 +92,13 @@ def try_publish(cfg: RunConfig, adapter_dir: Path, name: str) -> tuple[bool, str
         log.warning(msg)
         return False, msg
     try:
-        publish(cfg, adapter_dir, name)
+        record = publish(cfg, adapter_dir, name)
     except (PublishError, EndpointError) as e:
         log.error("%s", e)
         return False, str(e)
-    msg = f"published {adapter_dir} as {name} on {cfg.endpoint.url}"
+    msg = f"published {adapter_dir} as {name} on {', '.join(record.serving)}"
+    if record.refused:
+        msg += f"; refused by {', '.join(record.refused)} (no calls for {name} go there)"
     log.info(msg)
     return True, msg
 
@@ -94,6 +116,8 @@ def main(argv: list[str] | None = None, prog: str = "wharf publish") -> int:
 def _publish(cfg: RunConfig) -> int:
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
     name = policy_name(cfg.round + 1)
-    publish(cfg, adapter, name)
-    print(f"published {adapter} as {name} on {cfg.endpoint.url}")
+    record = publish(cfg, adapter, name)
+    print(f"published {adapter} as {name} on {', '.join(record.serving)}")
+    for url, why in record.refused.items():
+        print(f"refused by {url} (no calls for {name} go there): {why}")
     return 0

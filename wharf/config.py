@@ -116,6 +116,9 @@ class ProxyConfig:
     admin_port: Port = 0  # 0: any free port (admin.json says which)
     # Extra upstream URLs; the endpoint's url is always the first.
     upstreams: list[str] = field(default_factory=list)
+    # {policy: [upstream urls]} that refused to load the policy: none of its calls go there. A round
+    # fills it from what publishing recorded (runs/<run>/published/<policy>.json).
+    refused: dict[str, list[str]] = field(default_factory=dict)
     max_body_bytes: Positive = 16 * 1024 * 1024
     upstream_timeout_s: PositiveFloat = 900.0
     shard_rows: Positive = 2000
@@ -153,6 +156,11 @@ class CollectConfig:
     verifier_timeout_s: PositiveFloat | None = None
     # The model name to sample from this round (an adapter name); None: endpoint.model.
     policy: str | None = None
+    # Where the trials run: local (here, one proxy) or ray (over a Ray cluster's nodes, a proxy
+    # per node; needs the ray extra: pip install -e '.[ray]').
+    executor: Literal["local", "ray"] = "local"
+    # What ray.init takes (e.g. 10.0.0.5:6379 or auto); None: RAY_ADDRESS, else a local cluster.
+    ray_address: str | None = None
 
 
 @dataclass
@@ -269,6 +277,9 @@ class HealthConfig:
     # Share of the round's rollouts left out as infra errors or unscorable (no turns, no reward,
     # bad input), and share of rows the trainer masked; 1: off.
     max_bad_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    # Every replica the proxy routes to (endpoint.url, proxy.upstreams) took the round's new
+    # policy when it was published (one that refused gets none of its calls); false: off.
+    all_replicas_serve: bool = True
 
 
 def check_policy_spec(spec: str, key: str) -> str:

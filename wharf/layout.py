@@ -221,6 +221,10 @@ class RunLayout:
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)
 
+    def published(self, policy: str) -> Path:
+        """Which replicas took `policy` when it was published (wharf/replicas.py)."""
+        return self.root / "published" / f"{policy}.json"
+
     def rounds(self) -> list[int]:
         """The round numbers that exist on disk, in order."""
         base = self.root / "rounds"

@@ -55,8 +55,8 @@ class RecordingProxy:
         self.metrics = Metrics()
         self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync,
                                on_sync=self._synced)
-        self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s)
         self.rollouts = RolloutRegistry(registry_file(self.wal_dir))
+        self.pool = UpstreamPool([cfg.endpoint.url, *p.upstreams], p.health_interval_s, p.refused, self._policy_of)
         self.admin_token = p.admin_token or new_token()  # never a fixed default
         self.admin = AdminAPI(cfg, self.rollouts, self.store, self.pool, self.metrics, self.public_base,
                               self.admin_token)
@@ -66,6 +66,10 @@ class RecordingProxy:
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.recovery: dict = {}
+
+    def _policy_of(self, rollout_id: str) -> str | None:
+        rollout = self.rollouts.get(rollout_id)
+        return rollout.policy if rollout else None
 
     def _synced(self, n: int) -> None:
         self.metrics.inc("wal_fsyncs_total", help="Group fsyncs of the WAL (each covers every call then in flight)")

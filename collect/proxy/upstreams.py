@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from typing import Callable
 
 import aiohttp
 
@@ -37,7 +38,10 @@ class Upstream:
 
 
 class UpstreamPool:
-    def __init__(self, urls: list[str], health_interval_s: float = 5.0):
+    def __init__(self, urls: list[str], health_interval_s: float = 5.0,
+                 refused: dict[str, list[str]] | None = None, policy_of: Callable[[str], str | None] | None = None):
+        """`refused`: {policy: upstream urls that refused to load it}, never routed its calls;
+        `policy_of`: a rollout id's policy."""
         seen, ups = set(), []
         for u in urls:
             if u and u.rstrip("/") not in seen:
@@ -46,6 +50,8 @@ class UpstreamPool:
         if not ups:
             raise ValueError("no upstream: set endpoint.url (and optionally proxy.upstreams)")
         self.upstreams = ups
+        self.refused = {policy: {u.rstrip("/") for u in urls} for policy, urls in (refused or {}).items()}
+        self.policy_of = policy_of
         self.health_interval_s = health_interval_s
         self._task: asyncio.Task | None = None
 
@@ -53,10 +59,15 @@ class UpstreamPool:
         return int.from_bytes(hashlib.blake2b(f"{up.url}|{key}".encode(), digest_size=8).digest(), "big")
 
     def order(self, rollout_id: str) -> list[Upstream]:
-        """Upstreams to try for this rollout: its sticky choice first, healthy ones before unhealthy."""
-        if len(self.upstreams) == 1:
-            return self.upstreams
-        ranked = sorted(self.upstreams, key=lambda u: self._score(u, rollout_id), reverse=True)
+        """Upstreams to try for this rollout: its sticky choice first, healthy ones before unhealthy;
+        none that refused the rollout's policy."""
+        ups = self.upstreams
+        if self.refused and self.policy_of is not None:
+            skip = self.refused.get(self.policy_of(rollout_id) or "", set())
+            ups = [u for u in ups if u.url not in skip]
+        if len(ups) <= 1:
+            return ups
+        ranked = sorted(ups, key=lambda u: self._score(u, rollout_id), reverse=True)
         return [u for u in ranked if u.healthy] + [u for u in ranked if not u.healthy]
 
     async def check(self, session: aiohttp.ClientSession) -> None:
@@ -94,4 +105,5 @@ class UpstreamPool:
             self._task.cancel()
 
     def describe(self) -> list[dict]:
-        return [{"url": u.url, "healthy": u.healthy, "last_error": u.last_error} for u in self.upstreams]
+        return [{"url": u.url, "healthy": u.healthy, "last_error": u.last_error,
+                 "refused": sorted(p for p, urls in self.refused.items() if u.url in urls)} for u in self.upstreams]

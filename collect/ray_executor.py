@@ -1,0 +1,163 @@
+"""collect.executor=ray: a round's trials spread over the nodes of a Ray cluster.
+
+Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
+its own harbor trials (collect/node.py) and writes its shards into the round's turns dir. The
+driver hands each node up to collect.concurrency trials at a time and records each row as it
+comes back, exactly as the local executor does. A node lost mid-round (its actor dies with it):
+the trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
+the abandoned tries stay orphans that convert ignores (the resume rules of collect/runner.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from collect.node import NodeTrials, OnRow, node_proxy
+from collect.records import RolloutRow
+from collect.tasksets import PlannedRollout
+from wharf.config import RunConfig
+from wharf.errors import WharfError
+
+log = logging.getLogger("wharf.collect")
+
+
+class RayExecutorError(WharfError, RuntimeError):
+    """The Ray cluster could not run the round (not installed, no node to run on, all nodes lost)."""
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise RayExecutorError("collect.executor=ray needs Ray: pip install -e '.[ray]' (or set "
+                               "collect.executor=local)") from None
+    return ray
+
+
+class NodeActor:
+    """One node's trials (a Ray actor; its methods run on the actor's one event loop)."""
+
+    def __init__(self, cfg: RunConfig, policy: str, node: str, cwd: str):
+        if os.path.isdir(cwd):  # a node sharing the driver's disk resolves relative paths the same way
+            os.chdir(cwd)
+        import ray
+
+        cfg = node_proxy(cfg, node, ray.util.get_node_ip_address())
+        paths = cfg.round_layout.collect
+        self.node = NodeTrials(cfg, policy, paths.proxy_config.with_name(f"proxy-{node}.yaml"),
+                               paths.logs / f"proxy-{node}.log")
+        self._up: asyncio.Future | None = None
+
+    async def trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
+        if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
+            self._up = asyncio.ensure_future(self.node.__aenter__())
+        await asyncio.shield(self._up)
+        return await self.node.trial(p, job_id)
+
+    async def finish(self) -> None:
+        """Flush the proxy's shards and stop it."""
+        if self._up is not None:
+            await self._up
+            await self.node.__aexit__(None, None, None)
+
+
+def trial_nodes(nodes: list[dict]) -> dict[str, str]:
+    """{name: Ray node id} of the alive nodes that have a CPU for a node actor."""
+    return {n["NodeID"][:12]: n["NodeID"] for n in nodes
+            if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1}
+
+
+Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
+
+
+async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
+                   lost_errors: tuple[type[BaseException], ...]) -> list[str]:
+    """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
+    on each. A call failing with one of `lost_errors` means its node is gone: the node gets no
+    more work and the rollout goes back in the queue. Returns the lost nodes, in order."""
+    queue = list(todo)
+    alive = dict.fromkeys(submit, slots)  # free slots per node still up
+    inflight: dict[asyncio.Future, tuple[str, PlannedRollout]] = {}
+    lost: list[str] = []
+    while queue or inflight:
+        while queue and any(alive.values()):  # one at a time per node in turn: spread, not fill
+            for node in [n for n, free in alive.items() if free > 0][:len(queue)]:
+                p = queue.pop(0)
+                inflight[asyncio.ensure_future(submit[node](p))] = (node, p)
+                alive[node] -= 1
+        if not inflight:
+            raise RayExecutorError(f"every node of the cluster was lost ({', '.join(lost)}); "
+                                   f"{len(queue)} rollouts not run: start nodes and run the round again (it resumes)")
+        finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        for fut in finished:
+            node, p = inflight.pop(fut)
+            try:
+                row = fut.result()
+            except lost_errors as e:
+                if node in alive:
+                    log.warning("node %s lost (%s): its unfinished trials run on the nodes left", node, type(e).__name__)
+                    del alive[node]
+                    lost.append(node)
+                queue.append(p)
+                continue
+            on_row(row, node)
+            if node in alive:
+                alive[node] += 1
+    return lost
+
+
+class RayExecutor:
+    def __init__(self, cfg: RunConfig, policy: str):
+        self.cfg, self.policy = cfg, policy
+
+    async def run(self, todo: list[PlannedRollout], job_id: str, on_row: OnRow) -> dict:
+        ray = require_ray()
+        from ray.exceptions import ActorUnschedulableError, NodeDiedError, RayActorError
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray.init(address=self.cfg.collect.ray_address, log_to_driver=False, configure_logging=False)
+        actors = {}
+        try:
+            nodes = trial_nodes(ray.nodes())
+            if not nodes:
+                raise RayExecutorError("the Ray cluster has no alive node with a CPU to run trials on")
+            log.info("collect on %d Ray nodes: %s", len(nodes), ", ".join(nodes))
+            remote = ray.remote(NodeActor)
+            cfg = _absolute(self.cfg)
+            for name, node_id in nodes.items():
+                actors[name] = remote.options(
+                    num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                ).remote(cfg, self.policy, name, os.getcwd())
+            submit = {name: _submitter(a, job_id) for name, a in actors.items()}
+            lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
+                                  (RayActorError, NodeDiedError, ActorUnschedulableError))
+            left = {name: a for name, a in actors.items() if name not in lost}
+            # A node lost now costs nothing: each closed rollout's shard was published at its close.
+            for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
+                                                            return_exceptions=True)):
+                if isinstance(err, Exception):
+                    log.warning("node %s: stopping its proxy failed: %s", name, err)
+            return {"nodes": sorted(nodes), "lost_nodes": lost}
+        finally:
+            for a in actors.values():
+                ray.kill(a)
+            ray.shutdown()
+
+
+def _submitter(actor, job_id: str) -> Submit:
+    async def submit(p: PlannedRollout) -> RolloutRow:
+        return await actor.trial.remote(p, job_id)
+    return submit
+
+
+def _absolute(cfg: RunConfig) -> RunConfig:
+    """Nodes do not share the driver's working directory: paths go to them absolute."""
+    return dataclasses.replace(cfg, runs_dir=str(Path(cfg.runs_dir).resolve()))
+
+
+def _absolute_task(p: PlannedRollout) -> PlannedRollout:
+    return dataclasses.replace(p, task=dataclasses.replace(p.task, path=Path(p.task.path).resolve()))

@@ -1,0 +1,172 @@
+"""collect.executor=ray on a real Ray cluster: a head and two worker nodes (separate raylets) in a
+network and pid namespace of their own (tests/fixtures/ray_rounds.sh), real harbor trials in the
+bubblewrap sandbox, a proxy per node, the vLLM-format stub as the endpoint. The same round runs
+locally, on the cluster, and on the cluster with a worker node killed while it runs a trial."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from wharf import schema
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).parent / "fixtures" / "ray_rounds.sh"
+
+
+def _skip_reason() -> str | None:
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "needs root, unshare and ip (the cluster runs in a network namespace of its own)"
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "ray is not installed (pip install -e '.[ray]')"
+    return None
+
+
+@pytest.fixture(scope="module")
+def rounds():
+    if (why := _skip_reason()) is not None:
+        pytest.skip(why)
+    out = Path(tempfile.mkdtemp(prefix="wr."))  # short: Ray's socket paths live under it
+    try:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        r = subprocess.run(["unshare", "-n", "-p", "-f", "--kill-child", "--mount-proc", "bash", str(SCRIPT), str(out),
+                            sys.executable], cwd=ROOT, env=env, timeout=840,
+                           capture_output=True, text=True)
+        logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
+        assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
+        yield {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "kill")}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _round(collect: Path) -> dict:
+    return {
+        "manifest": json.loads((collect / "manifest.json").read_text()),
+        "rollouts": schema.read_table(collect / "rollouts.parquet", "rollouts").to_pylist(),
+        "turns": schema.read_dir(collect / "turns", "turns").to_pylist(),
+        "trial_dirs": sorted(p.name for p in (collect / "harbor").iterdir() if p.is_dir()),
+    }
+
+
+def _by_key(rnd: dict) -> dict:
+    """(task, attempt) -> (group suffix, [(seed, completion ids) per turn])."""
+    turns: dict[str, list] = {}
+    for t in rnd["turns"]:
+        turns.setdefault(t["rollout_id"], []).append(t)
+    out = {}
+    for r in rnd["rollouts"]:
+        mine = sorted(turns.get(r["rollout_id"], []), key=lambda t: t["turn"])
+        # every acknowledged call of a recorded rollout is there, once
+        assert [t["turn"] for t in mine] == list(range(r["n_turns"])) and r["n_turns"] > 0
+        assert r["group_id"] == f"{r['job_id'][:8]}.{r['task_id']}"
+        key = (r["task_id"], r["attempt"])
+        assert key not in out, f"{key} recorded twice"
+        out[key] = [(json.loads(t["sampling"])["seed"], t["completion_token_ids"]) for t in mine]
+    return out
+
+
+def _same_manifest_shape(local: dict, other: dict) -> None:
+    assert set(other) - set(local) == {"executor"}
+    for k in ("tasks", "attempts", "agent", "environment", "sampling", "state", "orphan_turns"):
+        assert other[k] == local[k], k
+    assert other["counts"]["planned"] == other["counts"]["finished"] == 4
+
+
+@pytest.mark.slow
+def test_a_ray_round_yields_the_local_rounds_rollouts_spread_over_both_nodes(rounds):
+    local, ray = rounds["local"], rounds["ray"]
+    want = _by_key(local)
+    got = _by_key(ray)
+    assert sorted(want) == sorted(got) == [(t, a) for t in ("sed-add", "write-answer") for a in (0, 1)]
+    for key in want:  # the same per-rollout seeds, turn by turn; the same first answer (same prompt, same seed)
+        assert [s for s, _ in got[key]] == [s for s, _ in want[key]][:len(got[key])], key
+        assert got[key][0] == want[key][0], key
+    _same_manifest_shape(local["manifest"], ray["manifest"])
+    ex = ray["manifest"]["executor"]
+    assert ex["kind"] == "ray" and len(ex["nodes"]) == 2 and ex["lost_nodes"] == []
+    assert sorted(ex["trials_by_node"]) == ex["nodes"] and all(n > 0 for n in ex["trials_by_node"].values())
+    assert sum(ex["trials_by_node"].values()) == 4
+    assert len(ray["trial_dirs"]) == 4  # no trial ran twice
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_round_still_yields_every_rollout_once(rounds):
+    kill = rounds["kill"]
+    got = _by_key(kill)  # each (task, attempt) once, with all its turns
+    assert sorted(got) == sorted(_by_key(rounds["local"]))
+    assert all(r["status"] == "ok" for r in kill["rollouts"])
+    ex = kill["manifest"]["executor"]
+    assert len(ex["lost_nodes"]) == 1 and ex["lost_nodes"][0] in ex["nodes"]
+    assert sum(ex["trials_by_node"].values()) == 4
+    survivor = next(n for n in ex["nodes"] if n not in ex["lost_nodes"])
+    assert ex["trials_by_node"][survivor] >= 3  # its own and the lost node's unfinished one
+    # the lost node's unfinished try ran again under a fresh rollout id
+    recorded = {r["rollout_id"] for r in kill["rollouts"]}
+    abandoned = [d for d in kill["trial_dirs"] if d not in recorded]
+    assert len(abandoned) >= 1
+    # none of its calls counts: convert reads only turns of recorded rollouts
+    assert not any(t["rollout_id"] in abandoned for t in kill["turns"]) or kill["manifest"]["orphan_turns"] > 0
+    assert kill["manifest"]["counts"]["by_status"] == {"ok": 4}
+
+
+def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
+    from collect.ray_executor import RayExecutorError, dispatch
+    from collect.tasksets import PlannedRollout, Task
+
+    class Lost(Exception):
+        pass
+
+    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(8)]
+    ran: list[tuple[str, str]] = []
+
+    def node(name: str, dies_after: int | None):
+        calls = []
+
+        async def submit(p):
+            calls.append(p)
+            await asyncio.sleep(0.01)
+            if dies_after is not None and len(calls) > dies_after:
+                raise Lost(name)
+            return p.task.task_id
+        return submit
+
+    lost = asyncio.run(dispatch({"a": node("a", None), "b": node("b", 2)}, 2, todo,
+                                lambda row, n: ran.append((row, n)), (Lost,)))
+    assert lost == ["b"]
+    assert sorted(r for r, _ in ran) == [f"t{i}" for i in range(8)]  # each once
+    assert {n for _, n in ran} == {"a", "b"}
+    with pytest.raises(RayExecutorError, match="every node of the cluster was lost"):
+        asyncio.run(dispatch({"b": node("b", 0)}, 1, todo, lambda *a: None, (Lost,)))
+
+
+def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import builtins
+
+    from collect import runner
+    from collect.ray_executor import RayExecutorError
+    from wharf.config import load_config
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=t", "collect.executor=ray",
+                             "endpoint.url=http://127.0.0.1:9", "endpoint.launch=false"])
+    with pytest.raises(RayExecutorError, match=r"pip install -e '\.\[ray\]'"):
+        runner.run(cfg, progress=False)
+    assert not (tmp_path / "t").exists()  # nothing written, no endpoint tried

@@ -1,0 +1,54 @@
+"""Which replicas serve a published policy: publish writes the record, the proxy of a round that
+samples the policy routes none of its calls to a replica that refused it, and the loop's health
+check names such a replica. A JSON file per policy: runs/<run>/published/<policy>.json."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
+    """Every upstream the proxy routes to (endpoint.url first, then proxy.upstreams), once each."""
+    seen: dict[str, None] = {}
+    for u in [endpoint_url, *upstreams]:
+        if u:
+            seen.setdefault(u.rstrip("/"), None)
+    return list(seen)
+
+
+@dataclass(frozen=True)
+class ReplicaResult:
+    url: str
+    ok: bool
+    error: str | None = None
+
+
+@dataclass
+class PublishRecord:
+    policy: str
+    adapter: str
+    replicas: list[ReplicaResult] = field(default_factory=list)
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """{url: why} of the replicas that do not serve the policy."""
+        return {r.url: r.error or "refused" for r in self.replicas if not r.ok}
+
+    @property
+    def serving(self) -> list[str]:
+        return [r.url for r in self.replicas if r.ok]
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(path)
+
+    @classmethod
+    def read(cls, path: Path) -> "PublishRecord | None":
+        """The record at `path`; None when the policy was never published from this run."""
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["policy"], data["adapter"], [ReplicaResult(**r) for r in data["replicas"]])
