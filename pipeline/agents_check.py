@@ -27,8 +27,9 @@ from collect.agents.logs import compare, read_agent_log
 from collect.runner import Round
 from convert.reader import ConvertInputError, read_job
 from convert.rows import RowError, RowOptions, build_rows
+from engine.launch import launch
 from testing.vllm_stub import StubServer  # a repo tool: the scripted upstream ships with the tests, not the wheel
-from wharf import endpoint, schema
+from wharf import schema
 from wharf.config import dump_config, load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +208,7 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
             return
         cfg = load_config(REPO / "configs" / "default.yaml", [f"endpoint.url=http://127.0.0.1:{engine_port}",
                                                                "engine.max_model_len=8192"])
-        with endpoint.launch(cfg, log_dir=log_dir) as ep:
+        with launch(cfg, log_dir=log_dir) as ep:
             yield {"stub": (stub.url, None), "engine": (cfg.endpoint.url, ep.api_key)}
 
 

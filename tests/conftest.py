@@ -71,10 +71,10 @@ def stub():
 
 @pytest.fixture(scope="session")
 def engine_url():
-    """Base URL ("http://127.0.0.1:PORT") of a `python -m collect.engine` started for this session."""
+    """Base URL ("http://127.0.0.1:PORT") of a `python -m engine` started for this session."""
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="wharf-engine-")) / "engine.log"
-    cmd = [sys.executable, "-m", "collect.engine", "--config", str(REPO / "configs/default.yaml"),
+    cmd = [sys.executable, "-m", "engine", "--config", str(REPO / "configs/default.yaml"),
            f"engine.port={port}", "engine.host=127.0.0.1", "engine.threads=2"]
     proc = procs.spawn(cmd, log, cwd=REPO)
     url = f"http://127.0.0.1:{port}"
