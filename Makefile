@@ -152,10 +152,13 @@ RUN ?= runs/default
 report: setup
 	$(WHARF) report $(RUN)
 
+# The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup agents
+# What to run while editing: no `slow` test (no sandboxed agent trial or round, no agent CLI, no
+# multi-minute training), so no npm/pip agent install either (docs/development.md: test tiers).
+test-fast: setup
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup
