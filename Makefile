@@ -75,10 +75,10 @@ $(AGENTS_PY)/%/.installed:
 	$(if $(filter $*,$(PY_AGENT_NO_LINK)),,mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*)
 	touch $@
 
-# One real trial per agent through the recording proxy: the agent matrix (README).
-# PYTHONPATH: its stub upstream lives in testing/, which the wheel (and so the console script) leaves out.
+# One real trial per agent through the recording proxy: the agent matrix (docs/agents.md). Its
+# scripted upstream (testing/vllm_stub.py) is not in the wheel: the command finds it in this checkout.
 agents-check: setup agents agents-py
-	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(WHARF) agents-check $(ARGS)
+	$(WHARF) agents-check $(ARGS)
 
 # The main job on the embedded default: one collect round, then its token-exactness audit.
 demo: collect
@@ -157,10 +157,13 @@ RUN ?= runs/default
 report: setup
 	$(WHARF) report $(RUN)
 
+# The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(ARGS)
 
-test-fast: setup agents
+# What to run while editing: no `slow` test (no sandboxed agent trial or round, no agent CLI, no
+# multi-minute training), so no npm/pip agent install either (docs/development.md: test tiers).
+test-fast: setup
 	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
 
 bench: setup

@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from wharf.config import load_config
-    from wharf.endpoint import launch
+    from engine.launch import launch
 
     url = f"http://127.0.0.1:{_free_port()}"
     cfg = load_config(None, [f"endpoint.url={url}", f"engine.threads={args.threads}"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from openai import OpenAI
 
+from engine.launch import launch
 from wharf.config import cli_config
-from wharf.endpoint import launch
 from wharf.entry import guarded
 
 PROMPT = "Write a shell command that prints the current directory."

@@ -30,6 +30,7 @@ from collect.proxy_client import ServiceError
 from collect.records import RolloutRow
 from collect.tasksets import PlannedRollout, discover, plan
 from collect.trials import preflight
+from engine.launch import launch
 
 log = logging.getLogger("wharf.collect")
 
@@ -198,6 +199,6 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))
     # The endpoint outlives the round's proxy: started here only when nothing answers at its url.
-    with endpoint.launch(cfg, log_dir=paths.logs) as ep:
+    with launch(cfg, log_dir=paths.logs) as ep:
         # The proxy forwards with the endpoint's key (drawn by launch when it started the endpoint).
         return asyncio.run(Round(endpoint.with_key(cfg, ep), paths.proxy_config).run(progress=progress))

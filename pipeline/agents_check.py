@@ -27,11 +27,33 @@ from collect.agents.logs import compare, read_agent_log
 from collect.runner import Round
 from convert.reader import ConvertInputError, read_job
 from convert.rows import RowError, RowOptions, build_rows
-from testing.vllm_stub import StubServer  # a repo tool: the scripted upstream ships with the tests, not the wheel
-from wharf import endpoint, schema
+from engine.launch import launch
+from wharf import schema
 from wharf.config import dump_config, load_config
+from wharf.entry import guarded
+from wharf.errors import WharfError
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+class CheckoutMissing(WharfError):
+    """agents-check needs files of a wharf checkout that the installed package leaves out."""
+
+
+def stub_server(root: Path | None = None):
+    """The scripted upstream's class (testing/vllm_stub.py). It ships with the checkout, not the
+    wheel (test doubles stay out of it), like the task and the pinned agent CLIs this command also
+    needs; an installed wharf (`make setup`: editable) finds it beside its own sources."""
+    root = root or REPO
+    if not (root / "testing" / "vllm_stub.py").is_file() or not (root / "datasets" / "toy").is_dir():
+        raise CheckoutMissing(f"needs a wharf checkout (testing/vllm_stub.py, datasets/toy and the pinned agent "
+                              f"CLIs), and {root} is not one: run it from a clone, `make setup agents agents-py` "
+                              "then `make agents-check`")
+    if str(root) not in sys.path:
+        sys.path.append(str(root))  # last: never shadows an installed module
+    from testing.vllm_stub import StubServer
+
+    return StubServer
 TASK = "write-hello"  # datasets/toy: the instruction spells out the command
 STUB_COMMAND = "echo hello > hello.txt"
 
@@ -201,13 +223,13 @@ def table(results: list[Result]) -> str:
 def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
     """{engine, stub}: (base URL, API key) of the local engine (started when needed, with a key of
     its own) and of the scripted stub."""
-    with StubServer(script=f"shell:{STUB_COMMAND}", max_model_len=131072, model="smollm2-135m") as stub:
+    with stub_server()(script=f"shell:{STUB_COMMAND}", max_model_len=131072, model="smollm2-135m") as stub:
         if not need_engine:
             yield {"stub": (stub.url, None)}
             return
         cfg = load_config(REPO / "configs" / "default.yaml", [f"endpoint.url=http://127.0.0.1:{engine_port}",
                                                                "engine.max_model_len=8192"])
-        with endpoint.launch(cfg, log_dir=log_dir) as ep:
+        with launch(cfg, log_dir=log_dir) as ep:
             yield {"stub": (stub.url, None), "engine": (cfg.endpoint.url, ep.api_key)}
 
 
@@ -218,6 +240,11 @@ def main(argv: list[str] | None = None, prog: str = "wharf agents-check") -> int
     p.add_argument("--proxy-port", type=int, default=8210)
     p.add_argument("--out", default=None, help="where the trials go (default: a temp dir)")
     args = p.parse_args(argv)
+    return guarded(prog, lambda: check(args))
+
+
+def check(args: argparse.Namespace) -> int:
+    stub_server()  # before any trial: no checkout, one line saying how to get one
     only = {a for a in args.only.split(",") if a}
     agents = [a for a in AGENTS if not only or a.name in only]
     out = Path(args.out or tempfile.mkdtemp(prefix="wharf-agents-check-"))

@@ -20,7 +20,7 @@ COMMANDS = {
     "eval": ("pipeline.eval", "policies side by side on a task set (base, <run>:<k>, adapter dirs); no training"),
     "replay": ("pipeline.replay", "convert + train from stored collect dirs; no agent, no endpoint"),
     "report": ("pipeline.report.cli", "write a run's report.html, or draw runs' rewards side by side"),
-    "serve": ("collect.engine.cli", "serve the local engine (vLLM's HTTP API)"),
+    "serve": ("engine.cli", "serve the local engine (vLLM's HTTP API)"),
     "proxy": ("collect.proxy.cli", "serve the recording proxy"),
     "chat": ("collect.demo", "one chat completion, shown with its token ids and log-probs"),
     "audit": ("collect.audit", "check a collect dir's rows against the agents' own logs"),

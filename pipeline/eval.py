@@ -28,7 +28,8 @@ from collect.runner import run as collect_round
 from collect.tasksets import TaskSetError, discover
 from wharf import schema
 from wharf.config import RunConfig, check_policy_spec, cli_config
-from wharf.endpoint import Endpoint, launch, with_key
+from engine.launch import launch
+from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name

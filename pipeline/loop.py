@@ -22,12 +22,13 @@ import logging
 import time
 
 from collect.runner import run as collect_round
+from engine.launch import launch
 from train.model import base_model_dir
 from train.publish import publish
 from train.shift import measure, write
 from train.stage import convert_dir
 from wharf.config import RunConfig, cli_config, dump_config
-from wharf.endpoint import Endpoint, launch, with_key
+from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
 from wharf.layout import RunLayout, has_adapter, policy_name
 

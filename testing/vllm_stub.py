@@ -41,7 +41,7 @@ import zlib
 
 from aiohttp import web
 
-from collect.engine.auth import auth_middleware
+from engine.auth import auth_middleware
 
 from testing.stub_template import EOS_ID, VOCAB, WORD, render_prompt, tool_call_text, word_id
 

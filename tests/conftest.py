@@ -15,6 +15,7 @@ from wharf import envdefaults, procs
 from wharf.endpoint import Endpoint
 
 REPO = Path(__file__).resolve().parents[1]
+CI_SKIPS_PAGE = "docs/development.md"  # its `CI skips: N` line: how many tests a CI run may skip
 
 envdefaults.apply()
 
@@ -32,24 +33,24 @@ def pytest_sessionstart(session):
         raise pytest.UsageError("CI is set but bwrap is missing: install bubblewrap (make setup does it)")
 
 
-def readme_ci_skips(text: str) -> int:
-    """The number of tests the README says a CI run skips (its `CI skips: N` line)."""
+def stated_ci_skips(text: str) -> int:
+    """The number of tests docs/development.md says a CI run skips (its `CI skips: N` line)."""
     m = re.search(r"CI skips: (\d+)", text)
     if m is None:
-        raise ValueError("README.md: no `CI skips: N` line (how many tests a CI run may skip)")
+        raise ValueError(f"{CI_SKIPS_PAGE}: no `CI skips: N` line (how many tests a CI run may skip)")
     return int(m.group(1))
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """In CI, a run that skipped more (or fewer) tests than the README says fails."""
+    """In CI, a run that skipped more (or fewer) tests than docs/development.md says fails."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if not IN_CI or reporter is None or session.config.option.collectonly:
         return
     skipped = len(reporter.stats.get("skipped", []))
-    expected = readme_ci_skips((REPO / "README.md").read_text())
+    expected = stated_ci_skips((REPO / CI_SKIPS_PAGE).read_text())
     if skipped != expected:
-        reporter.write_line(f"CI: {skipped} tests skipped, README.md says {expected} (CI skips: N): "
-                            "a part a test needs is missing, or the README is out of date", red=True)
+        reporter.write_line(f"CI: {skipped} tests skipped, {CI_SKIPS_PAGE} says {expected} (CI skips: N): "
+                            "a part a test needs is missing, or that page is out of date", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -70,10 +71,10 @@ def stub():
 
 @pytest.fixture(scope="session")
 def engine_url():
-    """Base URL ("http://127.0.0.1:PORT") of a `python -m collect.engine` started for this session."""
+    """Base URL ("http://127.0.0.1:PORT") of a `python -m engine` started for this session."""
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="wharf-engine-")) / "engine.log"
-    cmd = [sys.executable, "-m", "collect.engine", "--config", str(REPO / "configs/default.yaml"),
+    cmd = [sys.executable, "-m", "engine", "--config", str(REPO / "configs/default.yaml"),
            f"engine.port={port}", "engine.host=127.0.0.1", "engine.threads=2"]
     proc = procs.spawn(cmd, log, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

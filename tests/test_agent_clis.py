@@ -54,6 +54,7 @@ def workdir(tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow  # the real CLI, which `make agents` installs: not in make test-fast
 def test_claude_code_two_turns_with_a_tool_call(proxy, tap, workdir):
     info = open_rollout(proxy, "claude")
     env = {**QUIET_ENV, "ANTHROPIC_BASE_URL": anthropic_root(info["base_url"]), "ANTHROPIC_API_KEY": info["api_key"],
@@ -75,6 +76,7 @@ def test_claude_code_two_turns_with_a_tool_call(proxy, tap, workdir):
     assert events[-1]["type"] == "result" and events[-1]["is_error"] is False
 
 
+@pytest.mark.slow  # the real CLI, which `make agents` installs: not in make test-fast
 def test_codex_two_turns_with_a_tool_call(proxy, tap, workdir):
     info = open_rollout(proxy, "codex")
     home = workdir / "codex-home"

@@ -1,7 +1,10 @@
 """The plan of the house, checked on the source: the shared floor (wharf/) imports no stage, the
-three stages (collect, convert, train) stand side by side on it and import no other stage, the
-orchestration (pipeline/) stands above them, and no module imports, at any depth (function-local
-imports included), a module that imports it back. Also: replay loads neither collect nor harbor."""
+three stages (collect, convert, train) and the local engine stand side by side on it and import
+no other stage (the engine only wharf; of the stages only collect names it), the orchestration
+(pipeline/) stands above them, and no module imports, at any depth (function-local imports
+included), a module that imports it back. A module started by name as a child process (`"-m", X`
+in a list, `stage_argv(X, ...)`) counts as imported: it must exist and obey the same rules.
+Also: replay loads neither collect nor harbor."""
 from __future__ import annotations
 
 import ast
@@ -10,15 +13,16 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("wharf", "collect", "convert", "train", "pipeline", "testing")
+PACKAGES = ("wharf", "engine", "collect", "convert", "train", "pipeline", "testing")
 # What each package may import of ours (besides itself).
 ALLOWED = {
     "wharf": set(),
-    "collect": {"wharf"},
+    "engine": {"wharf"},
+    "collect": {"wharf", "engine"},  # it starts the engine (engine.launch) when nothing answers
     "convert": {"wharf"},
     "train": {"wharf"},
-    "pipeline": {"wharf", "collect", "convert", "train", "testing"},  # testing: agents-check's scripted stub
-    "testing": {"wharf", "collect"},
+    "pipeline": {"wharf", "engine", "collect", "convert", "train", "testing"},  # testing: agents-check's stub
+    "testing": {"wharf", "engine", "collect"},
 }
 
 
@@ -27,8 +31,32 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+# Calls whose first argument names a module to run as `python -m` (wharf.procs.stage_argv).
+MODULE_RUNNERS = {"stage_argv"}
+
+
+def _run_targets(node: ast.AST) -> list[str]:
+    """The modules `node` names to run as `python -m X`: "-m", "X" in a list or tuple literal, or
+    a string first argument of a MODULE_RUNNERS call."""
+    if isinstance(node, (ast.List, ast.Tuple)):
+        elts = node.elts
+        return [b.value for a, b in zip(elts, elts[1:]) if isinstance(a, ast.Constant) and a.value == "-m"
+                and isinstance(b, ast.Constant) and isinstance(b.value, str)]
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+            and isinstance(node.args[0].value, str):
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        return [node.args[0].value] if name in MODULE_RUNNERS else []
+    return []
+
+
+def _run_targets_of(path: Path) -> set[str]:
+    return {t for node in ast.walk(ast.parse(path.read_text())) for t in _run_targets(node)
+            if t.split(".")[0] in PACKAGES}
+
+
 def _imports(path: Path, mod: str | None = None) -> set[str]:
-    """Every module of ours `path` (module `mod`) imports, anywhere in the file (relative imports resolved)."""
+    """Every module of ours `path` (module `mod`) imports, anywhere in the file (relative imports
+    resolved), and every module of ours it runs as `python -m`."""
     mod = mod or _module(path)
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     out = set()
@@ -43,13 +71,17 @@ def _imports(path: Path, mod: str | None = None) -> set[str]:
         else:
             continue
         out |= {n for n in names if n.split(".")[0] in PACKAGES}
-    return out
+    return out | _run_targets_of(path)
+
+
+def _modules() -> dict[str, Path]:
+    # node_modules: the agent CLIs' npm packages (gemini-cli's node-pty ships Python 2 scripts), not ours
+    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "node_modules" not in p.parts]
+    return {_module(p): p for p in files}
 
 
 def _graph() -> dict[str, set[str]]:
-    # node_modules: the agent CLIs' npm packages (gemini-cli's node-pty ships Python 2 scripts), not ours
-    files = [p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py") if "node_modules" not in p.parts]
-    mods = {_module(p): p for p in files}
+    mods = _modules()
     graph = {}
     for m, p in mods.items():
         # `from a.b import c`: c is a module when a/b/c.py exists, else a name in a.b
@@ -103,6 +135,24 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     assert _imports(f, "train.probe") == {"collect.runner", "collect.runner.run", "wharf", "wharf.layout"}
 
 
+def test_every_module_run_by_name_exists():
+    """A `python -m X` target of ours is a module, or a package with a __main__: a rename that
+    missed a string fails here, not when a run starts the child."""
+    mods = _modules()
+    targets = {(t, m) for m, p in mods.items() for t in _run_targets_of(p)}
+    assert ("engine", "engine.launch") in targets  # the checker sees the launcher's target
+    missing = [f"{m} runs `python -m {t}`, which does not exist" for t, m in sorted(targets)
+               if not (f"{t}.__main__" in mods or (t in mods and not mods[t].name == "__init__.py"))]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_checker_sees_modules_run_by_name(tmp_path):
+    f = tmp_path / "probe.py"
+    f.write_text('import sys\ncmd = [sys.executable, "-m", "engine", "--port", "1"]\n'
+                 'argv = procs.stage_argv("collect.proxy", cfg, path)\nother = ["-m", "pytest"]\n')
+    assert _imports(f, "wharf.probe") == {"engine", "collect.proxy"}
+
+
 def test_replay_loads_neither_collect_nor_harbor():
     code = ("import sys; import pipeline.replay, pipeline.cli; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harbor', 'collect')))")
@@ -117,4 +167,4 @@ def test_test_doubles_are_not_in_the_installed_package():
 
     found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert not any(pat.startswith("testing") for pat in found["include"]), found
-    assert {"wharf*", "collect*", "convert*", "train*", "pipeline*"} <= set(found["include"])
+    assert {"wharf*", "engine*", "collect*", "convert*", "train*", "pipeline*"} <= set(found["include"])

@@ -1,5 +1,6 @@
-"""CI cannot go quietly green: the README states how many tests a CI run skips, and conftest.py
-fails a CI run whose count differs; with CI set, a missing bwrap fails instead of skipping."""
+"""CI cannot go quietly green: docs/development.md states how many tests a CI run skips, and
+conftest.py fails a CI run whose count differs; with CI set, a missing bwrap fails instead of
+skipping."""
 from __future__ import annotations
 
 import os
@@ -8,13 +9,13 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, readme_ci_skips
+from tests.conftest import CI_SKIPS_PAGE, REPO, stated_ci_skips
 
 
-def test_readme_states_the_ci_skip_count():
-    assert readme_ci_skips((REPO / "README.md").read_text()) == 0
+def test_the_docs_state_the_ci_skip_count():
+    assert stated_ci_skips((REPO / CI_SKIPS_PAGE).read_text()) == 0
     with pytest.raises(ValueError, match="CI skips"):
-        readme_ci_skips("no such line")
+        stated_ci_skips("no such line")
 
 
 @pytest.mark.slow
@@ -25,7 +26,7 @@ def test_a_ci_run_with_an_unexpected_skip_fails(tmp_path):
     env = {**os.environ, "CI": "1"}
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 1 and "1 tests skipped, README.md says 0" in p.stdout, p.stdout[-2000:]
+    assert p.returncode == 1 and f"1 tests skipped, {CI_SKIPS_PAGE} says 0" in p.stdout, p.stdout[-2000:]
     env.pop("CI")
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

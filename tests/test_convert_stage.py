@@ -189,21 +189,33 @@ def test_missing_rollouts_table(jobs, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_cli(jobs, tmp_path):
-    run = [sys.executable, "-m", "convert"]
-    out = subprocess.run(run + ["convert.advantge=rloo"], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and "did you mean 'advantage'" in out.stderr
-    out = subprocess.run(run + ["convert.advantage=ppo"], cwd=REPO, capture_output=True, text=True)
+def _main(argv: list[str], capsys) -> tuple[int, str, str]:
+    """`python -m convert ARGV` in this process: (exit status, stdout, stderr)."""
+    from convert.cli import main
+
+    try:
+        rc = main(argv, "python -m convert")
+    except SystemExit as e:  # a bad config exits 2 from the parser
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli(jobs, tmp_path, capsys):
+    # The refusals in this process (a child process each cost ~20 s of imports on a busy machine),
+    # the good run as the real `python -m convert`.
+    rc, _, err = _main(["convert.advantge=rloo"], capsys)
+    assert rc == 2 and "did you mean 'advantage'" in err
+    rc, _, err = _main(["convert.advantage=ppo"], capsys)
     # a choice outside the schema is refused when the config loads, as a bad config (exit 2)
-    assert out.returncode == 2 and "convert.advantage: 'ppo' is not one of grpo, dr_grpo, rloo, zero" in out.stderr
-    out = subprocess.run(run + [f"convert.jobs=[{jobs / 'job1'}]", f"convert.out_dir={tmp_path / 'out'}"],
-                         cwd=REPO, capture_output=True, text=True)
+    assert rc == 2 and "convert.advantage: 'ppo' is not one of grpo, dr_grpo, rloo, zero" in err
+    missing = tmp_path / "nowhere"
+    rc, _, err = _main([f"convert.jobs=[{missing}]", f"convert.out_dir={tmp_path / 'out2'}"], capsys)
+    assert rc == 1 and f"{missing}/rollouts.parquet" in err and "nothing written" in err
+    out = subprocess.run([sys.executable, "-m", "convert", f"convert.jobs=[{jobs / 'job1'}]",
+                          f"convert.out_dir={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "rollouts  read 16" in out.stdout and (tmp_path / "out/index.json").exists()
-    missing = tmp_path / "nowhere"
-    out = subprocess.run(run + [f"convert.jobs=[{missing}]", f"convert.out_dir={tmp_path / 'out2'}"],
-                         cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 1 and f"{missing}/rollouts.parquet" in out.stderr and "nothing written" in out.stderr
 
 
 def test_a_rollout_missing_recorded_calls_is_left_out(jobs, tmp_path):

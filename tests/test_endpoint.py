@@ -9,7 +9,8 @@ import pytest
 from aiohttp import web
 
 from wharf.config import load_config
-from wharf.endpoint import Endpoint, EndpointError, launch
+from engine.launch import launch
+from wharf.endpoint import Endpoint, EndpointError
 from conftest import free_port
 
 

@@ -11,10 +11,10 @@ import torch
 
 from wharf.config import EngineConfig
 from wharf import model_store
-from collect.engine.batcher import Done, Failed, Sequence, Token
-from collect.engine.core import EngineCore
+from engine.batcher import Done, Failed, Sequence, Token
+from engine.core import EngineCore
 from wharf.adapters import AdapterInvalid
-from collect.engine.sampling import SamplingParams
+from engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow  # ~50 s of CPU: four model loads (one float64) and a few dozen passes
 PROMPTS = ["Tell me about the moon.", "Write a haiku about compilers, please, in English.", "Hi"]

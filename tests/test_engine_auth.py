@@ -1,4 +1,4 @@
-"""The engine's API key, as a run gets it by default: endpoint.launch starts the real local engine
+"""The engine's API key, as a run gets it by default: engine.launch starts the real local engine
 with a random key (vLLM's --api-key behaviour), the run's own clients send it, nobody else gets in."""
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import openai
 import pytest
 import requests
 
+from engine import launch as launcher
 from wharf import endpoint
 from wharf.config import load_config
 from collect.proxy.background import BackgroundProxy
 from wharf.schema import read_dir
 from testing.proxy_load import free_port
 
-REPO = endpoint.REPO_ROOT
+REPO = launcher.REPO_ROOT
 CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
 
@@ -23,7 +24,7 @@ def test_a_launched_engine_takes_only_the_runs_key(tmp_path):
         f"endpoint.url=http://127.0.0.1:{port}", "engine.threads=2", "proxy.port=0", "proxy.health_interval_s=0",
         f"proxy.out_dir={tmp_path}/turns"])
     assert cfg.endpoint.api_key is None and cfg.engine.api_key is None
-    with endpoint.launch(cfg, log_dir=tmp_path) as ep:  # its start-up check already sampled with the key
+    with launcher.launch(cfg, log_dir=tmp_path) as ep:  # its start-up check already sampled with the key
         url = ep.url
         assert ep.api_key and len(ep.api_key) >= 43
         assert (tmp_path / "endpoint-local.yaml").stat().st_mode & 0o777 == 0o600
@@ -56,8 +57,8 @@ def test_a_launched_engine_takes_only_the_runs_key(tmp_path):
 def test_a_configured_key_must_agree_between_engine_and_endpoint():
     cfg = load_config(None, ["engine.api_key=a", "endpoint.api_key=b"])
     with pytest.raises(endpoint.EndpointError, match="differ"):
-        endpoint.launch_key(cfg)
-    assert endpoint.launch_key(load_config(None, ["engine.api_key=a"])) == "a"
-    assert endpoint.launch_key(load_config(None, ["endpoint.api_key=b"])) == "b"
-    drawn = {endpoint.launch_key(load_config(None)) for _ in range(2)}
+        launcher.launch_key(cfg)
+    assert launcher.launch_key(load_config(None, ["engine.api_key=a"])) == "a"
+    assert launcher.launch_key(load_config(None, ["endpoint.api_key=b"])) == "b"
+    drawn = {launcher.launch_key(load_config(None)) for _ in range(2)}
     assert len(drawn) == 2, "a fresh key per launch when none is configured"

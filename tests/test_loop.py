@@ -43,7 +43,7 @@ def _overrides(tmp_path: Path, name: str, engine_port: int) -> list[str]:
 
 
 def _engine(port: int, log: Path) -> subprocess.Popen:
-    proc = procs.spawn([sys.executable, "-m", "collect.engine", "--config", str(REPO / "configs/learn.yaml"),
+    proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(REPO / "configs/learn.yaml"),
                         f"engine.port={port}", "engine.threads=2"], log, cwd=REPO)
     Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)
     return proc

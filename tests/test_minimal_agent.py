@@ -110,6 +110,7 @@ async def run_trial(task: str, tmp_path: Path, base_url: str, **kwargs):
     return result, trajectory
 
 
+@pytest.mark.slow  # a real harbor trial in the sandbox: not in make test-fast
 @needs_bwrap
 def test_trial_solves_task_and_records_every_call(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
@@ -146,6 +147,7 @@ def test_trial_solves_task_and_records_every_call(tmp_path, monkeypatch):
     assert result.agent_result.n_input_tokens == 400 and result.agent_result.n_output_tokens == 40
 
 
+@pytest.mark.slow  # a real harbor trial in the sandbox: not in make test-fast
 @needs_bwrap
 def test_turn_limit_ends_the_run_and_it_is_graded(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
@@ -161,6 +163,7 @@ def test_turn_limit_ends_the_run_and_it_is_graded(tmp_path, monkeypatch):
     assert result.verifier_result.rewards["reward"] == 0.0
 
 
+@pytest.mark.slow  # a real harbor trial in the sandbox: not in make test-fast
 @needs_bwrap
 def test_endpoint_error_is_an_agent_error_not_a_success(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
@@ -178,6 +181,7 @@ def test_endpoint_error_is_an_agent_error_not_a_success(tmp_path, monkeypatch):
     assert traj["calls"][0]["assistant"] == "```bash\nls\n```"
 
 
+@pytest.mark.slow  # a real harbor trial in the sandbox: not in make test-fast
 @needs_bwrap
 def test_mini_swe_agent_runs_offline_from_the_venv(tmp_path, monkeypatch):
     """harbor's mini-swe-agent with our offline install: the real `mini-swe-agent` CLI and litellm

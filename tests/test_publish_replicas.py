@@ -64,7 +64,7 @@ def second_engine():
     """A second real engine (the session's engine_url is the first): two replicas of one model."""
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="wharf-engine-")) / "engine.log"
-    proc = procs.spawn([sys.executable, "-m", "collect.engine", "--config", str(REPO / "configs/default.yaml"),
+    proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(REPO / "configs/default.yaml"),
                         f"engine.port={port}", "engine.host=127.0.0.1", "engine.threads=1"], log, cwd=REPO)
     try:
         Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)

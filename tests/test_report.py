@@ -145,3 +145,39 @@ def test_report_opens_in_headless_chromium(tmp_path):
                     "--window-size=1150,4200", f"--screenshot={shot}", page.resolve().as_uri()],
                    check=True, capture_output=True, timeout=120)
     assert shot.stat().st_size > 50_000  # the plots, not a blank page (a page of text alone: ~23 kB)
+
+
+# Appended to a copy of the page: where every table's box ends, and whether the page itself is wider
+# than the window (the report has no script of its own; this one runs after the layout).
+MEASURE = """<script>
+const boxes = [...document.querySelectorAll('table')].map(t => {
+  const box = t.parentElement, r = box.getBoundingClientRect();
+  return {right: r.right, box: box.clientWidth, table: t.scrollWidth, overflow: getComputedStyle(box).overflowX};
+});
+document.body.insertAdjacentHTML('beforeend', '<pre id="measure">' + JSON.stringify(
+  {window: innerWidth, page: document.documentElement.scrollWidth, boxes}) + '</pre>');
+</script>"""
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
+def test_the_rounds_table_fits_a_1200px_window(tmp_path):
+    """The rounds table's 23 columns neither run off the page's right edge nor widen it: the table
+    stays in its box, which scrolls sideways when the columns do not fit."""
+    layout = RunLayout(tmp_path / "run")
+    for k in range(3):
+        make_round(layout, k, {"a-long-task-name": 1, "b": 2})
+    page = write_report(layout.root)
+    probe = page.with_name("measure.html")
+    probe.write_text(page.read_text().replace("</body>", MEASURE + "</body>"))
+    dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                          "--no-first-run", "--hide-scrollbars", "--window-size=1200,900", "--dump-dom",
+                          probe.resolve().as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
+    m = re.search(r'<pre id="measure">(.*?)</pre>', dom)
+    assert m, dom[-2000:]
+    seen = json.loads(m.group(1).replace("&quot;", '"'))
+    assert seen["window"] == 1200 and seen["boxes"], seen
+    assert seen["page"] <= seen["window"], f"the page is wider than the window: {seen}"
+    for box in seen["boxes"]:
+        assert box["right"] <= seen["window"], f"a table's box runs off the right edge: {seen}"
+        if box["table"] > box["box"]:  # what does not fit is reachable inside the box
+            assert box["overflow"] in ("auto", "scroll"), seen

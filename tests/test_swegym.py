@@ -175,15 +175,18 @@ def _bad(tmp_path: Path, **over) -> Path:
     ({"eval_type": "maybe"}, ["'eval_type'"]),
     ({"log_parser": "parse_log_nope"}, ["'log_parser'"]),
 ])
-def test_bad_row_names_file_row_field_and_writes_nothing(tmp_path, over, words):
+def test_bad_row_names_file_row_field_and_writes_nothing(tmp_path, capsys, over, words):
+    # The CLI's main in this process (a child process per row cost ~10 s of imports each);
+    # test_cli_limit_ids_and_parquet runs the real `python -m`.
+    from collect.tasks.swegym.cli import main
+
     rows = _bad(tmp_path, **over)
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "collect.tasks.swegym", str(rows), str(out)],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 2
-    assert f"{rows}: row 2" in p.stderr and "nothing written" in p.stderr
+    assert main([str(rows), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{rows}: row 2" in err and "nothing written" in err
     for w in words:
-        assert w in p.stderr, p.stderr
+        assert w in err, err
     assert not out.exists() or not any(out.iterdir())  # the good row 1 was not written either
 
 

@@ -53,7 +53,8 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
 
     if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
         pytest.skip("needs CUDA and vllm")
-    from wharf.endpoint import launch, with_key
+    from engine.launch import launch
+    from wharf.endpoint import with_key
     from wharf.model_store import embedded_model_dir
 
     model = str(embedded_model_dir())  # vLLM serves the same converted base the trainer loads

@@ -176,8 +176,8 @@ def _allowed(tp) -> str:
 
 
 def keys_help(cls: type, prefix: str = "") -> list[str]:
-    """`key = default  (allowed values)` for every leaf key of `cls`, dotted: what `--help` and
-    README's configuration section list."""
+    """`key = default  (allowed values)` for every leaf key of `cls`, dotted: what `--help` shows
+    and what docs/configuration.md's key list is generated from."""
     out = []
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):

@@ -28,9 +28,11 @@ def _fmt(v, digits: int = 3) -> str:
 
 
 def _table(head: list[str], rows: list[list]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    th = "".join(f"<th>{html.escape(h).replace('/', '/<wbr>')}</th>" for h in head)  # headers wrap, cells do not
     trs = "".join("<tr>" + "".join(f"<td>{_fmt(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{th}</tr>{trs}</table>"
+    # In a box of its own that scrolls sideways: a wide table (the rounds have 23 columns) never
+    # widens the page past the window.
+    return f"<div class='tbl'><table><tr>{th}</tr>{trs}</table></div>"
 
 
 def _round_rows(rounds: list[RoundData]) -> list[list]:
@@ -59,8 +61,10 @@ def _rule_rows(rounds: list[RoundData]) -> list[list]:
 
 
 CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;font-size:13px}"
-       "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}img{max-width:100%;display:block}"
-       "figure{margin:1.5em 0}")
+       "td,th{border:1px solid #ccc;padding:3px 5px;text-align:right}th{vertical-align:bottom}td{white-space:nowrap}"
+       ".tbl{max-width:100%;overflow-x:auto}"  # the first column (the round) stays in view while it scrolls
+       "td:first-child,th:first-child{position:sticky;left:0;background:#fff}"
+       "img{max-width:100%;display:block}figure{margin:1.5em 0}")
 
 
 def _iv(d: dict) -> str:

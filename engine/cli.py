@@ -1,5 +1,5 @@
 """`wharf serve --config FILE [key=value ...]`: serve the engine section of a run config
-(`python -m collect.engine`, as the endpoint launcher starts it)."""
+(`python -m engine`, as the endpoint launcher starts it)."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None, prog: str = "wharf serve") -> int:
 def _serve(cfg) -> int:
     engine = Engine(cfg)  # a ModelError (no such model) is one line and exit 1
     auth = "with engine.api_key required on /v1" if cfg.api_key else "open to anyone who reaches it"
-    print(f"collect.engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port} ({auth})",
+    print(f"engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port} ({auth})",
           flush=True)
     web.run_app(make_app(engine), host=cfg.host, port=cfg.port, print=None, access_log=None)
     return 0
