@@ -13,12 +13,15 @@ runs/<run>/
 ```
 
 Every stage and tool (collect, the proxy, the audit, convert, train, the loop) asks this module
-for paths instead of joining strings of its own.
+for paths instead of joining strings of its own. A runs_dir in object storage (`s3://bucket/runs`)
+is laid out the same under its local mirror (wharf/storage.py): the stages pull and push it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from wharf import storage
 
 
 def policy_name(k: int) -> str:
@@ -48,6 +51,10 @@ def adapter_config(adapter: Path) -> Path:
 
 def adapter_weights(adapter: Path) -> Path:
     return Path(adapter) / "adapter_model.safetensors"
+
+
+# What convert reads of a collect dir (a job): what is pulled of one in object storage.
+JOB_FILES = ("manifest.json", "rollouts.parquet", "turns/part-*.parquet")
 
 
 def has_adapter(adapter: Path) -> bool:
@@ -188,7 +195,7 @@ class RunLayout:
 
     @classmethod
     def of(cls, runs_dir: str | Path, name: str) -> "RunLayout":
-        return cls(Path(runs_dir) / name)
+        return cls(storage.local_path(runs_dir) / name)
 
     @property
     def config(self) -> Path:
