@@ -3,6 +3,10 @@ recording proxy; rewards and statuses into rollouts.parquet, a summary into mani
 
 Running the same round again resumes it: rollouts already in rollouts.parquet are kept; the
 rest are run again under fresh rollout ids.
+
+With runs_dir in object storage the round runs in its local mirror (wharf/storage.py): it pulls
+what a resume needs, the proxy uploads each shard as it publishes it, rollouts.parquet goes up
+after every trial, and the manifest last, once the rest of the round is in the bucket.
 """
 from __future__ import annotations
 
@@ -20,10 +24,10 @@ from pathlib import Path
 import aiohttp
 from tqdm import tqdm
 
-from wharf import endpoint, schema
+from wharf import endpoint, schema, storage
 from collect.audit import orphan_turns
 from wharf.config import RunConfig, dump_config
-from wharf.layout import CollectPaths
+from wharf.layout import JOB_FILES, WAL_DIR, CollectPaths
 from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.records import Outcome, RolloutRow
 from collect.tasksets import PlannedRollout, discover, new_rollout_id, plan, rollout_seed
@@ -81,6 +85,24 @@ def _write_json(path: Path, data: dict) -> None:
     schema.fsync_dir(path.parent)
 
 
+# What stays on the node when the round is in object storage: the proxy's WAL, and its config
+# (it holds the admin token).
+LOCAL_ONLY = (f"turns/{WAL_DIR}/*", "logs/proxy.yaml")
+
+
+def _push_round(paths: CollectPaths) -> None:
+    """Everything the round made, the manifest last (a reader that sees it done sees the rest)."""
+    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY)
+
+
+def _fold_shards(paths: CollectPaths) -> None:
+    """Fold the round's shards into few; in object storage with every node's shards first, and the
+    folded ones deleted from the bucket only after the shard that replaces them is there."""
+    storage.pull(paths.turns, ("part-*.parquet",))
+    schema.compact_dir(paths.turns, "turns")
+    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*",), delete_stale=True)
+
+
 def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
@@ -132,6 +154,7 @@ class Round:
                 summary.rows.append(row)
                 # The whole table, atomically, after each trial: a killed round loses no finished rollout.
                 schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
+                await asyncio.to_thread(storage.push_file, self.paths.rollouts)
                 bar.update(1)
                 failed = sum(1 for r in summary.rows if r.status != "ok")
                 mean = summary.mean_reward
@@ -154,6 +177,7 @@ class Round:
         tasks = discover(cc.dataset, cc.tasks)
         planned = plan(tasks, cc.attempts)
         self.paths.root.mkdir(parents=True, exist_ok=True)
+        storage.pull(self.paths.root, JOB_FILES)  # a round resumed on another machine
         done = _load_done(self.paths)
         done_keys = {(r.task_id, r.attempt) for r in done}
         todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
@@ -179,6 +203,7 @@ class Round:
             "started_at": prev.get("started_at") or _now().isoformat(), "state": "running",
         }
         _write_json(self.paths.manifest, manifest)
+        storage.push_file(self.paths.manifest)
         if done:
             log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
 
@@ -194,7 +219,7 @@ class Round:
                     await admin.flush()
             # The proxy publishes a shard per closed rollout (durability first); fold them now
             # that it has stopped, so a round is a few files, not thousands.
-            schema.compact_dir(self.paths.turns, "turns")
+            _fold_shards(self.paths)
 
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
         manifest.update({
@@ -207,6 +232,7 @@ class Round:
             "success_rate_by_task": _success_by_task(summary.rows),
         })
         _write_json(self.paths.manifest, manifest)
+        _push_round(self.paths)
         return summary
 
 
@@ -222,6 +248,7 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)
     dump_config(cfg, cfg.layout.config)
+    storage.push_file(cfg.layout.config)
     rnd = Round(cfg, paths.proxy_config)
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))

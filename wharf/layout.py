@@ -29,9 +29,13 @@ def policy_name(k: int) -> str:
     return f"policy-v{k}"
 
 
+WAL_DIR = "_wal"
+
+
 def wal_dir(turns: Path) -> Path:
-    """The proxy's write-ahead log and rollout registry, beside the shards it folds into."""
-    return Path(turns) / "_wal"
+    """The proxy's write-ahead log and rollout registry, beside the shards it folds into (on the
+    node's local disk also when the run is in object storage: it is never uploaded)."""
+    return Path(turns) / WAL_DIR
 
 
 def admin_file(wal: Path) -> Path:
