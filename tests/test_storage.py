@@ -119,7 +119,6 @@ def test_a_foreign_object_is_refused_naming_its_url(s3):
 def test_filesystems_pyarrow_opens_other_than_s3(tmp_path, monkeypatch):
     """Any scheme pyarrow or fsspec opens (here fsspec's in-memory file system) mirrors the same way."""
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "m"))
-    pytest.importorskip("fsspec")
     d = storage.local_path("memory://bucket/run")
     d.mkdir(parents=True)
     (d / "a.json").write_text("{}")
