@@ -22,6 +22,7 @@ import functools
 import os
 import re
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -33,6 +34,9 @@ from wharf.model_store import cache_dir
 
 if TYPE_CHECKING:  # pyarrow loads when a URL is used: a local run (and layout's importers) never pays for it
     import pyarrow.fs as pafs
+
+
+TRANSFERS = 8  # objects moved at once by pull and push
 
 
 class StorageError(WharfError, OSError):
@@ -127,7 +131,8 @@ def s3_filesystem(**extra) -> pafs.S3FileSystem:
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         kw["region"] = region
-    return pafs.S3FileSystem(**kw, **extra)
+    # allow_delayed_open: an object smaller than a part goes up in one PutObject, not a multipart upload.
+    return pafs.S3FileSystem(**{"allow_delayed_open": True, **kw, **extra})
 
 
 _HINTS = (
@@ -238,7 +243,7 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
     if url is None:
         return 0
     include = tuple(include)
-    fetched = 0
+    todo = []
     for rel, entry in listing(url).items():
         if _hidden(rel) or not _matches(rel, include):
             continue
@@ -249,9 +254,21 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
                 continue
         except FileNotFoundError:
             pass
-        _download(f"{url}/{rel}", dest, entry)
-        fetched += 1
-    return fetched
+        todo.append((f"{url}/{rel}", dest, entry))
+    _parallel(_download, todo)
+    return len(todo)
+
+
+def _parallel(fn, calls: list[tuple]) -> None:
+    """fn(*args) for each, a few at a time (an object store's latency, not its bandwidth, is what
+    a run's many small files pay); the first error is raised."""
+    if len(calls) <= 1:
+        for args in calls:
+            fn(*args)
+        return
+    with ThreadPoolExecutor(min(TRANSFERS, len(calls))) as pool:
+        for f in [pool.submit(fn, *args) for args in calls]:
+            f.result()
 
 
 def push_file(path: str | Path) -> bool:
@@ -286,25 +303,24 @@ def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str]
     there = listing(url)
     local = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
     local = {rel: p for rel, p in local.items() if not _hidden(rel) and not _matches(rel, exclude)}
-    order = [rel for rel in local if rel not in last] + [rel for rel in last if rel in local]
-    sent = 0
-    for rel in order:
-        if rel in last and delete_stale:
-            _delete_stale(url, there, local, exclude)
-            delete_stale = False
-        entry, st = there.get(rel), local[rel].stat()
-        if entry is None or entry.size != st.st_size or st.st_mtime_ns > entry.mtime_ns:
-            _upload(local[rel], f"{url}/{rel}")
-            sent += 1
+    changed = [rel for rel, p in local.items() if _changed(p, there.get(rel))]
+    _parallel(_upload, [(local[rel], f"{url}/{rel}") for rel in changed if rel not in last])
     if delete_stale:
         _delete_stale(url, there, local, exclude)
-    return sent
+    for rel in last:  # in the order given, after everything else
+        if rel in changed:
+            _upload(local[rel], f"{url}/{rel}")
+    return len(changed)
+
+
+def _changed(path: Path, entry: Entry | None) -> bool:
+    """Not uploaded yet, or written since its upload (`_upload` gives the file the object's time)."""
+    st = path.stat()
+    return entry is None or entry.size != st.st_size or st.st_mtime_ns > entry.mtime_ns
 
 
 def _delete_stale(url: str, there: dict[str, Entry], local: dict[str, Path], exclude: tuple) -> None:
-    for rel in there:
-        if rel not in local and not _matches(rel, exclude):
-            delete(f"{url}/{rel}")
+    _parallel(delete, [(f"{url}/{rel}",) for rel in there if rel not in local and not _matches(rel, exclude)])
 
 
 @contextlib.contextmanager
