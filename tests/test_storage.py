@@ -83,6 +83,8 @@ def test_pull_fetches_what_it_lacks(s3, monkeypatch, tmp_path):
     assert not (d / "harbor").exists()
     assert storage.pull(d, ("*",)) == 1  # only the one it lacked
     assert storage.pull(d) == 0
+    (d / "rollouts.parquet").write_bytes(b"written here since")  # a resumed stage's own newer file
+    assert storage.pull(d) == 0 and (d / "rollouts.parquet").read_bytes() == b"written here since"
 
 
 def test_a_missing_bucket_is_named(s3):

@@ -238,7 +238,8 @@ def _hidden(rel: str) -> bool:
 
 def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
     """Bring the objects under a mirror dir's URL that match `include` (patterns on the relative
-    name; `*` crosses `/`) into the mirror, skipping those it holds already; the count fetched."""
+    name; `*` crosses `/`) into the mirror, skipping those it holds already or has written since
+    (a resumed stage's own newer files); the count fetched."""
     url = url_of(directory)
     if url is None:
         return 0
@@ -249,9 +250,8 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
             continue
         dest = Path(directory) / rel
         try:
-            st = dest.stat()
-            if st.st_size == entry.size and st.st_mtime_ns == entry.mtime_ns:
-                continue
+            if dest.stat().st_mtime_ns >= entry.mtime_ns:
+                continue  # the mirror's copy is this object (it carries its time) or newer: never clobbered
         except FileNotFoundError:
             pass
         todo.append((f"{url}/{rel}", dest, entry))
