@@ -23,6 +23,7 @@ from train.model import base_model_dir
 from train.publish import publish
 from train.shift import measure, write
 from train.stage import convert_dir
+from wharf import storage
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, launch, with_key
 from wharf.entry import guarded
@@ -74,7 +75,11 @@ def measure_shift(cfg: RunConfig) -> None:
         return
     log.info("round %d: measuring the update on the round's own tokens", cfg.round)
     prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
+    for d in (convert_dir(cfg), rnd.train.adapter, prev):  # a run in object storage resumed on another machine
+        if d is not None:
+            storage.pull(d)
     write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev))
+    storage.push_file(rnd.train.shift)
 
 
 def check_health(cfg: RunConfig) -> list:
@@ -93,6 +98,7 @@ def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     if ep is None:
         return {"policy": name, "published": False}
     if name not in ep.models():  # killed after the endpoint took it but before the marker: done already
+        storage.pull(adapter)
         publish(cfg, adapter, name)
     return {"policy": name, "adapter": str(adapter), "published": True}
 
@@ -119,7 +125,10 @@ def run_loop(cfg: RunConfig) -> list[int]:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
+    # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
+    storage.pull(layout.root, ("rounds/*/done/*.json", "rounds/*/health.json", "rounds/*/train/shift.json"))
     dump_config(cfg, layout.config)
+    storage.push_file(layout.config)
     done = []
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
@@ -129,6 +138,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
             rcfg = round_config(cfg, k)
             run_round(rcfg, ep)
             checks = check_health(rcfg)
+            storage.push_file(rcfg.round_layout.health)
             print_round(layout, k)
             write_report(layout.root)  # before stopping: the report's table shows what failed
             enforce(checks)
