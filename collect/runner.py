@@ -85,9 +85,9 @@ def _write_json(path: Path, data: dict) -> None:
     schema.fsync_dir(path.parent)
 
 
-# What stays on the node when the round is in object storage: the proxy's WAL, and its config
-# (it holds the admin token).
-LOCAL_ONLY = (f"turns/{WAL_DIR}/*", "logs/proxy.yaml")
+# What stays on the node when the round is in object storage: the proxy's WAL, and the resolved
+# configs (written owner-only: they can hold API keys and the proxy's admin token).
+LOCAL_ONLY = (f"turns/{WAL_DIR}/*", "logs/proxy.yaml", "config.yaml")
 
 
 def _push_round(paths: CollectPaths) -> None:
@@ -248,7 +248,6 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)
     dump_config(cfg, cfg.layout.config)
-    storage.push_file(cfg.layout.config)
     rnd = Round(cfg, paths.proxy_config)
     if not rnd.plan()[3]:  # a finished round: nothing to sample, so no endpoint to start
         return asyncio.run(rnd.run(progress=progress))

@@ -127,8 +127,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
     storage.pull(layout.root, ("rounds/*/done/*.json", "rounds/*/health.json", "rounds/*/train/shift.json"))
-    dump_config(cfg, layout.config)
-    storage.push_file(layout.config)
+    dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
     done = []
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:

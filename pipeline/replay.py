@@ -64,7 +64,7 @@ def offpolicy_stage(cfg: RunConfig) -> dict:
 
 def run_replay(cfg: RunConfig) -> Path:
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    storage.pull(layout.root, ("config.yaml", "rounds/*/done/*.json"))  # a replay resumed on another machine
+    storage.pull(layout.root, ("rounds/*/done/*.json",))  # a replay resumed on another machine
     prev = layout.config
     if prev.is_file():
         old = load_config(prev)
@@ -72,8 +72,7 @@ def run_replay(cfg: RunConfig) -> Path:
             raise LoopError(f"{layout.root} is a replay of other jobs ({old.convert.jobs}); "
                             "choose another name=")
     layout.root.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, layout.config)
-    storage.push_file(layout.config)
+    dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
     rnd = layout.round(0)
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     (rnd.train.root).mkdir(parents=True, exist_ok=True)

@@ -54,7 +54,8 @@ def test_a_collect_round_writes_to_s3_and_converts_from_there(s3, stub, tmp_path
     objects = storage.listing(job)
     shards = [k for k in objects if k.startswith("turns/part-")]
     assert len(shards) == 1, objects  # the proxy's per-rollout shards, folded into one
-    assert not [k for k in objects if "_wal" in k or k == "logs/proxy.yaml"]  # the WAL and the token stay local
+    # the WAL, and the configs (API keys, the proxy's admin token), stay on the node
+    assert not [k for k in objects if "_wal" in k or k.endswith(".yaml")], objects
     manifest = bucket_json(f"{job}/manifest.json")
     assert manifest["state"] == "done" and manifest["counts"]["by_status"] == {"ok": 3}
     # the bucket's rows are the round's rows: every call of every rollout, nothing twice
@@ -118,7 +119,8 @@ def test_replay_of_a_job_in_s3_into_s3(s3, s3_job, tmp_path):
     wharf(tmp_path, "replayer", "replay", "--job", s3_job, f"runs_dir={runs}", "name=rp", *TRAIN)
     rp_objects = storage.listing(f"{runs}/rp")
     assert {"rounds/0/train/adapter/adapter_config.json", "rounds/0/train/offpolicy.json", "report.html",
-            "rounds/0/done/train.json", "config.yaml"} <= set(rp_objects), rp_objects
+            "rounds/0/done/train.json"} <= set(rp_objects), rp_objects
+    assert not [k for k in rp_objects if k.endswith(".yaml")]
     assert bucket_json(f"{runs}/rp/rounds/0/convert/index.json")["jobs"] == [s3_job]
 
 

@@ -99,7 +99,7 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str]) -> str:
 
 
 # What the report reads of a run in object storage (pulled into its mirror first).
-READS = ("config.yaml", "rounds/*/health.json", "rounds/*/done/*.json", "rounds/*/collect/manifest.json",
+READS = ("rounds/*/health.json", "rounds/*/done/*.json", "rounds/*/collect/manifest.json",
          "rounds/*/collect/rollouts.parquet", "rounds/*/collect/turns/part-*.parquet", "rounds/*/convert/stats.json",
          "rounds/*/train/metrics.jsonl", "rounds/*/train/result.json", "rounds/*/train/shift.json",
          "rounds/*/train/offpolicy.json")
