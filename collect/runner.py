@@ -3,6 +3,10 @@ recording proxy; rewards and statuses into rollouts.parquet, a summary into mani
 
 Running the same round again resumes it: rollouts already in rollouts.parquet are kept; the
 rest are run again under fresh rollout ids.
+
+With runs_dir in object storage the round runs in its local mirror (wharf/storage.py): it pulls
+what a resume needs, each proxy uploads each shard as it publishes it, rollouts.parquet goes up
+after every trial, and the manifest last, once the rest of the round is in the bucket.
 """
 from __future__ import annotations
 
@@ -20,10 +24,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from wharf import endpoint, schema
+from wharf import endpoint, schema, storage
 from collect.audit import orphan_turns
 from wharf.config import RunConfig, dump_config
-from wharf.layout import CollectPaths
+from wharf.layout import JOB_FILES, WAL_DIR, CollectPaths
 from wharf.replicas import PublishRecord
 from collect.executor import check_executor, make_executor
 from collect.proxy_client import ServiceError
@@ -85,6 +89,25 @@ def _write_json(path: Path, data: dict) -> None:
     schema.fsync_dir(path.parent)
 
 
+# What stays on the node when the round is in object storage: the proxies' WALs (one per node
+# under Ray), and the resolved configs (written owner-only: they can hold API keys and the
+# proxy's admin token).
+LOCAL_ONLY = (f"turns/{WAL_DIR}/*", f"turns/{WAL_DIR}-*/*", "logs/proxy.yaml", "config.yaml")
+
+
+def _push_round(paths: CollectPaths) -> None:
+    """Everything the round made, the manifest last (a reader that sees it done sees the rest)."""
+    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY)
+
+
+def _fold_shards(paths: CollectPaths) -> None:
+    """Fold the round's shards into few; in object storage with every node's shards first, and the
+    folded ones deleted from the bucket only after the shard that replaces them is there."""
+    storage.pull(paths.turns, ("part-*.parquet",))
+    schema.compact_dir(paths.turns, "turns")
+    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), delete_stale=True)
+
+
 def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
@@ -105,6 +128,7 @@ class Round:
         summary.rows.append(row)
         summary.nodes[node] = summary.nodes.get(node, 0) + 1
         schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
+        storage.push_file(self.paths.rollouts)
         bar.update(1)
         failed = sum(1 for r in summary.rows if r.status != "ok")
         mean = summary.mean_reward
@@ -116,6 +140,7 @@ class Round:
         tasks = discover(cc.dataset, cc.tasks)
         planned = plan(tasks, cc.attempts)
         self.paths.root.mkdir(parents=True, exist_ok=True)
+        storage.pull(self.paths.root, JOB_FILES)  # a round resumed on another machine
         done = _load_done(self.paths)
         done_keys = {(r.task_id, r.attempt) for r in done}
         todo = [p for p in planned if (p.task.task_id, p.attempt) not in done_keys]
@@ -138,6 +163,7 @@ class Round:
             "started_at": prev.get("started_at") or _now().isoformat(), "state": "running",
         }
         _write_json(self.paths.manifest, manifest)
+        storage.push_file(self.paths.manifest)
         if done:
             log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
 
@@ -150,7 +176,7 @@ class Round:
                     todo, job_id, lambda row, node: self._record(summary, bar, row, node))
             # Each proxy publishes a shard per closed rollout (durability first); fold them now
             # that every proxy has stopped, so a round is a few files, not thousands.
-            schema.compact_dir(self.paths.turns, "turns")
+            _fold_shards(self.paths)
 
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
         manifest.update({
@@ -166,6 +192,7 @@ class Round:
             manifest["executor"] = {"kind": self.cfg.collect.executor, **executor_info,
                                     "trials_by_node": dict(sorted(summary.nodes.items()))}
         _write_json(self.paths.manifest, manifest)
+        _push_round(self.paths)
         return summary
 
 

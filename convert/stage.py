@@ -1,7 +1,9 @@
 """convert_round: stored collect dirs -> micro-batches, index.json and stats.json.
 
 Everything is written into a temp dir beside the output and renamed into place at the end, so
-bad input or an interruption never leaves a half-written convert dir behind.
+bad input or an interruption never leaves a half-written convert dir behind. Jobs and the output
+in object storage (s3://...) are read and written through their local mirrors (wharf/storage.py):
+the jobs' parquet is pulled first, the micro-batches pushed after, index.json last.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import orjson
 from tqdm import tqdm
 
 from wharf.config import RunConfig
-from wharf.layout import ConvertPaths, RunLayout
+from wharf import storage
+from wharf.layout import JOB_FILES, ConvertPaths, RunLayout
 from convert import batching
 from convert.build import Built, build
 from convert.reader import ConvertInputError, read_job
@@ -28,13 +31,13 @@ log = logging.getLogger("convert")
 
 def job_dirs(cfg: RunConfig) -> list[Path]:
     if cfg.convert.jobs:
-        return [Path(j) for j in cfg.convert.jobs]
+        return [storage.local_path(j) for j in cfg.convert.jobs]
     return [RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).collect.root]
 
 
 def out_paths(cfg: RunConfig) -> ConvertPaths:
     if cfg.convert.out_dir:
-        return ConvertPaths(Path(cfg.convert.out_dir))
+        return ConvertPaths(storage.local_path(cfg.convert.out_dir))
     return RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).convert
 
 
@@ -77,7 +80,9 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     c = cfg.convert
     dirs = job_dirs(cfg)
     out = out_paths(cfg)
-    log.info("reading %d job(s) -> %s", len(dirs), out.root)
+    log.info("reading %d job(s) -> %s", len(dirs), storage.describe(out.root))
+    for d in dirs:
+        storage.pull(d, JOB_FILES)
     jobs = [read_job(d, c.skip_bad, progress) for d in dirs]
     seen: dict[str, Path] = {}
     for j in jobs:
@@ -94,7 +99,7 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     tmp.mkdir()
     try:
         files, pad = _write_batches(built, cfg, tmp, progress)
-        stats = {**built.stats, "batches": pad, "jobs_read": [str(d) for d in dirs],
+        stats = {**built.stats, "batches": pad, "jobs_read": [storage.describe(d) for d in dirs],
                  "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
                                                          "overlong", "length_completions", "context_exceeded",
                                                          "max_tokens_per_batch",
@@ -103,18 +108,19 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
                  "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
                               "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
-                               jobs=[str(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
+                               jobs=[storage.describe(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
                     ConvertPaths(tmp).index)
         ConvertPaths(tmp).stats.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    storage.push(out.root, last=(out.index.name,), delete_stale=True)
     if progress:
-        print(summary(stats, out.root))
+        print(summary(stats, storage.describe(out.root)))
     return stats
 
 
-def summary(s: dict, out: Path) -> str:
+def summary(s: dict, out: str | Path) -> str:
     """One screen: what was read, what was used, why the rest was left out."""
     r, g, rows, tok, b, pb = s["rollouts"], s["groups"], s["rows"], s["tokens"], s["batches"], s["prefix_breaks"]
     agents = ", ".join(f"{a}: {c.get('breaks', 0)}/{c.get('pairs', 0)}" for a, c in pb["by_agent"].items()) or "-"
@@ -137,5 +143,5 @@ def summary(s: dict, out: Path) -> str:
     ]
     if s["skipped"]:
         lines.append(f"  SKIPPED {len(s['skipped'])} bad input(s) (convert.skip_bad): see stats.json 'skipped'")
-    lines.append(f"  {s['wall_s']:.1f} s; stats: {out / 'stats.json'}")
+    lines.append(f"  {s['wall_s']:.1f} s; stats: {out}/stats.json")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from train.model import base_model_dir
 from train.publish import publish
 from train.shift import measure, write
 from train.stage import convert_dir
+from wharf import storage
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
@@ -79,7 +80,11 @@ def measure_shift(cfg: RunConfig) -> None:
         return
     log.info("round %d: measuring the update on the round's own tokens", cfg.round)
     prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
+    for d in (convert_dir(cfg), rnd.train.adapter, prev):  # a run in object storage resumed on another machine
+        if d is not None:
+            storage.pull(d)
     write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev))
+    storage.push_file(rnd.train.shift)
 
 
 def check_health(cfg: RunConfig) -> list:
@@ -98,6 +103,7 @@ def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     if ep is None:
         return {"policy": name, "published": False}
     # killed after the replicas took it but before the marker: each is checked, none reloaded
+    storage.pull(adapter)  # a run in object storage resumed on another machine
     publish(cfg, adapter, name, resume=True)
     return {"policy": name, "adapter": str(adapter), "published": True}
 
@@ -147,7 +153,9 @@ def run_loop(cfg: RunConfig) -> list[int]:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, layout.config)
+    # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
+    storage.pull(layout.root, ("rounds/*/done/*.json", "rounds/*/health.json", "rounds/*/train/shift.json"))
+    dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
     done = []
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
@@ -157,6 +165,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
             rcfg = round_config(cfg, k)
             run_round(rcfg, ep)
             checks = check_health(rcfg)
+            storage.push_file(rcfg.round_layout.health)
             print_round(layout, k)
             write_report(layout.root)  # before stopping: the report's table shows what failed
             enforce(checks)

@@ -19,7 +19,8 @@ from train import offpolicy
 from wharf import configio
 from wharf.config import RunConfig, dump_config, load_config
 from wharf.entry import guarded
-from wharf.layout import CollectPaths, RunLayout
+from wharf import storage
+from wharf.layout import JOB_FILES, CollectPaths, RunLayout
 from wharf.model_store import pick_device, resolve_model_dir
 
 from .stages import LoopError, convert_stage, run_stage, train_stage, write_report
@@ -33,11 +34,12 @@ def check_jobs(jobs: list[str]) -> list[str]:
         raise LoopError("no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
     out = []
     for j in jobs:
-        p = CollectPaths(Path(j))
+        p = CollectPaths(storage.local_path(j))
+        storage.pull(p.root, JOB_FILES)  # a job in object storage (s3://...): into its local mirror
         if not p.rollouts.is_file():
             raise LoopError(f"{j} is not a collect dir (no rollouts.parquet): name "
                             "runs/<run>/rounds/<k>/collect dirs")
-        resolved = str(p.root.resolve())
+        resolved = j.rstrip("/") if storage.is_remote(j) else str(p.root.resolve())
         if resolved in out:
             raise LoopError(f"{j} is named twice; its rollouts would count twice")
         out.append(resolved)
@@ -62,6 +64,7 @@ def offpolicy_stage(cfg: RunConfig) -> dict:
 
 def run_replay(cfg: RunConfig) -> Path:
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    storage.pull(layout.root, ("rounds/*/done/*.json",))  # a replay resumed on another machine
     prev = layout.config
     if prev.is_file():
         old = load_config(prev)
@@ -69,7 +72,7 @@ def run_replay(cfg: RunConfig) -> Path:
             raise LoopError(f"{layout.root} is a replay of other jobs ({old.convert.jobs}); "
                             "choose another name=")
     layout.root.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, layout.config)
+    dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
     rnd = layout.round(0)
     run_stage(rnd, "convert", lambda: convert_stage(cfg))
     (rnd.train.root).mkdir(parents=True, exist_ok=True)
@@ -91,5 +94,6 @@ def main(argv: list[str] | None = None, prog: str = "wharf replay") -> int:
 
 def _replay(cfg: RunConfig, jobs: list[str]) -> int:
     root = run_replay(replay_config(cfg, check_jobs(jobs)))
-    print(f"replay: adapter in {RunLayout(root).round(0).train.adapter}; report: {RunLayout(root).report}")
+    run = RunLayout(root)
+    print(f"replay: adapter in {storage.describe(run.round(0).train.adapter)}; report: {storage.describe(run.report)}")
     return 0

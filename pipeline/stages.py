@@ -16,7 +16,8 @@ from typing import Callable
 from wharf.batches import read_index
 from convert.stage import convert_round
 from pipeline.report import write_report as _write_report
-from train.stage import convert_dir, train_round
+from train.stage import convert_dir, push_outputs, train_round
+from wharf import storage
 from wharf.config import RunConfig
 from wharf.errors import WharfError
 from wharf.layout import RoundLayout, RunLayout, policy_name
@@ -43,6 +44,7 @@ def write_marker(rnd: RoundLayout, stage: str, wall_s: float, **info) -> None:
     tmp.write_text(json.dumps({"stage": stage, "round": rnd.k, "wall_s": round(wall_s, 1),
                                "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), **info}, indent=1))
     os.replace(tmp, path)
+    storage.push_file(path)  # a run in object storage: the marker after what the stage pushed
 
 
 def run_stage(rnd: RoundLayout, stage: str, fn: Callable[[], dict | None]) -> bool:
@@ -80,6 +82,7 @@ def carry_policy(cfg: RunConfig) -> dict:
     shutil.copytree(src, tmp)
     shutil.rmtree(dst, ignore_errors=True)
     os.replace(tmp, dst)
+    push_outputs(layout.round(cfg.round).train)
     log.warning("round %d: no group with signal; %s carries %s unchanged", cfg.round,
                 policy_name(cfg.round + 1), policy_name(cfg.round))
     return {"policy": policy_name(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": policy_name(cfg.round)}

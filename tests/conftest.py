@@ -83,3 +83,27 @@ def engine_url():
         yield url
     finally:
         procs.stop(proc)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server (SeaweedFS, testing/s3_server.py) on 127.0.0.1 for the session, with one
+    bucket; yields (bucket, the AWS_* variables an S3 user sets)."""
+    from testing.s3_server import SeaweedS3
+
+    with SeaweedS3(tempfile.mkdtemp(prefix="wharf-s3-")) as server:
+        server.create_bucket("wharf-test")
+        yield "wharf-test", server.env
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path):
+    """This test's own prefix in the session's bucket (s3://wharf-test/<test>-<uuid>), the AWS_*
+    variables set, and the local mirrors in this test's tmp dir."""
+    import uuid
+
+    bucket, env = s3_server
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "mirror"))
+    return f"s3://{bucket}/t-{uuid.uuid4().hex[:10]}"

@@ -12,6 +12,7 @@ import logging
 import re
 from pathlib import Path
 
+from wharf import storage
 from wharf.config import RunConfig, cli_config
 from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None, prog: str = "wharf publish") -> int:
 
 def _publish(cfg: RunConfig) -> int:
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
+    storage.pull(adapter)  # a run in object storage: the adapter into this machine's mirror
     name = policy_name(cfg.round + 1)
     record = publish(cfg, adapter, name)
     print(f"published {adapter} as {name} on {', '.join(record.serving)}")

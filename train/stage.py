@@ -2,7 +2,8 @@
 
 Reads only convert's micro-batches (wharf.batches), writes metrics.jsonl per optimizer step,
 checkpoints atomically (a killed run resumes where it stopped and ends with the same adapter),
-and publishes the adapter to the endpoint when one answers.
+and publishes the adapter to the endpoint when one answers. A run in object storage trains in its
+local mirror: its inputs are pulled first and its outputs pushed at the end (wharf/storage.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Callable
 
 from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
-from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
+from wharf import storage
+from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, policy_name
 
 from .errors import TrainError
 from .loss import LossConfig
@@ -30,7 +32,7 @@ log = logging.getLogger("wharf.train")
 
 def convert_dir(cfg: RunConfig) -> Path:
     if cfg.convert.out_dir:
-        return Path(cfg.convert.out_dir)
+        return storage.local_path(cfg.convert.out_dir)
     return RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).convert.root
 
 
@@ -100,8 +102,25 @@ def load_batches(d: Path):
     return index, batches
 
 
+def pull_inputs(cfg: RunConfig, paths) -> None:
+    """A run in object storage: this round's train dir (a resume), its micro-batches, the adapter
+    and optimizer state it continues from, into the local mirror (no-ops for a local run)."""
+    storage.pull(paths.root)
+    storage.pull(convert_dir(cfg))
+    if cfg.round:
+        prev = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round - 1).train
+        storage.pull(prev.root, (f"{prev.adapter.name}/*", prev.optimizer.name))
+
+
+def push_outputs(paths) -> None:
+    """Everything the round made; the adapter's config and result.json last (they mark it whole)."""
+    last = (f"{paths.adapter.name}/{adapter_config(paths.adapter).name}", paths.result.name)
+    storage.push(paths.root, last=last, delete_stale=True)
+
+
 def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None = None) -> TrainResult:
     paths = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train
+    pull_inputs(cfg, paths)
     if paths.result.is_file() and has_adapter(paths.adapter):
         result = TrainResult.read(paths.result)
         log.info("round %d is already trained: %s", cfg.round, result.adapter)
@@ -110,8 +129,10 @@ def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None 
         index, batches = load_batches(d)
         result = _train(cfg, paths, index, batches, progress)
     if cfg.train.publish and not result.published and _is_main():
-        result.published, result.publish_message = try_publish(cfg, Path(result.adapter), result.policy)
+        result.published, result.publish_message = try_publish(cfg, paths.adapter, result.policy)
         result.write(paths.result)
+    if _is_main():
+        push_outputs(paths)
     return result
 
 
@@ -124,7 +145,7 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
     setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg))
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
     summary = run_steps(setup, steps, paths, fingerprint, progress)
-    result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=str(paths.adapter),
+    result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=storage.describe(paths.adapter),
                          steps=len(steps), skipped_steps=summary["skipped"], loss_tokens=index.loss_tokens,
                          mismatch_mean=summary.get("mismatch_mean"), mismatch_max=summary.get("mismatch_max"),
                          wall_s=round(summary["wall_s"], 1))

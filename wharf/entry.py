@@ -13,7 +13,7 @@ import importlib
 import sys
 from typing import Callable
 
-from wharf import envdefaults
+from wharf import envdefaults, storage
 from wharf.errors import WharfError
 from wharf.log import setup_logging
 
@@ -28,7 +28,8 @@ def guarded(prog: str, body: Callable[[], int | None]) -> int:
     """`body()` with our logging; a WharfError is one line on stderr and exit status 1."""
     setup_logging()
     try:
-        return body() or 0
+        with storage.urls_in_errors():  # a run in object storage is named by its URL, not its local mirror
+            return body() or 0
     except WharfError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1

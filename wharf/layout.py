@@ -16,12 +16,15 @@ runs/<run>/
 ```
 
 Every stage and tool (collect, the proxy, the audit, convert, train, the loop) asks this module
-for paths instead of joining strings of its own.
+for paths instead of joining strings of its own. A runs_dir in object storage (`s3://bucket/runs`)
+is laid out the same under its local mirror (wharf/storage.py): the stages pull and push it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+
+from wharf import storage
 
 
 def policy_name(k: int) -> str:
@@ -29,9 +32,13 @@ def policy_name(k: int) -> str:
     return f"policy-v{k}"
 
 
+WAL_DIR = "_wal"
+
+
 def wal_dir(turns: Path) -> Path:
-    """The proxy's write-ahead log and rollout registry, beside the shards it folds into."""
-    return Path(turns) / "_wal"
+    """The proxy's write-ahead log and rollout registry, beside the shards it folds into (on the
+    node's local disk also when the run is in object storage: it is never uploaded)."""
+    return Path(turns) / WAL_DIR
 
 
 def admin_file(wal: Path) -> Path:
@@ -51,6 +58,10 @@ def adapter_config(adapter: Path) -> Path:
 
 def adapter_weights(adapter: Path) -> Path:
     return Path(adapter) / "adapter_model.safetensors"
+
+
+# What convert reads of a collect dir (a job): what is pulled of one in object storage.
+JOB_FILES = ("manifest.json", "rollouts.parquet", "turns/part-*.parquet")
 
 
 def has_adapter(adapter: Path) -> bool:
@@ -191,7 +202,7 @@ class RunLayout:
 
     @classmethod
     def of(cls, runs_dir: str | Path, name: str) -> "RunLayout":
-        return cls(Path(runs_dir) / name)
+        return cls(storage.local_path(runs_dir) / name)
 
     @property
     def config(self) -> Path:

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from wharf.config import RunConfig
 from wharf.credentials import AdminAccess, new_token
+from wharf import storage
 from wharf.layout import admin_file, registry_file, wal_dir
 from collect.proxy import jsonx
 from collect.proxy.admin import AdminAPI
@@ -50,7 +51,8 @@ class RecordingProxy:
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
         p = cfg.proxy
-        self.out_dir = Path(p.out_dir) if p.out_dir else cfg.round_layout.collect.turns
+        # out_dir may be a URL (s3://...): shards go to its local mirror and each is uploaded whole.
+        self.out_dir = storage.local_path(p.out_dir) if p.out_dir else cfg.round_layout.collect.turns
         self.wal_dir = Path(p.wal_dir) if p.wal_dir else wal_dir(self.out_dir)
         self.metrics = Metrics()
         self.store = TurnStore(self.out_dir, self.wal_dir, p.shard_rows, p.shard_bytes, p.shard_seconds, p.wal_fsync,

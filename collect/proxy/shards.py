@@ -9,6 +9,12 @@ Protocol, so that a row is never lost nor written twice:
    the rotated segments.
 3. At start-up, left-over segments are read; rows whose request_id is already in a shard (a
    crash between 2's rename and delete) are skipped, the rest are published, then the segments go.
+
+When the shards' dir mirrors object storage (runs_dir=s3://...: wharf/storage.py), publishing a
+shard is its local write *and* its upload, one object in one PUT, before its WAL segments are
+retired: an upload that fails leaves the rows pending, as a failed write does. At start-up every
+local shard the bucket lacks (a crash between the write and the upload) is uploaded. The WAL
+itself never leaves the node's disk.
 """
 from __future__ import annotations
 
@@ -25,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wharf import schema
+from wharf import schema, storage
+from wharf.layout import WAL_DIR
 from collect.proxy import jsonx
 from collect.proxy.wal import SegmentLog, read_records
 
@@ -89,6 +96,17 @@ def write_shard(path: Path, rows: list[dict]) -> Path:
     return schema.write_table(path, "turns", turns_table(rows))
 
 
+def publish_shard(path: Path, rows: list[dict]) -> Path:
+    """Write the shard and, in a mirror of object storage, upload it; no half-published shard stays behind."""
+    write_shard(path, rows)
+    try:
+        storage.push_file(path)
+    except BaseException:
+        path.unlink(missing_ok=True)  # the rows stay pending in the WAL; the next flush publishes them
+        raise
+    return path
+
+
 class TurnStore:
     def __init__(self, out_dir: str | Path, wal_dir: str | Path, shard_rows: int, shard_bytes: int,
                  shard_seconds: float, fsync: bool = True, on_sync=None):
@@ -149,6 +167,9 @@ class TurnStore:
         shard = None
         if rows:
             shard = write_shard(self.out_dir / shard_name(), rows)
+        # Shards written before a crash cut their upload short (a plain local dir: nothing to do).
+        storage.push(self.out_dir, exclude=(f"{WAL_DIR}/*",))
+        if rows:
             for r in rows:
                 if r["turn"] > self.last_turn.get(r["rollout_id"], -1):
                     self.last_turn[r["rollout_id"]] = r["turn"]
@@ -221,7 +242,7 @@ class TurnStore:
             counts, self.pending_by_rollout = self.pending_by_rollout, {}
             path = self.out_dir / shard_name()
             try:
-                await asyncio.to_thread(write_shard, path, rows)
+                await asyncio.to_thread(publish_shard, path, rows)
             except Exception:
                 # Put the rows back (ahead of newer ones) and keep their segments: nothing is lost.
                 self.flush_errors += 1

@@ -11,6 +11,7 @@ import html
 import os
 from pathlib import Path
 
+from wharf import storage
 from wharf.layout import RunLayout
 
 from .data import STAGES, RoundData, gather, gather_evals
@@ -129,9 +130,18 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str],
     return "\n".join(parts)
 
 
+# What the report reads of a run in object storage (pulled into its mirror first).
+READS = ("rounds/*/health.json", "rounds/*/done/*.json", "rounds/*/collect/manifest.json",
+         "rounds/*/collect/rollouts.parquet", "rounds/*/collect/turns/part-*.parquet", "rounds/*/convert/stats.json",
+         "rounds/*/train/metrics.jsonl", "rounds/*/train/result.json", "rounds/*/train/shift.json",
+         "rounds/*/train/offpolicy.json")
+
+
 def write_report(run_dir: str | Path) -> Path:
-    """Rewrite report.html and its plots for the run at `run_dir`; returns the page's path."""
-    layout = RunLayout(Path(run_dir))
+    """Rewrite report.html and its plots for the run at `run_dir` (a path, or a URL: s3://...);
+    returns the page's path (in the run's local mirror for a URL, the page uploaded beside the run)."""
+    layout = RunLayout(storage.local_path(run_dir))
+    storage.pull(layout.root, READS)
     rounds = gather(layout.root)
     written = draw_all(rounds, layout.report_assets)
     images = {k: os.path.relpath(p, layout.root) for k, p in written.items()}
@@ -141,4 +151,6 @@ def write_report(run_dir: str | Path) -> Path:
     tmp = layout.report.with_suffix(".html.tmp")
     tmp.write_text(render(layout.root.name, rounds, images, gather_evals(layout)))
     tmp.replace(layout.report)
+    storage.push(layout.report_assets, delete_stale=True)
+    storage.push_file(layout.report)
     return layout.report

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from wharf.entry import guarded
+from wharf import storage
 from wharf.errors import WharfError
 
 from . import gather, write_report
@@ -36,9 +37,12 @@ def main(argv: list[str] | None = None, prog: str = "wharf report") -> int:
 
 def _report(args) -> int:
     for d in args.run_dirs:
-        if not Path(d).is_dir():
+        if storage.is_remote(d):
+            storage.check(d)
+        elif not Path(d).is_dir():
             raise WharfError(f"{d} is not a run dir")
-        print(f"wrote {write_report(d)}")
+        page = write_report(d)
+        print(f"wrote {storage.describe(page)}")
     if args.compare:
         runs, walls = {}, {}
         for item in args.compare:

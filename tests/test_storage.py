@@ -1,0 +1,129 @@
+"""wharf/storage.py against a real S3 server (SeaweedFS on 127.0.0.1: the `s3` fixture)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from wharf import schema, storage
+from wharf.layout import RunLayout
+
+
+def test_local_paths_are_used_as_they_are(tmp_path):
+    d = tmp_path / "runs"
+    (d / "x").mkdir(parents=True)
+    (d / "x" / "f").write_text("1")
+    assert storage.local_path(str(d)) == d and storage.local_path(d) == d
+    assert storage.url_of(d) is None and not storage.is_remote(str(d))
+    assert storage.pull(d) == 0 and storage.push(d) == 0 and storage.push_file(d / "x" / "f") is False
+    assert RunLayout.of(str(d), "r").root == d / "r"
+
+
+def test_a_url_maps_to_its_mirror_and_back(monkeypatch, tmp_path):
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "m"))
+    local = storage.local_path("s3://bucket/runs/a")
+    assert local == tmp_path / "m" / "s3" / "bucket" / "runs" / "a"
+    assert storage.url_of(local / "rounds" / "0") == "s3://bucket/runs/a/rounds/0"
+    assert RunLayout.of("s3://bucket/runs", "a").round(0).collect.root == local / "rounds" / "0" / "collect"
+    with pytest.raises(storage.StorageError, match="needs a bucket"):
+        storage.local_path("s3:///nobucket")
+
+
+def test_put_list_get(s3):
+    storage.put(f"{s3}/a/one.bin", b"1" * 10)
+    storage.put(f"{s3}/a/b/two.bin", b"22")
+    assert {k: e.size for k, e in storage.listing(f"{s3}/a").items()} == {"one.bin": 10, "b/two.bin": 2}
+    assert storage.get(f"{s3}/a/b/two.bin") == b"22"
+    assert storage.listing(f"{s3}/nothing-here") == {}
+
+
+def test_an_object_is_listed_only_once_whole(s3):
+    """A multipart upload in progress is not an object: readers never see half of it."""
+    r = storage.remote(f"{s3}/big.bin")
+    data = os.urandom(12 << 20)  # more than one 5 MiB part
+    stream = r.fs.open_output_stream(r.path)
+    stream.write(data[: 11 << 20])
+    stream.flush()
+    assert "big.bin" not in storage.listing(s3)
+    stream.write(data[11 << 20:])
+    stream.close()
+    assert storage.listing(s3)["big.bin"].size == len(data)
+    assert storage.get(f"{s3}/big.bin") == data
+
+
+def test_push_uploads_the_marker_last_and_only_what_changed(s3):
+    d = storage.local_path(f"{s3}/convert")
+    (d / "sub").mkdir(parents=True)
+    for name in ("mb-0.bin", "mb-1.bin", "sub/x.bin", "index.json"):
+        (d / name).write_bytes(name.encode())
+    (d / ".tmp-half").write_bytes(b"never")
+    (d / "_wal").mkdir()
+    (d / "_wal" / "seg").write_bytes(b"local only")
+    assert storage.push(d, last=("index.json",), exclude=("_wal/*",)) == 4
+    got = storage.listing(f"{s3}/convert")
+    assert set(got) == {"mb-0.bin", "mb-1.bin", "sub/x.bin", "index.json"}
+    assert got["index.json"].mtime_ns >= max(e.mtime_ns for e in got.values())
+    assert storage.push(d, last=("index.json",), exclude=("_wal/*",)) == 0  # nothing changed
+    (d / "mb-1.bin").unlink()
+    (d / "index.json").write_bytes(b"index v2")
+    assert storage.push(d, last=("index.json",), exclude=("_wal/*",), delete_stale=True) == 1
+    assert set(storage.listing(f"{s3}/convert")) == {"mb-0.bin", "sub/x.bin", "index.json"}
+    assert storage.get(f"{s3}/convert/index.json") == b"index v2"
+
+
+def test_pull_fetches_what_it_lacks(s3, monkeypatch, tmp_path):
+    for name in ("manifest.json", "rollouts.parquet", "turns/part-1.parquet", "harbor/t/log.txt"):
+        storage.put(f"{s3}/job/{name}", name.encode())
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-node"))
+    d = storage.local_path(f"{s3}/job")
+    assert storage.pull(d, ("manifest.json", "rollouts.parquet", "turns/part-*.parquet")) == 3
+    assert (d / "turns" / "part-1.parquet").read_bytes() == b"turns/part-1.parquet"
+    assert not (d / "harbor").exists()
+    assert storage.pull(d, ("*",)) == 1  # only the one it lacked
+    assert storage.pull(d) == 0
+    (d / "rollouts.parquet").write_bytes(b"written here since")  # a resumed stage's own newer file
+    assert storage.pull(d) == 0 and (d / "rollouts.parquet").read_bytes() == b"written here since"
+
+
+def test_a_missing_bucket_is_named(s3):
+    bucket_url = "s3://no-such-bucket-wharf/runs"
+    with pytest.raises(storage.StorageError, match=r"s3://no-such-bucket-wharf/runs: .*bucket does not exist"):
+        storage.listing(bucket_url)
+    with pytest.raises(storage.StorageError, match="bucket does not exist"):
+        storage.pull(storage.local_path(bucket_url))
+
+
+def test_bad_credentials_are_named(s3, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    with pytest.raises(storage.StorageError, match=rf"{s3}/x: cannot write: access refused: check AWS_ACCESS_KEY_ID"):
+        storage.put(f"{s3}/x", b"1")
+
+
+def test_no_server_is_named(s3, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    with pytest.raises(storage.StorageError, match="check AWS_ENDPOINT_URL"):
+        storage.listing(s3)
+
+
+def test_a_foreign_object_is_refused_naming_its_url(s3):
+    storage.put(f"{s3}/job/rollouts.parquet", b"PAR1 but not parquet")
+    d = storage.local_path(f"{s3}/job")
+    storage.pull(d)
+    with pytest.raises(schema.SchemaError, match=rf"^{s3}/job/rollouts.parquet: not a readable parquet file"):
+        with storage.urls_in_errors():
+            schema.read_table(d / "rollouts.parquet", "rollouts")
+    with pytest.raises(storage.StorageError, match=rf"{s3}/job/gone: cannot read: no such object"):
+        storage.get(f"{s3}/job/gone")
+
+
+def test_filesystems_pyarrow_opens_other_than_s3(tmp_path, monkeypatch):
+    """Any scheme pyarrow or fsspec opens (here fsspec's in-memory file system) mirrors the same way."""
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "m"))
+    d = storage.local_path("memory://bucket/run")
+    d.mkdir(parents=True)
+    (d / "a.json").write_text("{}")
+    assert storage.push(d) == 1
+    assert isinstance(storage.remote("memory://bucket/run").fs, pafs.PyFileSystem)
+    assert storage.get("memory://bucket/run/a.json") == b"{}"
