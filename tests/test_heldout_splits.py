@@ -1,7 +1,7 @@
 """The held-out splits (datasets/multiturn/heldout, datasets/learn/heldout): the same kinds of task
 as the training split with values never trained on, at least as many instances, written by the
-set's make_tasks.py; real harbor trials grade their reference solution 1.0 and an untouched
-sandbox 0.0."""
+set's make_tasks.py and graded by the checker judge like the training tasks; real harbor trials
+grade their reference solution 1.0 and an untouched sandbox 0.0."""
 from __future__ import annotations
 
 import re
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.trials import assert_oracle_1_nop_0, assert_pytest_task_dir
+from collect.tasksets import discover
+from tests.fixtures.trials import assert_judged_task_dir, assert_oracle_1_nop_0
 
 REPO = Path(__file__).resolve().parents[1]
 SETS = ["multiturn", "learn"]
@@ -24,7 +25,7 @@ def tasks(root: Path) -> list[Path]:
 
 def answer(task: Path) -> str:
     """The value test_result asks for (multiturn: `== 'value'`)."""
-    return re.search(r"== '([^']*)'", (task / "tests" / "test_task.py").read_text()).group(1)
+    return re.search(r"== '([^']*)'", (task / "tests" / "check.py").read_text()).group(1)
 
 
 def command(task: Path) -> str:
@@ -37,8 +38,30 @@ def test_heldout_has_every_kind_and_no_fewer_instances(name):
     assert len(held) >= len(train) == 8
     assert {re.sub(r"-\d+$", "", t.name) for t in held} == {t.name for t in train}
     for t in held:
-        spec = assert_pytest_task_dir(t)
-        assert spec["FAIL_TO_PASS"] == ["test_task.py::test_result"], t.name
+        spec = assert_judged_task_dir(t, "checker")
+        assert spec["FAIL_TO_PASS"] == ["check.py::test_result"], t.name
+        assert spec["PASS_TO_PASS"] == ["check.py::test_kept"], t.name
+
+
+@pytest.mark.parametrize("name", SETS)
+def test_collect_accepts_the_heldout_split(name):
+    """collect's task loading (and its judge check) takes the split as collect.dataset."""
+    held = REPO / "datasets" / name / "heldout"
+    assert [t.path for t in discover(held)] == [t.resolve() for t in tasks(held)]
+
+
+def skeleton(check: Path) -> str:
+    """check.py with its values (strings, numbers) blanked out."""
+    return re.sub(r'"[^"]*"|\b\d+\b', "_", check.read_text())
+
+
+def test_learn_heldout_checks_are_the_training_checks_with_other_values():
+    learn = REPO / "datasets" / "learn"
+    for t in tasks(learn / "heldout"):
+        train = learn / re.sub(r"-\d+$", "", t.name)
+        assert skeleton(t / "tests" / "check.py") == skeleton(train / "tests" / "check.py"), t.name
+        assert (t / "tests" / "test.sh").read_text() == (train / "tests" / "test.sh").read_text()
+        assert (t / "task.toml").read_text() == (train / "task.toml").read_text()
 
 
 def test_no_heldout_value_is_a_training_value():
@@ -58,6 +81,7 @@ def test_no_heldout_value_is_a_training_value():
 def test_generator_writes_the_committed_dirs(tmp_path, name):
     src = REPO / "datasets" / name
     shutil.copytree(src, tmp_path / name)
+    shutil.copy(REPO / "datasets" / "taskdir.py", tmp_path)  # what both generators import
     shutil.rmtree(tmp_path / name / "heldout")
     subprocess.run([sys.executable, str(tmp_path / name / "make_tasks.py")], check=True, capture_output=True)
     diff = subprocess.run(["diff", "-r", str(src), str(tmp_path / name), "-x", "__pycache__"],

@@ -29,6 +29,7 @@ def test_task_set_shape():
 def test_generator_writes_the_committed_tasks(tmp_path):
     """The task dirs are what make_tasks.py writes (a fixed seed): regenerated, nothing changes."""
     shutil.copytree(MT, tmp_path / "multiturn")
+    shutil.copy(REPO / "datasets" / "taskdir.py", tmp_path)  # what the generator imports
     subprocess.run([sys.executable, str(tmp_path / "multiturn" / "make_tasks.py")], check=True, capture_output=True)
     diff = subprocess.run(["diff", "-r", str(MT), str(tmp_path / "multiturn"), "-x", "__pycache__"],
                           capture_output=True, text=True)

@@ -3,17 +3,21 @@ datasets/learn/make_tasks.py).
 
 The eight training tasks beside this file are written by hand. The held-out split holds
 HELDOUT_COPIES instances of each of their kinds, named <kind>-<i>: the same instruction, the
-same grader, other values (a word, a number, file and directory names, a function), drawn from
-seeds HELDOUT_SEED and up. A draw is kept only when its reference command is none of the
-training split's and none of an instance kept before, so a policy that remembered the training
-commands fails these. The seeds are fixed: running this again writes the same files.
+same checker judge with the training task's check.py, other values (a word, a number, file and
+directory names, a function), drawn from seeds HELDOUT_SEED and up. A draw is kept only when its
+reference command is none of the training split's and none of an instance kept before, so a
+policy that remembered the training commands fails these. The seeds are fixed: running this again writes the same files.
 """
 from __future__ import annotations
 
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # datasets/taskdir.py, run as a script
+from taskdir import TaskDir, check_file, task_toml, write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 HELDOUT_SEED = 2000
@@ -30,72 +34,55 @@ OPS = [("sub", "a + b", "a - b", (5, 3), 2), ("add", "a - b", "a + b", (5, 3), 8
 TYPOS = [("World", "Wrold"), ("There", "Tehre"), ("Friend", "Freind"), ("Planet", "Palnet"), ("Team", "Taem"),
          ("Python", "Pyhton"), ("Moon", "Mono"), ("Earth", "Eatrh")]
 
-TOML = """[metadata]
-difficulty = "easy"
-category = "learn"
-tags = ["learn", "shell"]
-
-[agent]
-timeout_sec = 600.0
-
-[verifier]
-timeout_sec = 300.0
-
-[environment]
-workdir = "/app"
-"""
-TEST_SH = """#!/bin/bash
-# SWE-bench-style grading of test_task.py: collect/tasks/grade_pytest.sh, which the bwrap
-# sandbox exports as $WHARF_TASK_TOOLS.
-exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
-"""
+TOML = task_toml("learn", ["learn", "shell"])
+q = json.dumps  # a string as the training checks spell it: "double-quoted"
 
 
 def _append_line(rng: random.Random) -> dict:
     v, n = rng.choice(VARS), rng.randrange(2, 100)
     return dict(what=f"Add the line {v} = {n} to the end of config.py.", cmd=f"echo '{v} = {n}' >> config.py",
                 files={"config.py": 'name = "app"\n'},
-                result=f"    import config\n    assert config.{v} == {n}\n",
-                kept='    import config\n    assert config.name == "app"\n')
+                result=f'    assert state.value("config", {q(v)}) == {n}\n',
+                kept='    assert state.value("config", "name") == "app"\n')
 
 
 def _cp_backup(rng: random.Random) -> dict:
     src, dst = rng.sample(WORDS, 2)
     text = rng.choice(["buy bread", "call mum", "pay rent", "water plants"])
     return dict(what=f"Copy {src}.txt to {dst}.txt.", cmd=f"cp {src}.txt {dst}.txt", files={f"{src}.txt": f"{text}\n"},
-                result=f"    assert Path({dst + '.txt'!r}).read_text() == {text + chr(10)!r}\n",
-                kept=f"    assert Path({src + '.txt'!r}).read_text() == {text + chr(10)!r}\n")
+                result=f"    assert state.read_text({q(dst + '.txt')}) == {q(text + chr(10))}\n",
+                kept=f"    assert state.read_text({q(src + '.txt')}) == {q(text + chr(10))}\n")
 
 
 def _echo_color(rng: random.Random) -> dict:
     c = rng.choice(COLORS)
     return dict(what=f"Create a file named color.txt that contains the word {c}.", cmd=f"echo {c} > color.txt",
                 files={"notes.txt": "colors: " + " ".join(COLORS) + "\n"},
-                result=f"    assert Path('color.txt').read_text().strip() == {c!r}\n",
-                kept="    assert 'colors' in Path('notes.txt').read_text()\n")
+                result=f'    assert state.read_text("color.txt").strip() == {q(c)}\n',
+                kept='    assert "colors" in state.read_text("notes.txt")\n')
 
 
 def _echo_number(rng: random.Random) -> dict:
     n = rng.randrange(2, 100)
     return dict(what=f"Write the number {n} into the file count.txt.", cmd=f"echo {n} > count.txt",
                 files={"notes.txt": "count the days of the week\n"},
-                result=f"    assert Path('count.txt').read_text().strip() == {str(n)!r}\n",
-                kept="    assert 'week' in Path('notes.txt').read_text()\n")
+                result=f'    assert state.read_text("count.txt").strip() == {q(str(n))}\n',
+                kept='    assert "week" in state.read_text("notes.txt")\n')
 
 
 def _mkdir_out(rng: random.Random) -> dict:
     d = rng.choice(WORDS + ["out", "build", "dist", "tmp", "data"])
     return dict(what=f"Create a directory named {d}.", cmd=f"mkdir {d}", files={"README.md": "# project\n"},
-                result=f"    assert Path({d!r}).is_dir()\n", kept="    assert Path('README.md').exists()\n")
+                result=f"    assert state.is_dir({q(d)})\n", kept='    assert state.exists("README.md")\n')
 
 
 def _mv_rename(rng: random.Random) -> dict:
     src, dst = rng.sample(WORDS, 2)
     return dict(what=f"Rename {src}.txt to {dst}.txt.", cmd=f"mv {src}.txt {dst}.txt",
                 files={f"{src}.txt": "the report\n", "README.md": "# docs\n"},
-                result=f"    assert Path({dst + '.txt'!r}).read_text() == 'the report\\n' "
-                       f"and not Path({src + '.txt'!r}).exists()\n",
-                kept="    assert Path('README.md').exists()\n")
+                result=f"    assert state.read_text({q(dst + '.txt')}) == {q('the report' + chr(10))} "
+                       f"and not state.exists({q(src + '.txt')})\n",
+                kept='    assert state.exists("README.md")\n')
 
 
 def _sed_sub(rng: random.Random) -> dict:
@@ -105,8 +92,8 @@ def _sed_sub(rng: random.Random) -> dict:
     return dict(what=f"The function {fn} in ops.py computes {wrong} instead of {right}.",
                 cmd=f"sed -i 's/{wrong}/{right}/' ops.py", fix_word="Run this command to fix it:",
                 files={"ops.py": f"def {fn}(a, b):\n    return {wrong}\n\n\ndef {other}(a, b):\n    return {other_op}\n"},
-                result=f"    from ops import {fn}\n    assert {fn}({a}, {b}) == {want}\n",
-                kept=f"    from ops import {other}\n    assert {other}(2, 3) == {6 if other == 'mul' else 5}\n")
+                result=f'    assert state.call("ops", {q(fn)}, {a}, {b}) == {want}\n',
+                kept=f'    assert state.call("ops", {q(other)}, 2, 3) == {6 if other == "mul" else 5}\n')
 
 
 def _sed_world(rng: random.Random) -> dict:
@@ -114,11 +101,11 @@ def _sed_world(rng: random.Random) -> dict:
     return dict(what=f"msg.py has a typo: it says {typo} instead of {right}.", cmd=f"sed -i 's/{typo}/{right}/' msg.py",
                 fix_word="Run this command to fix it:",
                 files={"msg.py": f'def msg():\n    return "Hello, {typo}!"\n\n\ndef size():\n    return 3\n'},
-                result=f"    from msg import msg\n    assert msg() == 'Hello, {right}!'\n",
-                kept="    from msg import size\n    assert size() == 3\n")
+                result=f'    assert state.call("msg", "msg") == {q(f"Hello, {right}!")}\n',
+                kept='    assert state.call("msg", "size") == 3\n')
 
 
-# kind -> its draw: what to do, the command, files, and the bodies of test_result / test_kept
+# kind -> its draw: what to do, the command, files, and the bodies of check.py's test_result / test_kept
 DRAW = {"append-line": _append_line, "cp-backup": _cp_backup, "echo-color": _echo_color, "echo-number": _echo_number,
         "mkdir-out": _mkdir_out, "mv-rename": _mv_rename, "sed-sub": _sed_sub, "sed-world": _sed_world}
 
@@ -141,32 +128,15 @@ def heldout() -> list[dict]:
     return out
 
 
-def write(t: dict, root: Path) -> None:
-    d = root / t["name"]
-    shutil.rmtree(d, ignore_errors=True)
-    for rel, text in t["files"].items():
-        (d / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / "environment" / rel).write_text(text)
-    (d / "instruction.md").write_text(f"{t['what']}\n{t.get('fix_word', 'Run this command:')}\n\n{t['cmd']}\n")
-    (d / "task.toml").write_text(TOML)
-    (d / "solution").mkdir()
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\ncd /app\n{t['cmd']}\n")
-    (d / "tests").mkdir()
-    (d / "tests" / "test.sh").write_text(TEST_SH)
-    (d / "tests" / "test_task.py").write_text(f"from pathlib import Path\n\n\ndef test_result():\n{t['result']}\n\n"
-                                              f"def test_kept():\n{t['kept']}")
-    spec = {"instance_id": f"learn__{t['name']}", "repo": f"wharf/learn-{t['name']}", "version": "1",
-            "FAIL_TO_PASS": ["test_task.py::test_result"], "PASS_TO_PASS": ["test_task.py::test_kept"],
-            "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
-    (d / "tests" / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
-    for sh in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):
-        sh.chmod(0o755)
+def task_dir(t: dict) -> TaskDir:
+    instruction = f"{t['what']}\n{t.get('fix_word', 'Run this command:')}\n\n{t['cmd']}\n"
+    return TaskDir(t["name"], t["files"], instruction, t["cmd"], check_file(t["result"], t["kept"]))
 
 
 def main() -> None:
     shutil.rmtree(HERE / "heldout", ignore_errors=True)
     for t in heldout():
-        write(t, HERE / "heldout")
+        write(task_dir(t), HERE / "heldout", "learn", TOML)
         print(f"heldout/{t['name']}: {t['cmd']}")
 
 

@@ -17,7 +17,11 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # datasets/taskdir.py, run as a script
+from taskdir import TaskDir, check_file, task_toml, write  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SEED = 17
@@ -26,28 +30,7 @@ HELDOUT_COPIES = 2  # 16 held-out instances for the 8 trained on
 WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "lantern", "walnut",
          "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
 
-TOML = """[metadata]
-judge = "checker"
-difficulty = "easy"
-category = "multiturn"
-tags = ["multiturn", "shell", "observe"]
-
-[agent]
-timeout_sec = 600.0
-
-[verifier]
-timeout_sec = 300.0
-
-[environment]
-workdir = "/app"
-"""
-TEST_SH = """#!/bin/bash
-# The checker judge (collect/tasks/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
-# tests/check.py reads the state the agent left, from outside it; no code of the workspace runs.
-exec bash "${WHARF_TASK_TOOLS:-/tests}/judge.sh" checker /app
-"""
-CHECK_DOC = ('"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the\n'
-             'workspace the agent left and fails by raising; nothing of the workspace is imported here."""\n')
+TOML = task_toml("multiturn", ["multiturn", "shell", "observe"])
 
 
 def instruction(what: str, show: str, save: str, placeholder: str) -> str:
@@ -119,32 +102,11 @@ def tasks(rng: random.Random) -> list[dict]:
     ]
 
 
-def check_file(t: dict) -> str:
+def task_dir(t: dict) -> TaskDir:
     kept_file, kept_text = t["kept"]
-    return (f"{CHECK_DOC}\n\ndef test_result(state):\n"
-            f"    assert state.read_text({t['out']!r}).strip() == {t['value']!r}\n\n\n"
-            f"def test_kept(state):\n    assert {kept_text!r} in state.read_text({kept_file!r})\n")
-
-
-def write(t: dict, root: Path) -> None:
-    d = root / t["name"]
-    shutil.rmtree(d, ignore_errors=True)
-    for rel, text in t["files"].items():
-        (d / "environment" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (d / "environment" / rel).write_text(text)
-    (d / "instruction.md").write_text(t["text"])
-    (d / "task.toml").write_text(TOML)
-    (d / "solution").mkdir()
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\nset -e\ncd /app\n{t['oracle']}\n")
-    (d / "tests").mkdir()
-    (d / "tests" / "test.sh").write_text(TEST_SH)
-    (d / "tests" / "check.py").write_text(check_file(t))
-    spec = {"instance_id": f"multiturn__{t['name']}", "repo": f"wharf/multiturn-{t['name']}", "version": "1",
-            "FAIL_TO_PASS": ["check.py::test_result"], "PASS_TO_PASS": ["check.py::test_kept"],
-            "log_parser": "parse_log_pytest", "eval_type": "pass_and_fail"}
-    (d / "tests" / "spec.json").write_text(json.dumps(spec, indent=2) + "\n")
-    for sh in (d / "solution" / "solve.sh", d / "tests" / "test.sh"):
-        sh.chmod(0o755)
+    return TaskDir(t["name"], t["files"], t["text"], t["oracle"],
+                   check_file(f"    assert state.read_text({t['out']!r}).strip() == {t['value']!r}\n",
+                              f"    assert {kept_text!r} in state.read_text({kept_file!r})\n"))
 
 
 def heldout(train: list[dict]) -> list[dict]:
@@ -166,11 +128,11 @@ def heldout(train: list[dict]) -> list[dict]:
 def main() -> None:
     train = tasks(random.Random(SEED))
     for t in train:
-        write(t, HERE)
+        write(task_dir(t), HERE, "multiturn", TOML)
         print(f"{t['name']}: {t['value']}")
     shutil.rmtree(HERE / "heldout", ignore_errors=True)
     for t in heldout(train):
-        write(t, HERE / "heldout")
+        write(task_dir(t), HERE / "heldout", "multiturn", TOML)
         print(f"heldout/{t['name']}: {t['value']}")
 
 

@@ -1,4 +1,4 @@
 #!/bin/bash
-# SWE-bench-style grading of test_task.py: collect/tasks/grade_pytest.sh, which the bwrap
-# sandbox exports as $WHARF_TASK_TOOLS.
-exec bash "${WHARF_TASK_TOOLS:-/tests}/grade_pytest.sh" /app test_task.py
+# The checker judge (collect/tasks/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
+# tests/check.py reads the state the agent left, from outside it; no code of the workspace runs.
+exec bash "${WHARF_TASK_TOOLS:-/tests}/judge.sh" checker /app

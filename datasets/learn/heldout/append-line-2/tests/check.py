@@ -1,0 +1,11 @@
+"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the
+workspace the agent left and fails by raising; nothing of the workspace is imported here (a value
+or a call of the code comes back as plain data from a separate process)."""
+
+
+def test_result(state):
+    assert state.value("config", "y") == 10
+
+
+def test_kept(state):
+    assert state.value("config", "name") == "app"

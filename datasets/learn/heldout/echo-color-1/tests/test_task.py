@@ -1,9 +1,0 @@
-from pathlib import Path
-
-
-def test_result():
-    assert Path('color.txt').read_text().strip() == 'green'
-
-
-def test_kept():
-    assert 'colors' in Path('notes.txt').read_text()

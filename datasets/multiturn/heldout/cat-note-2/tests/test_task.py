@@ -1,9 +1,0 @@
-from pathlib import Path
-
-
-def test_result():
-    assert Path('answer.txt').read_text().strip() == 'thistle'
-
-
-def test_kept():
-    assert 'finish' in Path('note.txt').read_text()

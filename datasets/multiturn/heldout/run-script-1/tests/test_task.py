@@ -1,9 +1,0 @@
-from pathlib import Path
-
-
-def test_result():
-    assert Path('answer.txt').read_text().strip() == '1062'
-
-
-def test_kept():
-    assert 'print' in Path('hint.py').read_text()
