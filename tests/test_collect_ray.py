@@ -46,7 +46,7 @@ def rounds():
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
         assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
         got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "kill")}
-        run = out / "bucket" / "s3" / "wb" / "runs" / "s3"  # the s3 round, as read back from the bucket
+        run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
         conv = run / "rounds" / "0" / "convert"
         got["s3"] = {**_round(run / "rounds" / "0" / "collect"), "objects": json.loads((out / "bucket.json").read_text()),
                      "index": json.loads((conv / "index.json").read_text()),
@@ -120,7 +120,7 @@ def test_a_ray_round_in_s3_is_whole_in_the_bucket_and_converts_from_there(rounds
     assert any(k.startswith("rounds/0/collect/turns/part-") for k in objects)
     # the nodes' WALs (their admin tokens) and the configs stay on the nodes' disks
     assert not [k for k in objects if "_wal" in k or k.endswith(".yaml")], objects
-    job = "s3://wb/runs/s3/rounds/0/collect"
+    job = "s3://wharf/runs/s3/rounds/0/collect"
     # convert, from an empty mirror, read every rollout and turn of the round from the bucket and wrote its
     # index (and the micro-batches of the groups with a signal: the stub's answers may give none) back there
     assert s3["index"]["jobs"] == [job] and s3["stats"]["jobs_read"] == [job]
