@@ -19,6 +19,7 @@ from typing import Awaitable, Callable
 from collect.node import NodeTrials, OnRow, node_proxy
 from collect.records import RolloutRow
 from collect.tasksets import PlannedRollout
+from wharf import storage
 from wharf.config import RunConfig
 from wharf.errors import WharfError
 
@@ -56,7 +57,10 @@ class NodeActor:
         if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
             self._up = asyncio.ensure_future(self.node.__aenter__())
         await asyncio.shield(self._up)
-        return await self.node.trial(p, job_id)
+        row = await self.node.trial(p, job_id)
+        # In object storage the trial's logs go up from here: the driver's mirror never sees this node's disk.
+        await asyncio.to_thread(storage.push, self.node.paths.root / row.trial_dir)
+        return row
 
     async def finish(self) -> None:
         """Flush the proxy's shards and stop it."""
@@ -155,7 +159,10 @@ def _submitter(actor, job_id: str) -> Submit:
 
 
 def _absolute(cfg: RunConfig) -> RunConfig:
-    """Nodes do not share the driver's working directory: paths go to them absolute."""
+    """Nodes do not share the driver's working directory: paths go to them absolute. A URL goes as
+    it is: each node works in its own mirror of it (its WHARF_MIRROR) and uploads its shards."""
+    if storage.is_remote(cfg.runs_dir):
+        return cfg
     return dataclasses.replace(cfg, runs_dir=str(Path(cfg.runs_dir).resolve()))
 
 

@@ -91,8 +91,8 @@ def _write_json(path: Path, data: dict) -> None:
 
 # What stays on the node when the round is in object storage: the proxies' WALs (one per node
 # under Ray), and the resolved configs (written owner-only: they can hold API keys and the
-# proxy's admin token).
-LOCAL_ONLY = (f"turns/{WAL_DIR}/*", f"turns/{WAL_DIR}-*/*", "logs/proxy.yaml", "config.yaml")
+# proxy's admin token; proxy-<node>.yaml under Ray).
+LOCAL_ONLY = (f"turns/{WAL_DIR}/*", f"turns/{WAL_DIR}-*/*", "logs/proxy.yaml", "logs/proxy-*.yaml", "config.yaml")
 
 
 def _push_round(paths: CollectPaths) -> None:

@@ -135,3 +135,26 @@ class SeaweedS3:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m testing.s3_server DIR BUCKET`: serve until killed, for shell fixtures. Once the
+    bucket is writable, DIR/s3.env holds the AWS variables as `export NAME=value` lines."""
+    import argparse
+    import signal
+
+    ap = argparse.ArgumentParser(prog="python -m testing.s3_server", description=main.__doc__)
+    ap.add_argument("dir")
+    ap.add_argument("bucket")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so that `with` stops weed
+    with SeaweedS3(args.dir) as s3:
+        s3.create_bucket(args.bucket)
+        env = Path(args.dir) / "s3.env"
+        env.with_suffix(".tmp").write_text("".join(f"export {k}={v}\n" for k, v in s3.env.items()))
+        env.with_suffix(".tmp").replace(env)  # whole or absent: the fixture waits for it
+        s3.proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -45,7 +45,14 @@ def rounds():
                            capture_output=True, text=True)
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
         assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
-        yield {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "kill")}
+        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "kill")}
+        run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
+        conv = run / "rounds" / "0" / "convert"
+        got["s3"] = {**_round(run / "rounds" / "0" / "collect"), "objects": json.loads((out / "bucket.json").read_text()),
+                     "index": json.loads((conv / "index.json").read_text()),
+                     "stats": json.loads((conv / "stats.json").read_text())}
+        print({p.stem: p.read_text().strip() for p in out.glob("*.wall")})  # seconds, for docs/scaling.md
+        yield got
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
@@ -83,9 +90,7 @@ def _same_manifest_shape(local: dict, other: dict) -> None:
     assert other["counts"]["planned"] == other["counts"]["finished"] == 4
 
 
-@pytest.mark.slow
-def test_a_ray_round_yields_the_local_rounds_rollouts_spread_over_both_nodes(rounds):
-    local, ray = rounds["local"], rounds["ray"]
+def _same_round_on_both_nodes(local: dict, ray: dict) -> None:
     want = _by_key(local)
     got = _by_key(ray)
     assert sorted(want) == sorted(got) == [(t, a) for t in ("sed-add", "write-answer") for a in (0, 1)]
@@ -98,6 +103,29 @@ def test_a_ray_round_yields_the_local_rounds_rollouts_spread_over_both_nodes(rou
     assert sorted(ex["trials_by_node"]) == ex["nodes"] and all(n > 0 for n in ex["trials_by_node"].values())
     assert sum(ex["trials_by_node"].values()) == 4
     assert len(ray["trial_dirs"]) == 4  # no trial ran twice
+
+
+@pytest.mark.slow
+def test_a_ray_round_yields_the_local_rounds_rollouts_spread_over_both_nodes(rounds):
+    _same_round_on_both_nodes(rounds["local"], rounds["ray"])
+
+
+@pytest.mark.slow
+def test_a_ray_round_in_s3_is_whole_in_the_bucket_and_converts_from_there(rounds):
+    """Each node and the driver had a mirror of their own: all of it reached the bucket through S3."""
+    s3 = rounds["s3"]
+    _same_round_on_both_nodes(rounds["local"], s3)  # every node's shards folded in, its trial logs uploaded
+    objects = s3["objects"]
+    assert {"rounds/0/collect/manifest.json", "rounds/0/collect/rollouts.parquet"} <= set(objects)
+    assert any(k.startswith("rounds/0/collect/turns/part-") for k in objects)
+    # the nodes' WALs (their admin tokens) and the configs stay on the nodes' disks
+    assert not [k for k in objects if "_wal" in k or k.endswith(".yaml")], objects
+    job = "s3://wharf/runs/s3/rounds/0/collect"
+    # convert, from an empty mirror, read every rollout and turn of the round from the bucket and wrote its
+    # index (and the micro-batches of the groups with a signal: the stub's answers may give none) back there
+    assert s3["index"]["jobs"] == [job] and s3["stats"]["jobs_read"] == [job]
+    assert s3["stats"]["rollouts"]["read"] == 4 and s3["stats"]["turns"]["read"] == len(s3["turns"])
+    assert all(f"rounds/0/convert/{f['file']}" in objects for f in s3["index"]["files"])
 
 
 @pytest.mark.slow

@@ -32,7 +32,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wharf import schema, storage
-from wharf.layout import WAL_DIR
 from collect.proxy import jsonx
 from collect.proxy.wal import SegmentLog, read_records
 
@@ -168,7 +167,8 @@ class TurnStore:
         if rows:
             shard = write_shard(self.out_dir / shard_name(), rows)
         # Shards written before a crash cut their upload short (a plain local dir: nothing to do).
-        storage.push(self.out_dir, exclude=(f"{WAL_DIR}/*",))
+        # Only the shards: no WAL dir goes up, `_wal` or a Ray node's `_wal-<node>` (its lock, admin token).
+        storage.push(self.out_dir, exclude=("*/*",))
         if rows:
             for r in rows:
                 if r["turn"] > self.last_turn.get(r["rollout_id"], -1):
