@@ -79,6 +79,8 @@ def test_no_heldout_value_is_a_training_value():
 
 @pytest.mark.parametrize("name", SETS)
 def test_generator_writes_the_committed_dirs(tmp_path, name):
+    """The whole set (training tasks and held-out split) is what its make_tasks.py writes: the
+    held-out dir is removed first, so a stale file there fails too."""
     src = REPO / "datasets" / name
     shutil.copytree(src, tmp_path / name)
     shutil.copy(REPO / "datasets" / "taskdir.py", tmp_path)  # what both generators import

@@ -3,8 +3,6 @@ harbor trials in the bwrap sandbox grade the reference solution 1.0 and an untou
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,16 +22,6 @@ def test_task_set_shape():
         # the answer is in the sandbox, never in the instruction: it must be observed
         answer = (task / "tests" / "check.py").read_text().split("== ")[1].split("\n")[0].strip("'\"")
         assert answer not in (task / "instruction.md").read_text(), task.name
-
-
-def test_generator_writes_the_committed_tasks(tmp_path):
-    """The task dirs are what make_tasks.py writes (a fixed seed): regenerated, nothing changes."""
-    shutil.copytree(MT, tmp_path / "multiturn")
-    shutil.copy(REPO / "datasets" / "taskdir.py", tmp_path)  # what the generator imports
-    subprocess.run([sys.executable, str(tmp_path / "multiturn" / "make_tasks.py")], check=True, capture_output=True)
-    diff = subprocess.run(["diff", "-r", str(MT), str(tmp_path / "multiturn"), "-x", "__pycache__"],
-                          capture_output=True, text=True)
-    assert diff.returncode == 0, diff.stdout
 
 
 @pytest.mark.slow
