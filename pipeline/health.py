@@ -49,6 +49,8 @@ class RoundFacts:
 
     k: int
     policy: str  # the policy that should have sampled the round
+    allowed: tuple[str, ...] = ()  # overlapping rounds: the other policies that may sample round k
+    lag: int = 0  # versions between `policy` and policy-v<k>, the one round k trains from
     turn_policies: dict[str, int] = field(default_factory=dict)  # policy -> turns
     turn_status: dict[str, int] = field(default_factory=dict)  # status -> turns
     served_mismatch: float | None = None  # train's first step: mean |trainer - endpoint| log-prob
@@ -69,7 +71,8 @@ def check_served(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
     if cfg.max_served_mismatch > 0:
         expected += f", trainer vs endpoint log-prob mismatch <= {cfg.max_served_mismatch:g}"
     seen, ok = [], True
-    others = {p: n for p, n in f.turn_policies.items() if p != f.policy}
+    allowed = set(f.allowed) | {f.policy}
+    others = {p: n for p, n in f.turn_policies.items() if p not in allowed}
     n = sum(f.turn_policies.values())
     if not n:
         ok, seen = False, ["no turns recorded"]
@@ -80,11 +83,16 @@ def check_served(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
         ok = False
         seen.append(f"none of {n} calls answered ({_counts(f.turn_status)})")
     mm = f.served_mismatch
-    if cfg.max_served_mismatch > 0 and mm is not None and mm > cfg.max_served_mismatch:
+    # rows of an older policy differ from the trainer's start policy by design: the gap is the
+    # policy change the importance weights correct, not the endpoint's error
+    if cfg.max_served_mismatch > 0 and mm is not None and mm > cfg.max_served_mismatch and not f.lag:
         ok = False
         seen.append(f"mismatch {mm:.3g}: the endpoint served other weights than {f.policy}")
     if ok:
         seen = [f"{n} calls by {f.policy}" + (f", mismatch {mm:.2g}" if mm is not None else "")]
+        if f.lag:
+            seen.append(f"{f.lag} policy behind {policy_name(f.k)}, as loop.max_staleness allows (mismatch not "
+                        "checked: it holds the policy change)")
     return HealthCheck("policy_served", f.k, ok or not cfg.policy_served, expected, "; ".join(seen),
                        f.files.get("turns", "?"), "loop.health.policy_served=false")
 
@@ -171,9 +179,11 @@ def _turns(f: RoundFacts, rnd: RoundLayout) -> None:
     f.files["turns"] = str(rnd.collect.turns)
 
 
-def gather(rnd: RoundLayout, policy: str) -> RoundFacts:
-    """The facts of round `rnd`, which `policy` should have sampled (missing files leave None)."""
-    f = RoundFacts(rnd.k, policy)
+def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = ()) -> RoundFacts:
+    """The facts of round `rnd`, which `policy` should have sampled (missing files leave None),
+    or any of `allowed`."""
+    lag = (_json(rnd.marker("collect")) or {}).get("lag")
+    f = RoundFacts(rnd.k, policy, allowed, lag if isinstance(lag, int) else 0)
     _turns(f, rnd)
     f.files["convert"] = str(rnd.convert.stats)
     stats = _json(rnd.convert.stats) or {}
@@ -211,9 +221,10 @@ def _published(f: RoundFacts, rnd: RoundLayout) -> None:
         f.published, f.refused = record.policy, record.refused
 
 
-def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig) -> list[HealthCheck]:
-    """Gather, check, and write rounds/<k>/health.json (atomically); returns the checks."""
-    checks = run_checks(gather(rnd, policy), cfg)
+def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig, allowed: tuple[str, ...] = ()) -> list[HealthCheck]:
+    """Gather, check, and write rounds/<k>/health.json (atomically); returns the checks. `allowed`:
+    the other policies that may have sampled the round (overlapping rounds)."""
+    checks = run_checks(gather(rnd, policy, allowed), cfg)
     rnd.health.parent.mkdir(parents=True, exist_ok=True)
     tmp = rnd.health.with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(c) for c in checks], indent=1))

@@ -13,13 +13,15 @@ restart. With `loop.eval_every: N`, every N rounds the policy just published (an
 once) is evaluated on `loop.eval_dataset` (pipeline/eval.py, into runs/<run>/evals/), and the
 round's line and the report show the held-out reward beside the training reward. After each
 round the loop's health checks (pipeline/health.py) run and stop the loop,
-naming what failed, when it is not learning.
+naming what failed, when it is not learning. With `loop.max_staleness: s >= 1` round k+1 is
+collected while round k trains, from the newest published policy (pipeline/overlap.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
+from collections import Counter
 
 from collect.runner import run as collect_round
 from engine.launch import launch
@@ -31,26 +33,29 @@ from wharf import storage
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
-from wharf.layout import RunLayout, has_adapter, policy_name
+from wharf.batches import read_index
+from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
+from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
 from .stages import LoopError, convert_stage, read_marker, run_stage, train_stage, write_report
 
 log = logging.getLogger("wharf.loop")
 
 
-def round_config(cfg: RunConfig, k: int) -> RunConfig:
-    """Round k's config: sample from policy-v<k> (round 0: the base model); the loop publishes."""
-    policy = cfg.endpoint.model if k == 0 else policy_name(k)
+def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig:
+    """Round k's config: sample from `policy`, by default policy-v<k> (round 0: the base model);
+    the loop publishes."""
+    policy = policy or (cfg.endpoint.model if k == 0 else policy_name(k))
     train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=k, collect=dataclasses.replace(cfg.collect, policy=policy), train=train)
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
-    """Before round k samples: the endpoint must serve policy-v<k> (an endpoint that restarted has
-    forgotten its adapters: load round k-1's again)."""
+    """Before a round samples from policy-v<k>: the endpoint must serve it (an endpoint that
+    restarted has forgotten its adapters: load round k-1's again)."""
     if k == 0 or ep is None:
         return
     name = policy_name(k)
@@ -90,7 +95,8 @@ def measure_shift(cfg: RunConfig) -> None:
 def check_health(cfg: RunConfig) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health)
+    allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.endpoint.model)
+    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
     for c in checks:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
                 "ok" if c.ok else "FAILED", c.seen)
@@ -129,15 +135,70 @@ def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
             "diff": {key: diff[key] for key in keep}}
 
 
-def run_round(cfg: RunConfig, ep: Endpoint | None) -> None:
+def train_checked(cfg: RunConfig) -> dict:
+    """Round k's train, once its rows are known to be at most loop.max_staleness policies behind
+    policy-v<k> (rows named by convert.jobs are the user's choice, and not checked)."""
+    if not cfg.convert.jobs:
+        index = read_index(convert_dir(cfg))
+        policies = Counter(r.get("policy") for r in index.rollouts)
+        check_lag(policies, cfg.round, cfg.loop.max_staleness, cfg.endpoint.model,
+                  str(ConvertPaths(convert_dir(cfg)).index))
+    return train_stage(cfg)
+
+
+def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = None) -> None:
+    """Round cfg.round's convert, train, update measure and publish (its collect is done);
+    `waited_s`: how long the loop waited for that collect (overlapping rounds)."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    run_stage(rnd, "collect", lambda: collect_stage(cfg, ep))
-    run_stage(rnd, "convert", lambda: convert_stage(cfg))
-    run_stage(rnd, "train", lambda: train_stage(cfg))
+    waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
+    run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
+    run_stage(rnd, "train", lambda: train_checked(cfg))
     measure_shift(cfg)
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
+
+
+def eval_round(cfg: RunConfig, ep: Endpoint | None) -> None:
     if ep is not None and eval_due(cfg.loop.eval_every, cfg.round):
-        run_stage(rnd, "eval", lambda: eval_stage(cfg, ep))
+        run_stage(cfg.round_layout, "eval", lambda: eval_stage(cfg, ep))
+
+
+def close_round(cfg: RunConfig, t0: float) -> None:
+    """Round cfg.round's health checks, its line, the report; stops the loop when a check failed."""
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    checks = check_health(cfg)
+    storage.push_file(cfg.round_layout.health)
+    print_round(layout, cfg.round)
+    write_report(layout.root)  # before stopping: the report's table shows what failed
+    enforce(checks)
+    log.info("round %d done (%.0f s this run); %s serves next", cfg.round, time.monotonic() - t0,
+             policy_name(cfg.round + 1))
+
+
+def sync_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
+    """loop.max_staleness=0: collect round k from policy-v<k>, then convert, train, publish."""
+    for k in range(cfg.rounds):
+        t0 = time.monotonic()
+        rcfg = round_config(cfg, k)
+        run_stage(rcfg.round_layout, "collect", lambda: collect_stage(rcfg, ep))
+        learn_round(rcfg, ep)
+        eval_round(rcfg, ep)
+        close_round(rcfg, t0)
+    return list(range(cfg.rounds))
+
+
+def overlapped_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
+    """loop.max_staleness >= 1: round k+1 is collected (pipeline/overlap.py) while round k trains."""
+    serve = lambda c, v: ensure_served(ep, c, v)  # noqa: E731
+    with Collector(cfg, lambda j, policy: round_config(cfg, j, policy), serve) as collector:
+        for k in range(cfg.rounds):
+            t0 = time.monotonic()
+            got, waited = collector.wait(k)
+            rcfg = round_config(cfg, k, got.policy)
+            learn_round(rcfg, ep, waited)
+            collector.published.set(k + 1)  # the next collects may sample from it now
+            eval_round(rcfg, ep)
+            close_round(rcfg, t0)
+    return list(range(cfg.rounds))
 
 
 def print_round(layout: RunLayout, k: int) -> None:
@@ -156,21 +217,10 @@ def run_loop(cfg: RunConfig) -> list[int]:
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
     storage.pull(layout.root, ("rounds/*/done/*.json", "rounds/*/health.json", "rounds/*/train/shift.json"))
     dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
-    done = []
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
         cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
-        for k in range(cfg.rounds):
-            t0 = time.monotonic()
-            rcfg = round_config(cfg, k)
-            run_round(rcfg, ep)
-            checks = check_health(rcfg)
-            storage.push_file(rcfg.round_layout.health)
-            print_round(layout, k)
-            write_report(layout.root)  # before stopping: the report's table shows what failed
-            enforce(checks)
-            log.info("round %d done (%.0f s this run); %s serves next", k, time.monotonic() - t0, policy_name(k + 1))
-            done.append(k)
+        done = (overlapped_rounds if cfg.loop.max_staleness else sync_rounds)(cfg, ep)
         ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)
     return done
 

@@ -10,6 +10,7 @@ backward needs no logits at all (the gradient of log p(y) with respect to the hi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -155,6 +156,9 @@ def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor,
             "kl": (kl.detach() * mask).sum() if kl is not None else torch.zeros(()),
             "masked_rows": ((w_tok.sum(1) == 0) & (mask.sum(1) > 0)).float().sum(),
         }
+        if cfg.mismatch == "tis":  # the importance weights of the sampling policy's gap (stale rows: larger)
+            stats["is_weight"] = (is_w * mask).sum()
+            stats["is_capped"] = ((gap > math.log(cfg.mismatch_cap)).float() * mask).sum()
     return loss, stats
 
 

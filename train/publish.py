@@ -36,7 +36,8 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     if not has_adapter(Path(adapter_dir)):
         raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
     record = PublishRecord(name, str(adapter_dir), [
-        _publish_one(Endpoint(url, cfg.endpoint.api_key, cfg.endpoint.model), adapter_dir, name, resume)
+        _publish_one(Endpoint(url, cfg.endpoint.api_key, cfg.endpoint.model), adapter_dir, name, resume,
+                     max(1, cfg.loop.max_staleness))
         for url in replica_urls(cfg.endpoint.url, cfg.proxy.upstreams)])
     record.write(RunLayout.of(cfg.runs_dir, cfg.name).published(name))
     if not record.serving:
@@ -48,7 +49,8 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     return record
 
 
-def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool) -> ReplicaResult:
+def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool, keep: int) -> ReplicaResult:
+    """`keep`: how many policies before `name` stay loaded (rounds still sampling from them)."""
     try:
         served = ep.models()
         if name in served and resume:
@@ -57,10 +59,10 @@ def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool) -> Re
         if name in served:
             raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
                                "(stale prefix cache): restart the endpoint or train the next round")
-        keep = _version(name) - 1  # the policy that sampled this round may still be in use
+        oldest = _version(name) - keep  # the policies that may still be sampling stay
         for old in served:
             v = _version(old)
-            if v is not None and v < keep:
+            if v is not None and v < oldest:
                 try:
                     ep.unload_adapter(old)
                 except EndpointError as e:

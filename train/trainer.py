@@ -142,6 +142,8 @@ def _metrics(tot: dict, grad_norm: float, lr: float, skipped: bool, dt: float, s
            "grad_norm": grad_norm, "lr": lr, "skipped": skipped, "loss_tokens": int(tot["tokens"]),
            "rows": step.rows, "masked_rows": int(tot["masked_rows"]), "step_s": round(dt, 3),
            "tokens_per_s": round(step.tokens / dt, 1) if dt > 0 else None}
+    if "is_weight" in tot:  # train.mismatch=tis: mean importance weight, share of tokens at the cap
+        out["is_weight_mean"], out["is_capped"] = tot["is_weight"] / n, tot["is_capped"] / n
     if "mismatch_sum" in tot:
         out["mismatch_mean"] = tot["mismatch_sum"] / max(tot["mismatch_tokens"], 1.0)
         out["mismatch_max"] = tot["mismatch_max"]

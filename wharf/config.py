@@ -282,6 +282,12 @@ class HealthConfig:
     all_replicas_serve: bool = True
 
 
+def policies_loaded(max_staleness: int, evaluates: bool) -> int:
+    """Adapters the loop keeps loaded at once: the newest policy and the `max(1, s)` before it (a
+    round still sampling; publish unloads older ones), plus a copy while it evaluates."""
+    return 1 + max(1, max_staleness) + int(evaluates)
+
+
 def check_policy_spec(spec: str, key: str) -> str:
     """The forms a policy to evaluate takes (pipeline/eval.py resolves them): `base`, a run's round
     `<run dir>:<k>` (policy-v<k> of that run), or an adapter dir."""
@@ -320,6 +326,10 @@ class LoopConfig:
     # per round beside the training reward, in the round's line and the report.
     eval_every: NonNegative = 0
     eval_dataset: str | None = None  # a held-out split, e.g. datasets/multiturn/heldout
+    # Rounds that overlap (pipeline/overlap.py): 0 collects round k+1 only after policy-v<k+1> is
+    # published; s >= 1 collects round k+1 while round k trains, from the newest published policy,
+    # so a round's rows are at most s policies behind the one it trains (corrected by train.mismatch).
+    max_staleness: Annotated[int, Field(ge=0, le=2)] = 0
 
     def __post_init__(self):
         if self.eval_every and not self.eval_dataset:
@@ -350,6 +360,31 @@ class RunConfig:
             raise ValueError("train.loss_agg=constant needs a constant fixed for the run: set train.loss_constant "
                              "(e.g. the completion tokens a rollout may generate), or both sampling.max_tokens and "
                              "collect.agent_kwargs.max_turns (their product is used)")
+        need = policies_loaded(self.loop.max_staleness, self.loop.eval_every > 0)
+        have, key = self.lora_slots()
+        if have is not None and have < need:
+            raise ValueError(f"loop.max_staleness={self.loop.max_staleness} keeps up to {need} adapters loaded at once "
+                             f"(the policies still sampling, the new one{', an evaluated copy' if self.loop.eval_every else ''}), "
+                             f"but {key}={have}: raise it to {need}, or lower loop.max_staleness")
+
+    def lora_slots(self) -> tuple[int | None, str]:
+        """How many adapters the endpoint holds at once, and the setting that says so (None: unknown,
+        an endpoint wharf does not start)."""
+        if self.endpoint.kind == "local":
+            return self.engine.max_loras, "engine.max_loras"
+        # vLLM swaps adapters beyond --max-loras in from its CPU cache (slow, not refused): checked
+        # only when rounds overlap, where two policies sample at once
+        if not self.endpoint.launch or self.loop.max_staleness == 0:
+            return None, "--max-loras"
+        args = self.endpoint.vllm_args
+        for i, arg in enumerate(args):
+            value = arg.split("=", 1)[1] if arg.startswith("--max-loras=") else \
+                args[i + 1] if arg == "--max-loras" and i + 1 < len(args) else None
+            if value is not None:
+                if not value.isdigit():
+                    raise ValueError(f"endpoint.vllm_args: --max-loras {value!r} is not a number")
+                return int(value), "vLLM --max-loras (endpoint.vllm_args)"
+        return 1, "vLLM --max-loras (its default; endpoint.vllm_args has none)"
 
     def rollout_budget(self) -> int | None:
         """The tokens one rollout may generate, sampling.max_tokens x collect.agent_kwargs.max_turns;

@@ -54,6 +54,9 @@ class RoundData:
     # The loop's held-out evaluation after this round (its eval marker): policy-v<k+1>'s reward
     # (mean, low, high, k), the base's, and their paired difference.
     heldout: dict = field(default_factory=dict)
+    # Overlapping rounds (loop.max_staleness): the rows' lag behind the policy trained, the
+    # importance weights that corrected it, and what each half waited for the other.
+    overlap: dict = field(default_factory=dict)
 
     def step_mean(self, key: str) -> float | None:
         vals = [s[key] for s in self.steps if _num(s.get(key))]
@@ -214,9 +217,24 @@ def gather_round(layout: RunLayout, k: int) -> RoundData:
     marker_walls(rd, rnd)
     health = read_json(rnd.health) if rnd.health.is_file() else None
     rd.health = health if isinstance(health, list) else []
+    overlap_fields(rd, rnd)
     heldout = read_json(rnd.marker("eval"))
     rd.heldout = heldout if isinstance(heldout, dict) and _num(heldout.get("mean")) and _num(heldout.get("k")) else {}
     return rd
+
+
+def overlap_fields(rd: RoundData, rnd: RoundLayout) -> None:
+    """From the collect marker an overlapping loop writes (lag, waited_s), convert's marker
+    (waited_for_collect_s) and train's steps (is_weight_mean, is_capped, token-weighted)."""
+    c, v = read_json(rnd.marker("collect")) or {}, read_json(rnd.marker("convert")) or {}
+    if not _num(c.get("lag")):
+        return
+    tok = [(s.get("loss_tokens") or 0, s) for s in rd.steps if _num(s.get("is_weight_mean"))]
+    n = sum(t for t, _ in tok)
+    rd.overlap = {"lag": c["lag"], "collect_waited_s": c.get("waited_s"),
+                  "train_waited_s": v.get("waited_for_collect_s"),
+                  "is_weight_mean": sum(t * s["is_weight_mean"] for t, s in tok) / n if n else None,
+                  "is_capped": sum(t * s["is_capped"] for t, s in tok) / n if n else None}
 
 
 def gather_evals(layout: RunLayout) -> list[tuple[str, dict]]:
@@ -247,7 +265,16 @@ def round_line(rd: RoundData) -> str:
             f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
             f"KL to previous {_f(rd.shift.get('kl'), '.3g')}, "
             f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}"
-            + heldout_text(rd.heldout))
+            + overlap_text(rd.overlap) + heldout_text(rd.heldout))
+
+
+def overlap_text(o: dict) -> str:
+    """'; lag 1, importance weight 0.98 (2% capped), waited: collect 0 s, train 12 s', or ''."""
+    if not o:
+        return ""
+    capped = f" ({o['is_capped']:.0%} capped)" if _num(o.get("is_capped")) else ""
+    return (f"; lag {o['lag']}, importance weight {_f(o.get('is_weight_mean'))}{capped}, waited: collect "
+            f"{_f(o.get('collect_waited_s'), '.0f')} s, train {_f(o.get('train_waited_s'), '.0f')} s")
 
 
 def heldout_text(h: dict) -> str:
