@@ -9,7 +9,10 @@ policies' trials pair up and their difference is paired (pipeline/eval_stats.py)
 Each policy's trials are a normal collect job, written by collect's own round machinery into a
 one-round run of its own: runs/<name>/evals/<eval>/<policy>/rounds/0/collect (turns and rollouts
 parquet, manifest, harbor trials): replayable, auditable. A policy whose job is finished is not
-run again (an interrupted one resumes), and summary.json beside them holds the figures.
+run again (an interrupted one resumes), and summary.json beside them holds the figures. A run's
+round that the run's own loop already evaluated with the same trials (loop.eval_every: the same
+split, agent, sampling and seed, at least as many attempts) is read from runs/<run>/evals/, not
+run again: GRPO and its control evaluated by their loops compare with no new trial.
 """
 from __future__ import annotations
 
@@ -139,17 +142,52 @@ def read_trials(run: RunLayout, attempts: int) -> list[Trial]:
             for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
 
 
-def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint) -> dict:
-    """Run every policy's trials (skipping finished jobs) and write the eval's summary.json."""
+def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
+    """Whether a finished job ran the trials this eval would: the same tasks, agent, sandbox,
+    sampling and seed, and at least as many attempts."""
+    s, seed = manifest.get("sampling") or {}, 0 if cfg.sampling.seed is None else cfg.sampling.seed
+    try:
+        same_set = Path(manifest.get("dataset", "")).resolve() == Path(dataset_of(cfg)).resolve()
+    except OSError:
+        return False
+    return (same_set and manifest.get("state") == "done" and (manifest.get("attempts") or 0) >= cfg.eval.attempts
+            and (manifest.get("agent"), manifest.get("environment")) == (cfg.collect.agent, cfg.collect.environment)
+            and (s.get("temperature"), s.get("top_p"), s.get("seed")) == (cfg.sampling.temperature, cfg.sampling.top_p, seed))
+
+
+def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
+    """A run round's policy that the run's own loop already evaluated with the same trials
+    (runs/<run>/evals/*/<label>): its job, read instead of run again. None when this eval has a
+    job of its own for the policy (it resumes that one), or no such job is found."""
+    if p.round is None or p.adapter is None or cfg.layout.eval(eval_name(cfg)).policy(p.label).round(0).collect.manifest.is_file():
+        return None
+    evals = RunLayout(Path(p.spec.rpartition(":")[0])).evals
+    for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
+        try:
+            manifest = json.loads(RunLayout(d).round(0).collect.manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if _same_trials(cfg, manifest):
+            return RunLayout(d)
+    return None
+
+
+def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:
+    """Run every policy's trials (skipping finished jobs, and reading those the policy's run already
+    ran: stored_trials) and write the eval's summary.json. `ep` may be None when every policy is stored."""
     ev = cfg.layout.eval(eval_name(cfg))
-    cfg = with_key(cfg, ep)
+    cfg = with_key(cfg, ep) if ep is not None else cfg
     results = {}
     for p in policies:
-        run = ev.policy(p.label)
-        with serving(ep, cfg, p) as served:
-            log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
-            collect_round(policy_config(cfg, ev, p, served))
-        results[p.label] = (p, read_trials(run, cfg.eval.attempts))
+        run = stored_trials(cfg, p)
+        if run is not None:
+            log.info("eval %s: %s: reading the trials its run already ran, %s", ev.root.name, p.spec, run.root)
+        else:
+            run = ev.policy(p.label)
+            with serving(ep, cfg, p) as served:
+                log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
+                collect_round(policy_config(cfg, ev, p, served))
+        results[p.label] = (p, read_trials(run, cfg.eval.attempts), run)
     return write_summary(ev, cfg, results)
 
 
@@ -166,15 +204,15 @@ def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
             "successes": {t: list(cn) for t, cn in f.successes.items()}}
 
 
-def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Policy, list[Trial]]]) -> dict:
+def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Policy, list[Trial], RunLayout]]) -> dict:
     """summary.json: this call's policies (kept beside those of earlier calls into the same eval) and
     each policy's paired difference to the first one of this call."""
     old = json.loads(ev.summary.read_text()) if ev.summary.is_file() else {}
     entries = dict(old.get("policies", {}))
     ks = tuple(range(1, cfg.eval.attempts + 1))
-    figs = {label: figures(trials, ks) for label, (_, trials) in results.items()}
-    for label, (p, _) in results.items():
-        entries[label] = _policy_entry(p, figs[label], ev.policy(label))
+    figs = {label: figures(trials, ks) for label, (_, trials, _) in results.items()}
+    for label, (p, _, run) in results.items():
+        entries[label] = _policy_entry(p, figs[label], run)
     labels = list(results)
     paired = dict(old.get("paired", {}))
     for label in labels[1:]:
@@ -227,8 +265,11 @@ def _eval(cfg: RunConfig) -> int:
     labels = [p.label for p in policies]
     if len(set(labels)) < len(labels):
         raise EvalError(f"eval.policies: {cfg.eval.policies} names the same policy twice ({labels})")
-    with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
-        summary = evaluate(cfg, policies, ep)
+    if all(stored_trials(cfg, p) for p in policies):  # nothing to sample: no endpoint to start
+        summary = evaluate(cfg, policies, None)
+    else:
+        with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
+            summary = evaluate(cfg, policies, ep)
     print("\n".join(summary_lines(summary)))
     print(f"eval: {cfg.layout.eval(eval_name(cfg)).summary}")
     return 0

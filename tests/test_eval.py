@@ -128,8 +128,8 @@ def test_summary_json_and_printed_figures(tmp_path):
     ev = cfg.layout.eval(eval_name(cfg))
     base = [Trial("a", 0, 0.0), Trial("a", 1, 1.0), Trial("b", 0, 0.0), Trial("b", 1, 0.0)]
     new = [Trial("a", 0, 1.0), Trial("a", 1, 1.0), Trial("b", 0, 1.0), Trial("b", 1, 0.0)]
-    s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), base),
-                                "x": (Policy("runs/R:2", "x", tmp_path, 2), new)})
+    s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), base, ev.policy("base")),
+                                "x": (Policy("runs/R:2", "x", tmp_path, 2), new, ev.policy("x"))})
     assert json.loads(ev.summary.read_text()) == s and ev.root.name == "learn-heldout"
     assert s["policies"]["x"]["pass_at"] == {"1": 0.75, "2": 1.0} and s["policies"]["x"]["successes"]["b"] == [1, 2]
     d = s["paired"]["x - base"]
@@ -137,3 +137,45 @@ def test_summary_json_and_printed_figures(tmp_path):
     lines = summary_lines(s)
     assert "base: reward 0.250 [-2.927, 3.427] over 4 trials; pass@1 0.250, pass@2 0.500" in lines[1]  # a: 1 of 2, b: 0 of 2
     assert lines[4] == "    successes: a 2/2 b 1/2" and "runs/R:2 - base: 0.500 [0.500, 0.500]" in lines[5]
+
+
+def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest) -> Path:
+    """What a loop with loop.eval_every leaves for policy-v<k> of `run`: a finished collect job
+    under runs/<run>/evals/learn-heldout/<run>-policy-v<k>/ (rewards: successes of 4 attempts per task)."""
+    from test_report import _rollouts
+
+    job = RunLayout(run.evals / "learn-heldout" / f"{run.root.name}-policy-v{k}").round(0).collect
+    schema.write_table(job.rollouts, "rollouts", _rollouts(0, successes))
+    job.manifest.write_text(json.dumps({
+        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "collect.agents.minimal:MinimalAgent",
+        "environment": "collect.sandbox.bwrap:BwrapEnvironment",
+        "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}, **manifest}))
+    return job.root
+
+
+def test_policies_their_loops_evaluated_are_read_not_run_again(tmp_path, capsys):
+    """GRPO vs its control at round 2, both evaluated by their own loops with the same trials: the
+    paired difference comes from the stored jobs, with no endpoint (nothing answers at its URL)."""
+    from pipeline.eval import main
+
+    runs = {}
+    for name, ok in (("grpo", {"a": 4, "b": 3}), ("zero", {"a": 1, "b": 0})):
+        run = RunLayout(tmp_path / name)
+        make_adapter(run.round(1).train.adapter, seed=len(name))
+        runs[name] = (run, _loop_eval_job(run, 2, ok))
+    args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={tmp_path}", "name=cmp",
+            "eval.dataset=datasets/learn/heldout", "eval.attempts=4", "sampling.seed=3", "endpoint.launch=false",
+            f"endpoint.url=http://127.0.0.1:{free_port()}",
+            f"eval.policies=[{runs['zero'][0].root}:2,{runs['grpo'][0].root}:2]"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "reward 0.125 [-1.463, 1.713] over 8 trials" in out  # zero: a 1/4, b 0/4
+    assert f"{runs['grpo'][0].root}:2 - {runs['zero'][0].root}:2: 0.750 [0.750, 0.750] (paired by task and attempt, 8 pairs)" in out
+    summary = json.loads((tmp_path / "cmp/evals/learn-heldout/summary.json").read_text())
+    assert {e["collect"] for e in summary["policies"].values()} == {str(j) for _, j in runs.values()}
+    assert not (tmp_path / "cmp/evals/learn-heldout/grpo-policy-v2").exists()  # no trial of its own
+
+    # other trials (another seed) are not the same trials: run, so an endpoint is needed
+    _loop_eval_job(runs["grpo"][0], 2, {"a": 4, "b": 3}, sampling={"temperature": 0.7, "top_p": 1.0, "seed": 4})
+    assert main([*args[:-1], "name=cmp2", f"eval.policies=[{runs['grpo'][0].root}:2]"]) == 1
+    assert "nothing answers" in capsys.readouterr().err
