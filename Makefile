@@ -132,20 +132,22 @@ replay: setup
 # GRPO minus control per seed and round and draws docs/multiturn.png from the runs that exist.
 ARM ?= grpo
 SEED ?= 0
-MT_SHARED := runs/multiturn-grpo-s$(SEED)/rounds/0
-MT_ZERO := runs/multiturn-zero-s$(SEED)/rounds/0
+# ARGS="loop.max_staleness=1" (docs/overlap.md) runs into runs/multiturn-<arm>-s<seed>-stale1
+MT_STALE = $(addprefix -stale,$(filter-out 0,$(patsubst loop.max_staleness=%,%,$(filter loop.max_staleness=%,$(ARGS)))))
+MT_SHARED := runs/multiturn-grpo-s$(SEED)$(MT_STALE)/rounds/0
+MT_ZERO := runs/multiturn-zero-s$(SEED)$(MT_STALE)/rounds/0
 experiment-multiturn: setup
 	$(if $(filter grpo zero,$(ARM)),,$(error ARM=$(ARM): use ARM=grpo or ARM=zero))
 	@if [ "$(ARM)" = zero ] && [ -f $(MT_SHARED)/done/collect.json ] && [ ! -e $(MT_ZERO) ]; then \
 		mkdir -p $(MT_ZERO)/done && cp -a $(MT_SHARED)/collect $(MT_ZERO)/ && cp $(MT_SHARED)/done/collect.json $(MT_ZERO)/done/ && \
 		echo "experiment-multiturn: round 0 of the control is a copy of $(MT_SHARED)/collect"; fi
-	$(WHARF) loop --config configs/multiturn.yaml rounds=$(or $(ROUNDS),5) name=multiturn-$(ARM)-s$(SEED) \
+	$(WHARF) loop --config configs/multiturn.yaml rounds=$(or $(ROUNDS),5) name=multiturn-$(ARM)-s$(SEED)$(MT_STALE) \
 		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) convert.advantage=$(ARM) \
 		$(if $(filter zero,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)
 
 experiment-multiturn-figure: setup
 	$(WHARF) report --out docs/multiturn.png --compare \
-		$(foreach r,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*),$(notdir $(r))=$(r))
+		$(foreach r,$(filter-out %-stale1 %-stale2,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*)),$(notdir $(r))=$(r))
 
 # Policies side by side on a task set, no training (docs/eval.md):
 #   make eval CONFIG=configs/multiturn.yaml eval.dataset=datasets/multiturn/heldout "eval.policies=[base,runs/multiturn:5]"
