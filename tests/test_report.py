@@ -130,6 +130,14 @@ def test_experiment_pairs_arms_by_seed(tmp_path, capsys):
     assert "seed 2" not in printed  # no control for seed 2: not paired
     assert "round 1: grpo - zero +0.375 over 2 seed(s) (range +0.250 .. +0.500)" in printed
     assert "successes in >= 2 calls 0/3" in printed  # make_round's rollouts are one call each
+    import matplotlib.pyplot as plt
+
+    assert plt.imread(out).shape[1] == 15 * 90  # three panels
+    for name, mean in (("grpo-s0", 0.7), ("zero-s0", 0.2)):  # the loops evaluated policy-v1 on a held-out split
+        write_marker(RunLayout(tmp_path / name).round(0), "eval", 1.0, policy="policy-v1", k=1, mean=mean, low=mean - 0.1,
+                     high=mean + 0.1, base={"mean": 0.2, "low": 0.1, "high": 0.3})
+    assert report_main(["--compare", *args, "--out", str(out)]) == 0
+    assert plt.imread(out).shape[1] == 20 * 90  # and the held-out reward per round beside them
 
 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")

@@ -232,10 +232,12 @@ def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str
 def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) -> Path:
     """The experiment: each arm's mean reward per round (GRPO solid, control dashed, a color per
     seed), the paired gap GRPO - control of each seed that has both arms with its mean
-    (pipeline/report/experiment.py), and each arm's model calls per rollout."""
-    fig = plt.figure(figsize=(15, 4), layout="constrained")
-    left, right, calls = fig.subplots(1, 3)
+    (pipeline/report/experiment.py), each arm's model calls per rollout, and, when the loop
+    evaluated (loop.eval_every), each arm's held-out reward per round."""
     arms = [(m, [r for r in rounds if not r.partial]) for m, rounds in ((ARM.search(k), v) for k, v in runs.items()) if m]
+    held = {id(done): heldout_points(done) for _, done in arms}
+    fig = plt.figure(figsize=(20 if any(held.values()) else 15, 4), layout="constrained")
+    left, right, calls, *heldout = fig.subplots(1, 4 if any(held.values()) else 3)
     color = {s: f"C{i}" for i, s in enumerate(sorted({int(m["seed"]) for m, _ in arms}))}
     for m, done in arms:  # every arm, a seed without its control too
         grpo = m["arm"] == "grpo"
@@ -244,6 +246,9 @@ def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) 
         left.plot(range(len(done)), [r.mean_reward for r in done], marker="o" if grpo else "s", **kw)
         # calls per rollout: a collapse to one-call shortcuts shows here
         _line(calls, done, lambda r: r.calls / r.rollouts if r.calls and r.rollouts else None, **kw)
+        if heldout and held[id(done)]:
+            ks, ms, *_ = zip(*held[id(done)])
+            heldout[0].plot(ks, ms, marker="o" if grpo else "s", **kw)
     for p in pairs:
         pts = [(k, g) for k, g in enumerate(p.gaps) if g is not None]
         right.plot([k for k, _ in pts], [g for _, g in pts], marker="o", color=color[p.seed], alpha=0.6, label=f"seed {p.seed}")
@@ -262,6 +267,11 @@ def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) 
     calls.set_ylim(bottom=0)
     _rounds_axis(calls, "calls per rollout")
     _legend(calls, fontsize=7)
+    if heldout:
+        heldout[0].set_ylim(-0.02, 1.02)
+        heldout[0].set_ylabel("held-out reward")
+        _rounds_axis(heldout[0], "held-out reward of policy-v<k> (never trained on)")
+        _legend(heldout[0], fontsize=7)
     _legend(left, fontsize=7)
     _legend(right, fontsize=7)
     out.parent.mkdir(parents=True, exist_ok=True)
