@@ -35,7 +35,7 @@ def fake_evaluate(scores: dict[int, dict[str, list[float]]]):
     """wharf eval's evaluate with the trials given (its collect is tested in test_eval.py)."""
     def evaluate(cfg, policies, ep):
         ev = cfg.layout.eval("heldout")
-        return write_summary(ev, cfg, {p.label: (p, _trials(scores[p.round])) for p in policies})
+        return write_summary(ev, cfg, {p.label: (p, _trials(scores[p.round]), ev.policy(p.label)) for p in policies})
     return evaluate
 
 

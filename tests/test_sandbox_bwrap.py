@@ -223,7 +223,7 @@ def test_the_boundary(tmp_path):
             # the repo dir holds only the path down to the agent CLIs bound at their real path
             # (collect/agents/node/node_modules, when `make agents` installed them): no source
             r = await env.exec(f"ls {REPO} {REPO / 'collect'} {REPO / 'collect/agents'}")
-            assert set(r.stdout.split()) <= {f"{REPO}:", "collect", f"{REPO / 'collect'}:", "agents",
+            assert set((r.stdout or "").split()) <= {f"{REPO}:", "collect", f"{REPO / 'collect'}:", "agents",
                                              f"{REPO / 'collect/agents'}:", "node"}, r.stdout
             ifaces = (await env.exec("awk 'NR > 2 {print $1}' /proc/net/dev")).stdout.split()
             assert ifaces == ["lo:"], "loopback only"
