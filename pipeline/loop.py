@@ -32,9 +32,10 @@ from train.stage import convert_dir
 from wharf import storage
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
-from wharf.entry import guarded
 from wharf.batches import read_index
+from wharf.entry import guarded
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
+from wharf.model_store import release_memory
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
@@ -154,6 +155,7 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
     run_stage(rnd, "train", lambda: train_checked(cfg))
     measure_shift(cfg)
+    release_memory()  # the models train and the measurement loaded, before the loop samples again
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
