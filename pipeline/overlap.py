@@ -71,7 +71,7 @@ def check_lag(policies: Counter, k: int, s: int, base: str, source: str) -> dict
     bad = {p: n for p, n in policies.items() if lag[p] is None or lag[p] > s or lag[p] < 0}
     if bad:
         what = "; ".join(f"{n} rollouts by {p} ({'not a policy of this run' if lag[p] is None else f'{lag[p]} behind'})"
-                         for p, n in sorted(bad.items()))
+                         for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
         raise StaleRowsError(
             f"round {k} trains from {policy_name(k) if k else base} on rows at most {s} policies behind "
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
