@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import threading
 import time
@@ -36,6 +37,8 @@ from wharf.errors import WharfError
 from wharf.layout import RoundLayout, policy_name
 
 from .stages import LoopError, read_marker, write_marker
+
+log = logging.getLogger("wharf.loop")
 
 
 class StaleRowsError(WharfError, RuntimeError):
@@ -189,10 +192,14 @@ class Collector:
                                  "or raise loop.max_staleness")
         rcfg = self.round_cfg(j, policy)
         self.serve(rcfg, j - lag)
+        log.info("round %d: collecting from %s (lag %d, waited %.0f s for it) beside the trainer; its log: %s",
+                 j, policy, lag, waited, rnd.collect.logs / "loop-collect.log")
         t0 = time.monotonic()
         if not self._child_collect(rcfg):
             return None
         info = _manifest_summary(rnd)
+        log.info("round %d: collected %s rollouts in %.0f s, mean reward %s", j, info.get("rollouts"),
+                 time.monotonic() - t0, info.get("mean_reward"))
         write_marker(rnd, "collect", time.monotonic() - t0, policy=policy, **info, lag=lag, waited_s=round(waited, 1))
         return Collected(policy, lag, waited)
 
