@@ -248,6 +248,8 @@ def experiment_figure(runs: dict[str, list[RoundData]], pairs: list, out: Path) 
         _line(calls, done, lambda r: r.calls / r.rollouts if r.calls and r.rollouts else None, **kw)
         if heldout and held[id(done)]:
             ks, ms, *_ = zip(*held[id(done)])
+            if list(ks) != list(range(ks[0], ks[-1] + 1)):  # evaluated every few rounds: no line across the gap
+                kw = {**kw, "linestyle": "none"}
             heldout[0].plot(ks, ms, marker="o" if grpo else "s", **kw)
     for p in pairs:
         pts = [(k, g) for k, g in enumerate(p.gaps) if g is not None]
