@@ -136,9 +136,9 @@ def test_overlapped_loop_over_stored_rounds(tmp_path, stub, capsys, monkeypatch)
     assert "1 policy behind policy-v2, as loop.max_staleness allows" in check["seen"]
     printed = capsys.readouterr().out
     assert ("round 2 (policy-v1): mean reward 0.500" in printed
-            and "lag 1, importance weight 1.000 (1% capped), waited: collect 0 s, train 14 s" in printed)
+            and "lag 1, |log-ratio| 0.400, importance weight 1.000 (1% capped), waited: collect 0 s, train 14 s" in printed)
     o = gather_round(layout, 1).overlap
-    assert o == {"lag": 1, "collect_waited_s": 0.0, "train_waited_s": 13.0, "is_weight_mean": pytest.approx(1.0),
+    assert o == {"lag": 1, "collect_waited_s": 0.0, "train_waited_s": 13.0, "mismatch": 0.4, "is_weight_mean": pytest.approx(1.0),
                  "is_capped": pytest.approx(0.01)}
     assert "lag 0" in round_line(gather_round(layout, 0))
     page = layout.report.read_text()

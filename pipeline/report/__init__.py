@@ -103,11 +103,13 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str],
         if health:  # text-aligned: the sentences read left to right
             parts.append("<h2>Loop health</h2>" + _table(["round", "check", "result", "expected", "seen", "file"],
                                                           health).replace("<td>", "<td style='text-align:left'>"))
-        overlap = [[r.k, r.policy, r.overlap.get("lag"), r.overlap.get("is_weight_mean"), r.overlap.get("is_capped"),
+        overlap = [[r.k, r.policy, r.overlap.get("lag"), r.overlap.get("mismatch"), r.overlap.get("is_weight_mean"),
+                    r.overlap.get("is_capped"),
                     r.overlap.get("collect_waited_s"), r.overlap.get("train_waited_s")] for r in rounds if r.overlap]
         if overlap:
             parts.append("<h2>Overlapping rounds (loop.max_staleness)</h2>" + _table(
-                ["round", "sampled by", "lag", "importance weight", "share at cap", "collect waited for its policy s",
+                ["round", "sampled by", "lag", "|log-ratio| to the start policy", "importance weight", "share at cap",
+                 "collect waited for its policy s",
                  "train waited for the collect s"], overlap))
         rules = _rule_rows(rounds)
         if rules:

@@ -231,7 +231,7 @@ def overlap_fields(rd: RoundData, rnd: RoundLayout) -> None:
         return
     tok = [(s.get("loss_tokens") or 0, s) for s in rd.steps if _num(s.get("is_weight_mean"))]
     n = sum(t for t, _ in tok)
-    rd.overlap = {"lag": c["lag"], "collect_waited_s": c.get("waited_s"),
+    rd.overlap = {"lag": c["lag"], "collect_waited_s": c.get("waited_s"), "mismatch": rd.mismatch_mean,
                   "train_waited_s": v.get("waited_for_collect_s"),
                   "is_weight_mean": sum(t * s["is_weight_mean"] for t, s in tok) / n if n else None,
                   "is_capped": sum(t * s["is_capped"] for t, s in tok) / n if n else None}
@@ -269,11 +269,14 @@ def round_line(rd: RoundData) -> str:
 
 
 def overlap_text(o: dict) -> str:
-    """'; lag 1, importance weight 0.98 (2% capped), waited: collect 0 s, train 12 s', or ''."""
+    """'; lag 1, |log-ratio| 0.099, importance weight 0.98 (2% capped), waited: collect 0 s, train 12 s',
+    or ''. |log-ratio|: train's first-step mean |log pi_start - log pi_behaviour|, the gap the
+    weights correct (their mean is ~1 by construction)."""
     if not o:
         return ""
     capped = f" ({o['is_capped']:.0%} capped)" if _num(o.get("is_capped")) else ""
-    return (f"; lag {o['lag']}, importance weight {_f(o.get('is_weight_mean'))}{capped}, waited: collect "
+    return (f"; lag {o['lag']}, |log-ratio| {_f(o.get('mismatch'))}, importance weight "
+            f"{_f(o.get('is_weight_mean'))}{capped}, waited: collect "
             f"{_f(o.get('collect_waited_s'), '.0f')} s, train {_f(o.get('train_waited_s'), '.0f')} s")
 
 
