@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import re
 import threading
 import time
 from collections import Counter
@@ -34,7 +33,7 @@ from collect.node import free_port
 from wharf import procs
 from wharf.config import RunConfig
 from wharf.errors import WharfError
-from wharf.layout import RoundLayout, policy_name
+from wharf.layout import RoundLayout, policy_name, policy_version
 
 from .stages import LoopError, read_marker, write_marker
 
@@ -45,14 +44,6 @@ class StaleRowsError(WharfError, RuntimeError):
     """A round holds rows sampled by a policy more than loop.max_staleness versions behind."""
 
 
-def version_of(policy: str | None, base: str) -> int | None:
-    """0 for the base model, k for policy-v<k>, None for any other name."""
-    if policy == base:
-        return 0
-    m = re.fullmatch(r"policy-v(\d+)", policy or "")
-    return int(m.group(1)) if m else None
-
-
 def allowed_policies(k: int, s: int, base: str) -> tuple[str, ...]:
     """The policies that may sample round k: policy-v<k> and the s before it (v0: the base)."""
     return tuple(base if v == 0 else policy_name(v) for v in range(max(0, k - s), k + 1))
@@ -61,20 +52,25 @@ def allowed_policies(k: int, s: int, base: str) -> tuple[str, ...]:
 def lags(policies: Counter, k: int, base: str) -> dict[str, int | None]:
     """Each policy that sampled round k's rows -> how many versions it is behind policy-v<k> (the
     one round k trains from); None for a name that is no version of this run."""
-    out = {}
-    for p in policies:
-        v = version_of(p, base)
-        out[p] = None if v is None else k - v
-    return out
+    return {p: None if (v := policy_version(p, base)) is None else k - v for p in policies}
+
+
+def _outside(lag: int | None, s: int) -> bool:
+    """Whether a lag is one loop.max_staleness=s does not allow (None: no policy of this run; < 0:
+    a policy newer than the one trained, i.e. a mixed-up run dir)."""
+    return lag is None or not 0 <= lag <= s
+
+
+def _behind(lag: int | None) -> str:
+    return "not a policy of this run" if lag is None else f"{lag} behind"
 
 
 def check_lag(policies: Counter, k: int, s: int, base: str, source: str) -> dict[str, int]:
     """Round k's lag per policy; raises naming the rows sampled more than `s` versions behind."""
     lag = lags(policies, k, base)
-    bad = {p: n for p, n in policies.items() if lag[p] is None or lag[p] > s or lag[p] < 0}
+    bad = {p: n for p, n in policies.items() if _outside(lag[p], s)}
     if bad:
-        what = "; ".join(f"{n} rollouts by {p} ({'not a policy of this run' if lag[p] is None else f'{lag[p]} behind'})"
-                         for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
+        what = "; ".join(f"{n} rollouts by {p} ({_behind(lag[p])})" for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
         raise StaleRowsError(
             f"round {k} trains from {policy_name(k) if k else base} on rows at most {s} policies behind "
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
@@ -112,12 +108,12 @@ class Collected:
     waited_s: float  # the collect waited this long for its policy to be published
 
 
-def started_policy(rnd: RoundLayout) -> str | None:
-    """The policy a killed collect of this round started with (its manifest), if any."""
+def _manifest(rnd: RoundLayout) -> dict:
+    """Round rnd's collect manifest ({} before the collect wrote one)."""
     try:
-        return json.loads(rnd.collect.manifest.read_text()).get("policy")
+        return json.loads(rnd.collect.manifest.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
 
 
 class Collector:
@@ -175,9 +171,9 @@ class Collector:
         rnd, base, s = self.cfg.layout.round(j), self.cfg.endpoint.model, self.cfg.loop.max_staleness
         marker = read_marker(rnd, "collect")
         if marker is not None:
-            lag = j - (version_of(marker.get("policy"), base) or 0)
+            lag = j - (policy_version(marker.get("policy"), base) or 0)
             return Collected(marker.get("policy") or base, marker.get("lag", lag), marker.get("waited_s", 0.0))
-        policy, waited = started_policy(rnd), 0.0
+        policy, waited = _manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
         if policy is None:
             waited = self.published.wait(j - s, self._stop)
             if self._stop.is_set():
@@ -185,9 +181,9 @@ class Collector:
             v = self.published.version
             policy = base if v == 0 else policy_name(v)
         lag = lags(Counter({policy: 1}), j, base)[policy]
-        if lag is None or not 0 <= lag <= s:
+        if _outside(lag, s):
             raise StaleRowsError(f"round {j}'s collect was started from {policy} ({rnd.collect.manifest}), "
-                                 f"{'not a policy of this run' if lag is None else f'{lag} behind policy-v{j}'}; "
+                                 f"{_behind(lag)}{'' if lag is None else f' policy-v{j}'}; "
                                  f"loop.max_staleness={s} allows {s}. Delete {rnd.root} to collect it again, "
                                  "or raise loop.max_staleness")
         rcfg = self.round_cfg(j, policy)
@@ -197,7 +193,8 @@ class Collector:
         t0 = time.monotonic()
         if not self._child_collect(rcfg):
             return None
-        info = _manifest_summary(rnd)
+        m = _manifest(rnd)
+        info = {"rollouts": (m.get("counts") or {}).get("finished"), "mean_reward": m.get("mean_reward")}
         log.info("round %d: collected %s rollouts in %.0f s, mean reward %s", j, info.get("rollouts"),
                  time.monotonic() - t0, info.get("mean_reward"))
         write_marker(rnd, "collect", time.monotonic() - t0, policy=policy, **info, lag=lag, waited_s=round(waited, 1))
@@ -222,10 +219,3 @@ class Collector:
                             f"its log: {log}. Run the loop again to resume it. Last lines:\n{tail}")
         return True
 
-
-def _manifest_summary(rnd: RoundLayout) -> dict:
-    try:
-        m = json.loads(rnd.collect.manifest.read_text())
-    except (OSError, ValueError):
-        return {}
-    return {"rollouts": (m.get("counts") or {}).get("finished"), "mean_reward": m.get("mean_reward")}

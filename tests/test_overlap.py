@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from wharf.config import ConfigError, HealthConfig, load_config
-from wharf.layout import RunLayout
+from wharf.layout import RunLayout, policy_version
 from pipeline.health import check_round
 from pipeline.loop import run_loop
-from pipeline.overlap import Published, StaleRowsError, allowed_policies, check_lag, version_of
+from pipeline.overlap import Published, StaleRowsError, allowed_policies, check_lag
 from pipeline.report.data import gather_round, round_line
 from pipeline.stages import write_marker
 from train.loss import LossConfig, StepNorm, grpo_loss
@@ -28,7 +28,7 @@ BASE = "smollm2-135m"
 
 
 def test_versions_and_the_policies_a_round_may_sample():
-    assert [version_of(p, BASE) for p in (BASE, "policy-v3", "policy-vx", "other", None)] == [0, 3, None, None, None]
+    assert [policy_version(p, BASE) for p in (BASE, "policy-v3", "policy-vx", "other", None)] == [0, 3, None, None, None]
     assert allowed_policies(0, 1, BASE) == (BASE,)
     assert allowed_policies(3, 0, BASE) == ("policy-v3",)
     assert allowed_policies(2, 2, BASE) == (BASE, "policy-v1", "policy-v2")

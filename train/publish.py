@@ -9,7 +9,6 @@ the local engine. A failed publish leaves the adapter on disk; `make publish` tr
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 from wharf import storage
@@ -17,7 +16,7 @@ from wharf.config import RunConfig, cli_config
 from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
 from wharf.errors import WharfError
-from wharf.layout import RunLayout, has_adapter, policy_name
+from wharf.layout import RunLayout, has_adapter, policy_name, policy_version
 from wharf.replicas import PublishRecord, ReplicaResult, replica_urls
 
 log = logging.getLogger("wharf.train")
@@ -59,9 +58,9 @@ def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool, keep:
         if name in served:
             raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
                                "(stale prefix cache): restart the endpoint or train the next round")
-        oldest = _version(name) - keep  # the policies that may still be sampling stay
+        oldest = policy_version(name) - keep  # the policies that may still be sampling stay
         for old in served:
-            v = _version(old)
+            v = policy_version(old)
             if v is not None and v < oldest:
                 try:
                     ep.unload_adapter(old)
@@ -104,11 +103,6 @@ def try_publish(cfg: RunConfig, adapter_dir: Path, name: str) -> tuple[bool, str
         msg += f"; refused by {', '.join(record.refused)} (no calls for {name} go there)"
     log.info(msg)
     return True, msg
-
-
-def _version(name: str) -> int | None:
-    m = re.fullmatch(r"policy-v(\d+)", name)
-    return int(m.group(1)) if m else None
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf publish") -> int:

@@ -21,6 +21,7 @@ is laid out the same under its local mirror (wharf/storage.py): the stages pull 
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,15 @@ from wharf import storage
 def policy_name(k: int) -> str:
     """The adapter trained on round k-1's data, which samples round k (`policy-v<k>`)."""
     return f"policy-v{k}"
+
+
+def policy_version(name: str | None, base: str | None = None) -> int | None:
+    """k of `policy-v<k>` (policy_name's inverse); 0 for the base model's name `base`; None for
+    any other name."""
+    if base is not None and name == base:
+        return 0
+    m = re.fullmatch(r"policy-v(\d+)", name or "")
+    return int(m.group(1)) if m else None
 
 
 WAL_DIR = "_wal"
