@@ -159,14 +159,21 @@ RUN ?= runs/default
 report: setup
 	$(WHARF) report $(RUN)
 
+# Test workers side by side (pytest-xdist): each test file runs whole on one worker (its module
+# fixtures start once), the heaviest first; most of a live test's time is waiting on a child
+# process, a server or a sandbox, so 3 workers beat 2 on 2 cores (docs/development.md: budget).
+# TEST_WORKERS=0 runs in this process, one test after another.
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+
 # The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 test: setup agents agents-py
-	$(PY) -m pytest -m "not gpu" $(ARGS)
+	$(PY) -m pytest -m "not gpu" $(XDIST) $(ARGS)
 
 # What to run while editing: no `slow` test (no sandboxed agent trial or round, no agent CLI, no
 # multi-minute training), so no npm/pip agent install either (docs/development.md: test tiers).
 test-fast: setup
-	$(PY) -m pytest -m "not gpu and not slow" $(ARGS)
+	$(PY) -m pytest -m "not gpu and not slow" $(XDIST) $(ARGS)
 
 bench: setup
 	$(PY) -m bench.engine

@@ -13,6 +13,7 @@ import pytest
 
 from wharf import envdefaults, procs
 from wharf.endpoint import Endpoint
+from suite_budget import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: F401 (hooks)
 
 REPO = Path(__file__).resolve().parents[1]
 CI_SKIPS_PAGE = "docs/development.md"  # its `CI skips: N` line: how many tests a CI run may skip
@@ -48,7 +49,8 @@ def stated_ci_skips(text: str) -> int:
 def pytest_sessionfinish(session, exitstatus):
     """In CI, a run that skipped more (or fewer) tests than docs/development.md says fails."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if not IN_CI or reporter is None or session.config.option.collectonly:
+    worker = hasattr(session.config, "workerinput")  # xdist: the controller counts every worker's skips
+    if not IN_CI or worker or reporter is None or session.config.option.collectonly:
         return
     skipped = len(reporter.stats.get("skipped", []))
     expected = stated_ci_skips((REPO / CI_SKIPS_PAGE).read_text())

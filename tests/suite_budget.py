@@ -1,0 +1,82 @@
+"""The suite's time budget: every test belongs to a group named for what it starts (an engine, a
+sandboxed round, a loop, Ray, S3, an agent CLI ...), and the end of every run prints the seconds
+each group took (setup + call + teardown, summed over its tests) beside the budget
+docs/development.md gives it. A group over its budget is named in red; it does not fail the run
+(CPU times on a shared 2-core machine move by +-30%), CI's own wall time is the hard limit.
+
+A test's group is its module's `SUITE_GROUP` when the module sets one, else the first fixture
+below that it uses, else `unit`. Adding a live test means giving it a group and saying in
+docs/development.md where its time came from."""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
+# Fixtures that start a live part, in the order that decides a test's group.
+FIXTURE_GROUPS = (("s3_server", "s3"), ("engine_url", "engine"), ("stub", "stub upstream"))
+DEFAULT_GROUP = "unit"
+
+
+def group_of(item) -> str:
+    module_group = getattr(getattr(item, "module", None), "SUITE_GROUP", None)
+    if module_group:
+        return module_group
+    names = set(getattr(item, "fixturenames", ()))
+    return next((g for fixture, g in FIXTURE_GROUPS if fixture in names), DEFAULT_GROUP)
+
+
+def stated_budgets(text: str) -> dict[str, float]:
+    """`| group | N s |` rows of docs/development.md's budget table: group -> seconds."""
+    return {m.group(1).strip(): float(m.group(2))
+            for m in re.finditer(r"^\| `?([^|`]+?)`? \| (\d+) s \|", text, re.MULTILINE)}
+
+
+def _budget_page() -> dict[str, float]:
+    try:
+        return stated_budgets(BUDGET_PAGE.read_text())
+    except OSError:
+        return {}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
+def pytest_collection_modifyitems(items):
+    budgets = _budget_page()
+    for item in items:
+        # user_properties travel with the reports from xdist workers to the controller.
+        item.user_properties.append(("suite_group", group_of(item)))
+        # --dist loadgroup: a file runs whole on one worker, so its module fixtures start once
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # The heaviest first (slow, then by their group's budget): workers that take files in this
+    # order finish together instead of one starting the longest file last.
+    items.sort(key=lambda it: (it.get_closest_marker("slow") is None,
+                               -budgets.get(group_of(it), 0.0)))
+
+
+def _group(report) -> str:
+    return dict(report.user_properties).get("suite_group", DEFAULT_GROUP)
+
+
+def pytest_terminal_summary(terminalreporter):
+    seconds: dict[str, float] = defaultdict(float)
+    tests: dict[str, set] = defaultdict(set)
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) in ("setup", "call", "teardown") and hasattr(r, "user_properties"):
+                seconds[_group(r)] += r.duration
+                tests[_group(r)].add(r.nodeid)
+    if not seconds:
+        return
+    budgets = _budget_page()
+    tr = terminalreporter
+    tr.write_sep("=", "time per group (test seconds; with -n, workers overlap them)")
+    for g in sorted(seconds, key=seconds.get, reverse=True):
+        budget = budgets.get(g)
+        over = budget is not None and seconds[g] > budget
+        line = f"{g:<28} {seconds[g]:8.1f} s  {len(tests[g]):4d} tests"
+        line += f"  budget {budget:.0f} s" if budget is not None else "  (no budget stated)"
+        tr.write_line(line + ("  OVER BUDGET" if over else ""), red=over)
+    tr.write_line(f"{'total':<28} {sum(seconds.values()):8.1f} s  {sum(map(len, tests.values())):4d} tests")
