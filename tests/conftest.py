@@ -13,7 +13,7 @@ import pytest
 
 from wharf import envdefaults, procs
 from wharf.endpoint import Endpoint
-from suite_budget import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: F401 (hooks)
+from tests.suite_budget import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: F401 (hooks)
 
 REPO = Path(__file__).resolve().parents[1]
 CI_SKIPS_PAGE = "docs/development.md"  # its `CI skips: N` line: how many tests a CI run may skip

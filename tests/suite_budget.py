@@ -4,9 +4,9 @@ each group took (setup + call + teardown, summed over its tests) beside the budg
 docs/development.md gives it. A group over its budget is named in red; it does not fail the run
 (CPU times on a shared 2-core machine move by +-30%), CI's own wall time is the hard limit.
 
-A test's group is its module's `SUITE_GROUP` when the module sets one, else the first fixture
-below that it uses, else `unit`. Adding a live test means giving it a group and saying in
-docs/development.md where its time came from."""
+A test's group is its module's in MODULE_GROUPS (or the module's own `SUITE_GROUP`), else the
+first live fixture it uses, else `unit`. Adding a live test means giving it a group here and
+saying in docs/development.md where its time came from."""
 from __future__ import annotations
 
 import re
@@ -16,13 +16,31 @@ from pathlib import Path
 import pytest
 
 BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
+# What each module starts; the budget of each group is in docs/development.md.
+_GROUPS = {
+    "default round": ["test_default_round"],
+    "loop": ["test_loop", "test_overlap_live"],
+    "sandboxed trials": ["test_redteam", "test_collect_round", "test_toy_tasks", "test_minimal_agent", "test_judges",
+                         "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",
+                         "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes"],
+    "agent CLIs": ["test_agent_rounds", "test_agent_clis", "test_agents_check_install"],
+    "engine": ["test_collect_engine", "test_minimal_agent_engine", "test_engine_adapters", "test_engine_api",
+               "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",
+               "test_publish_replicas", "test_proxy_engine", "test_eval"],
+    "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage"],
+    "ray": ["test_collect_ray"],
+    "s3": ["test_s3_round", "test_s3_shards", "test_storage"],
+}
+MODULE_GROUPS = {module: group for group, modules in _GROUPS.items() for module in modules}
 # Fixtures that start a live part, in the order that decides a test's group.
 FIXTURE_GROUPS = (("s3_server", "s3"), ("engine_url", "engine"), ("stub", "stub upstream"))
 DEFAULT_GROUP = "unit"
 
 
 def group_of(item) -> str:
-    module_group = getattr(getattr(item, "module", None), "SUITE_GROUP", None)
+    module = getattr(item, "module", None)
+    name = getattr(module, "__name__", "").rpartition(".")[2]
+    module_group = MODULE_GROUPS.get(name) or getattr(module, "SUITE_GROUP", None)
     if module_group:
         return module_group
     names = set(getattr(item, "fixturenames", ()))

@@ -30,7 +30,6 @@ from wharf.model_store import resolve_model_dir
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_GROUP = "default round"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),  # the round may take up to its subprocess timeout
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
