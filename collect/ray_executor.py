@@ -52,6 +52,7 @@ class NodeActor:
         self.node = NodeTrials(cfg, policy, paths.proxy_config.with_name(f"proxy-{node}.yaml"),
                                paths.logs / f"proxy-{node}.log")
         self._up: asyncio.Future | None = None
+        self._unpushed: list = []  # trial dirs whose upload failed: retried at finish
 
     async def trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
         if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
@@ -59,14 +60,21 @@ class NodeActor:
         await asyncio.shield(self._up)
         row = await self.node.trial(p, job_id)
         # In object storage the trial's logs go up from here: the driver's mirror never sees this node's disk.
-        await asyncio.to_thread(storage.push, self.node.paths.root / row.trial_dir)
+        # A failed upload costs no finished, scored trial: it is retried when the node finishes.
+        try:
+            await asyncio.to_thread(storage.push, self.node.paths.root / row.trial_dir)
+        except storage.StorageError as e:
+            log.warning("uploading the logs of trial %s failed (retried at the node's end): %s", row.rollout_id, e)
+            self._unpushed.append(self.node.paths.root / row.trial_dir)
         return row
 
     async def finish(self) -> None:
-        """Flush the proxy's shards and stop it."""
+        """Flush the proxy's shards, upload the trial logs that failed to go up, and stop the proxy."""
         if self._up is not None:
             await self._up
             await self.node.__aexit__(None, None, None)
+        for d in self._unpushed:
+            await asyncio.to_thread(storage.push, d)
 
 
 def trial_nodes(nodes: list[dict]) -> dict[str, str]:

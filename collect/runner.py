@@ -108,6 +108,19 @@ def _fold_shards(paths: CollectPaths) -> None:
     storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), delete_stale=True)
 
 
+def save_rollouts(paths: CollectPaths, rows: list[RolloutRow]) -> bool:
+    """The finished rows: on the local disk first (durably), then to the bucket. An upload that
+    fails (a 503, expired credentials) keeps them on disk and is retried with the next trial's
+    rows and at the round's end: a finished, scored rollout is never lost to the bucket."""
+    schema.write_table(paths.rollouts, "rollouts", [r.as_dict() for r in rows])
+    try:
+        return storage.push_file(paths.rollouts)
+    except storage.StorageError as e:
+        log.warning("uploading %d finished rollouts failed (kept on disk; retried after the next trial): %s",
+                    len(rows), e)
+        return False
+
+
 def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
@@ -127,8 +140,7 @@ class Round:
         killed round loses no finished rollout."""
         summary.rows.append(row)
         summary.nodes[node] = summary.nodes.get(node, 0) + 1
-        schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
-        storage.push_file(self.paths.rollouts)
+        save_rollouts(self.paths, summary.rows)
         bar.update(1)
         failed = sum(1 for r in summary.rows if r.status != "ok")
         mean = summary.mean_reward
