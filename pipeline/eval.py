@@ -134,12 +134,29 @@ def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[str]:
                 log.warning("could not unload %s: %s", name, e)
 
 
-def read_trials(run: RunLayout, attempts: int) -> list[Trial]:
+def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None = None) -> list[Trial]:
     """The scored trials of a policy's collect job, attempts 0..attempts-1 (an earlier call with more
-    attempts left more); a policy-side failure without a reward scores 0."""
+    attempts left more); a policy-side failure without a reward scores 0. `families`: task -> family."""
     rows = schema.read_table(run.round(0).collect.rollouts, "rollouts").to_pylist()
-    return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0)
+    fam = families or {}
+    return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0, fam.get(r["task_id"]))
             for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
+
+
+def task_families(dataset: str | Path) -> dict[str, str]:
+    """task -> the `family` its task.toml's [metadata] names (near-copies share one: the interval
+    is clustered by it); tasks without one are left out (each is its own cluster)."""
+    import tomllib
+
+    out = {}
+    for t in discover(dataset):
+        try:
+            family = tomllib.loads((t.path / "task.toml").read_text()).get("metadata", {}).get("family")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(family, str) and family:
+            out[t.task_id] = family
+    return out
 
 
 def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
@@ -177,7 +194,7 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
     ran: stored_trials) and write the eval's summary.json. `ep` may be None when every policy is stored."""
     ev = cfg.layout.eval(eval_name(cfg))
     cfg = with_key(cfg, ep) if ep is not None else cfg
-    results = {}
+    results, families = {}, task_families(dataset_of(cfg))
     for p in policies:
         run = stored_trials(cfg, p)
         if run is not None:
@@ -187,14 +204,16 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
             with serving(ep, cfg, p) as served:
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
                 collect_round(policy_config(cfg, ev, p, served))
-        results[p.label] = (p, read_trials(run, cfg.eval.attempts), run)
+        results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
     return write_summary(ev, cfg, results)
 
 
 def _interval(iv) -> dict:
     """JSON's null, not NaN, where there is no interval (one task): strict readers refuse NaN."""
     bound = (lambda v: None if math.isnan(v) else v)
-    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters}
+    # "tasks" counts the clusters, as it did before families ("clustered_by" says which kind)
+    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters,
+            "clustered_by": iv.by}
 
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
@@ -233,11 +252,15 @@ def _iv(d: dict) -> str:
     return f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
 
 
+def _clustered_by(summary: dict) -> str:
+    return "family" if any(e["reward"].get("clustered_by") == "family" for e in summary["policies"].values()) else "task"
+
+
 def summary_lines(summary: dict) -> list[str]:
     """Per policy of the last call: mean reward with its 95% interval, pass@1 / pass@k, successes per
     task; then the paired differences."""
     lines = [f"eval on {summary['dataset']}: {summary['attempts']} attempts a task, seed {summary['seed']}; "
-             "95% t intervals over per-task means"]
+             f"95% t intervals over per-{_clustered_by(summary)} means"]
     for label in summary["last"]:
         e = summary["policies"][label]
         ks = sorted(int(k) for k in e["pass_at"])
