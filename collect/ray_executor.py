@@ -75,6 +75,8 @@ class NodeActor:
             await self.node.__aexit__(None, None, None)
         for d in self._unpushed:
             await asyncio.to_thread(storage.push, d)
+        if self.node._log_path.is_file():  # the node's proxy log: the driver's mirror never sees this disk
+            await asyncio.to_thread(storage.push_file, self.node._log_path)
 
 
 def trial_nodes(nodes: list[dict]) -> dict[str, str]:

@@ -29,7 +29,7 @@ from typing import Iterator
 
 from collect.runner import run as collect_round
 from collect.tasksets import TaskSetError, discover
-from wharf import schema
+from wharf import schema, storage
 from wharf.config import RunConfig, check_policy_spec, cli_config
 from engine.launch import launch
 from wharf.endpoint import Endpoint, with_key
@@ -226,6 +226,7 @@ def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
 def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Policy, list[Trial], RunLayout]]) -> dict:
     """summary.json: this call's policies (kept beside those of earlier calls into the same eval) and
     each policy's paired difference to the first one of this call."""
+    storage.pull_file(ev.summary)  # in object storage: the bucket's, with the policies of earlier calls
     old = json.loads(ev.summary.read_text()) if ev.summary.is_file() else {}
     entries = dict(old.get("policies", {}))
     ks = tuple(range(1, cfg.eval.attempts + 1))
@@ -243,6 +244,7 @@ def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Polic
     tmp = ev.summary.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
     tmp.replace(ev.summary)
+    storage.push_file(ev.summary)
     return summary
 
 

@@ -363,6 +363,16 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
     return len(todo)
 
 
+def pull_file(path: str | Path) -> bool:
+    """One file of a mirror as the bucket has it (fetched, kept, or removed when the bucket has
+    none); False for a plain local path."""
+    path = Path(path)
+    if url_of(path) is None:
+        return False
+    pull(path.parent, (path.name,))
+    return True
+
+
 def _parallel(fn, calls: list[tuple]) -> list:
     """fn(*args) for each, a few at a time (an object store's latency, not its bandwidth, is what
     a run's many small files pay); their results in order, or the first error."""
