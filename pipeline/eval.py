@@ -35,6 +35,7 @@ from engine.launch import launch
 from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
 from wharf.errors import WharfError
+from wharf.replicas import replica_urls
 from wharf.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name
 
 from .eval_stats import PolicyFigures, Trial, figures, paired_difference
@@ -104,34 +105,51 @@ def dataset_of(cfg: RunConfig) -> str:
     return cfg.eval.dataset or cfg.collect.dataset
 
 
-def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str) -> RunConfig:
+def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
     """The collect round of one policy: round 0 of its own run dir under the eval, eval's dataset
-    and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset)."""
+    and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset),
+    none of its calls to the replicas in `refused`."""
     collect = dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[], attempts=cfg.eval.attempts,
                                   policy=served)
     sampling = dataclasses.replace(cfg.sampling, seed=0 if cfg.sampling.seed is None else cfg.sampling.seed)
-    proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None)
+    proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None,
+                                refused={**cfg.proxy.refused, **({served: list(refused)} if refused else {})})
     return dataclasses.replace(cfg, runs_dir=str(ev.root), name=p.label, round=0, collect=collect,
                                sampling=sampling, proxy=proxy)
 
 
 @contextmanager
-def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[str]:
-    """`p` served by `ep` for the block: its adapter loaded under its weights' name (unloaded after,
-    the endpoint's adapter slots are few, unless it was there before)."""
+def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[tuple[str, list[str]]]:
+    """`p` served for the block on every replica the proxy routes to (endpoint.url and
+    proxy.upstreams: a load reaches only the server that receives it): its adapter loaded under its
+    weights' name where it is not (unloaded after: adapter slots are few). Yields the name and the
+    replicas that refused it, which the round's proxy routes none of its calls; all refusing is an error."""
     name = p.served_name(cfg.endpoint.model)
-    loaded = p.adapter is not None and name not in ep.models()
-    if loaded:
-        log.info("loading %s as %s", p.adapter, name)
-        ep.load_adapter(name, p.adapter)
+    loaded: list[Endpoint] = []
+    refused: dict[str, str] = {}
+    replicas = replica_urls(ep.url, cfg.proxy.upstreams) if p.adapter is not None else []
+    for url in replicas:
+        replica = Endpoint(url, ep.api_key, ep.model)
+        try:
+            if name not in replica.models():
+                log.info("loading %s as %s on %s", p.adapter, name, url)
+                replica.load_adapter(name, p.adapter)
+                loaded.append(replica)
+        except WharfError as e:
+            refused[url] = str(e)
     try:
-        yield name
+        if replicas and len(refused) == len(replicas):
+            raise EvalError(f"{p.spec}: no replica serves {p.adapter} as {name!r}: "
+                            + "; ".join(f"{u}: {why}" for u, why in refused.items()))
+        for url, why in refused.items():
+            log.error("eval: replica %s refused %s and gets none of its calls: %s", url, name, why)
+        yield name, sorted(refused)
     finally:
-        if loaded:
+        for replica in loaded:
             try:
-                ep.unload_adapter(name)
+                replica.unload_adapter(name)
             except WharfError as e:
-                log.warning("could not unload %s: %s", name, e)
+                log.warning("could not unload %s from %s: %s", name, replica.url, e)
 
 
 def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None = None) -> list[Trial]:
@@ -201,9 +219,9 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
             log.info("eval %s: %s: reading the trials its run already ran, %s", ev.root.name, p.spec, run.root)
         else:
             run = ev.policy(p.label)
-            with serving(ep, cfg, p) as served:
+            with serving(ep, cfg, p) as (served, refused):
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
-                collect_round(policy_config(cfg, ev, p, served))
+                collect_round(policy_config(cfg, ev, p, served, refused))
         results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
     return write_summary(ev, cfg, results)
 
