@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import urlsplit
@@ -26,6 +27,8 @@ class FaultyS3:
         self.upstream = (u.hostname, u.port)
         self.fail: Callable[[str, str], bool] | None = None  # (method, path) -> answer 503
         self.failed: list[tuple[str, str]] = []  # the requests answered 503
+        self.seen: list[tuple[str, str]] = []  # every request, in order
+        self.delay_s = 0.0  # each request waits this long first: a slow bucket
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +39,9 @@ class FaultyS3:
 
             def _relay(self):
                 body = self._body()
+                owner.seen.append((self.command, self.path))
+                if owner.delay_s:
+                    time.sleep(owner.delay_s)
                 rule = owner.fail
                 if rule is not None and rule(self.command, self.path):
                     owner.failed.append((self.command, self.path))
