@@ -34,8 +34,10 @@ from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
 from wharf.batches import read_index
 from wharf.entry import guarded
+from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
 from wharf.model_store import release_memory
+from wharf.replicas import replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
@@ -55,19 +57,29 @@ def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
-    """Before a round samples from policy-v<k>: the endpoint must serve it (an endpoint that
-    restarted has forgotten its adapters: load round k-1's again)."""
+    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it (a
+    replica that restarted has forgotten its runtime adapters: load round k-1's again there)."""
     if k == 0 or ep is None:
         return
     name = policy_name(k)
-    if name in ep.models():
+    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name)]
+    if not missing:
         return
-    adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).train.adapter
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    adapter = layout.round(k - 1).train.adapter
+    storage.pull(adapter)  # a run in object storage resumed on another machine
     if not has_adapter(adapter):
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
-                        f"{RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).marker('train')} to train round {k - 1} again")
-    log.info("the endpoint does not serve %s: loading %s", name, adapter)
+                        f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
+    log.info("%s do(es) not serve %s (restarted?): loading %s", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
+
+
+def _serves(ep: Endpoint, url: str, name: str) -> bool:
+    try:
+        return name in Endpoint(url, ep.api_key, ep.model).models()
+    except WharfError:
+        return False  # unreachable: publish records it as refusing, and the round routes around it
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:

@@ -299,6 +299,15 @@ class Stub:
         self.adapters[name] = body.get("lora_path")
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
+    async def completion(self, request: web.Request) -> web.Response:
+        """/v1/completions, as far as publish's check needs it: a word for a model it serves."""
+        model = json.loads(await request.read()).get("model")
+        if model not in (self.model, *self.adapters):
+            return web.json_response({"error": {"message": f"The model `{model}` does not exist.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
+        return web.json_response({"id": "cmpl-stub", "object": "text_completion", "model": model,
+                                  "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}]})
+
     async def unload_lora(self, request: web.Request) -> web.Response:
         name = json.loads(await request.read()).get("lora_name")
         if self.adapters.pop(name, None) is None:
@@ -323,6 +332,7 @@ class Stub:
         if self.loras:
             app.router.add_post("/v1/load_lora_adapter", self.load_lora)
             app.router.add_post("/v1/unload_lora_adapter", self.unload_lora)
+            app.router.add_post("/v1/completions", self.completion)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/stub/stats", self.get_stats)

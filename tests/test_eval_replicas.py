@@ -62,3 +62,21 @@ def test_a_replica_that_forgot_the_policy_is_routed_around(fleet, tmp_path):
     assert {u["url"]: u["refused"] for u in health["upstreams"]} == {a.url: [], b.url: ["policy-v1"]}
     assert a.stub.stats["model:policy-v1"] == 8
     assert sorted(r["status"] for r in rows(p)) == ["ok"] * 8
+
+
+def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path):
+    """The loop's check before a round samples policy-v1 asks every replica, not endpoint.url only."""
+    from pipeline.loop import ensure_served
+    from wharf.layout import RunLayout
+    from wharf.replicas import PublishRecord
+
+    a, b = fleet
+    cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")
+    adapter = RunLayout.of(str(tmp_path), "r").round(0).train.adapter
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    a.stub.adapters["policy-v1"] = str(adapter)  # b restarted: it lost policy-v1, a still serves it
+    ensure_served(Endpoint(a.url, model="stub-model"), cfg, 1)
+    assert b.stub.adapters == {"policy-v1": str(adapter.resolve())} and a.stub.adapters["policy-v1"] == str(adapter)
+    record = PublishRecord.read(cfg.layout.published("policy-v1"))
+    assert record is not None and record.serving == [a.url, b.url] and record.refused == {}
