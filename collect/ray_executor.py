@@ -3,8 +3,10 @@
 Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
 its own harbor trials (collect/node.py) and writes its shards into the round's turns dir. The
 driver hands each node up to collect.concurrency trials at a time and records each row as it
-comes back, exactly as the local executor does. A node lost mid-round (its actor dies with it):
-the trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
+comes back, exactly as the local executor does. A node whose actor does not start within
+collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-round (its actor
+dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
+trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
 the abandoned tries stay orphans that convert ignores (the resume rules of collect/runner.py).
 """
 from __future__ import annotations
@@ -54,6 +56,10 @@ class NodeActor:
         self._up: asyncio.Future | None = None
         self._unpushed: list = []  # trial dirs whose upload failed: retried at finish
 
+    def ready(self) -> bool:
+        """Answers once the actor runs on its node (the driver's readiness probe)."""
+        return True
+
     async def trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
         if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
             self._up = asyncio.ensure_future(self.node.__aenter__())
@@ -91,12 +97,14 @@ Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
 async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
                    lost_errors: tuple[type[BaseException], ...]) -> list[str]:
     """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
-    on each. A call failing with one of `lost_errors` means its node is gone: the node gets no
-    more work and the rollout goes back in the queue. Returns the lost nodes, in order."""
+    on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
+    is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
+    full): the node gets no more work and the rollout goes back in the queue for the others.
+    Returns the nodes taken out, in order; when none is left, the error names each one's failure."""
     queue = list(todo)
     alive = dict.fromkeys(submit, slots)  # free slots per node still up
     inflight: dict[asyncio.Future, tuple[str, PlannedRollout]] = {}
-    lost: list[str] = []
+    why: dict[str, str] = {}
     while queue or inflight:
         while queue and any(alive.values()):  # one at a time per node in turn: spread, not fill
             for node in [n for n, free in alive.items() if free > 0][:len(queue)]:
@@ -104,24 +112,51 @@ async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRoll
                 inflight[asyncio.ensure_future(submit[node](p))] = (node, p)
                 alive[node] -= 1
         if not inflight:
-            raise RayExecutorError(f"every node of the cluster was lost ({', '.join(lost)}); "
-                                   f"{len(queue)} rollouts not run: start nodes and run the round again (it resumes)")
+            raise RayExecutorError(f"every node of the cluster was lost or failed ("
+                                   + "; ".join(f"{n}: {w}" for n, w in why.items())
+                                   + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
+                                   "again (it resumes)")
         finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
         for fut in finished:
             node, p = inflight.pop(fut)
             try:
                 row = fut.result()
-            except lost_errors as e:
+            except Exception as e:  # noqa: BLE001 - a node-level failure: the node is taken out, not the round
                 if node in alive:
-                    log.warning("node %s lost (%s): its unfinished trials run on the nodes left", node, type(e).__name__)
+                    kind = "lost" if isinstance(e, lost_errors) else "failed"
+                    log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind,
+                                _first_line(e))
                     del alive[node]
-                    lost.append(node)
+                    why[node] = f"{kind}: {_first_line(e)}"
                 queue.append(p)
                 continue
             on_row(row, node)
             if node in alive:
                 alive[node] += 1
-    return lost
+    return list(why)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[-1][:300] if text else ''}"
+
+
+async def ready_nodes(probes: dict[str, Awaitable], timeout_s: float) -> tuple[list[str], dict[str, str]]:
+    """The nodes whose actor answered `probes[node]` within `timeout_s` (a node whose CPUs other
+    Ray work holds never starts its pinned actor: waiting for it would wait forever), and why each
+    other one is left out."""
+    futs = {asyncio.ensure_future(probe): node for node, probe in probes.items()}
+    done, pending = await asyncio.wait(futs, timeout=timeout_s) if futs else (set(), set())
+    for f in pending:
+        f.cancel()
+    ready, out = [], {futs[f]: f"its actor did not start within {timeout_s:g} s (CPUs held by other work?)"
+                      for f in pending}
+    for f in done:
+        if f.exception() is None:
+            ready.append(futs[f])
+        else:
+            out[futs[f]] = f"its actor failed to start: {_first_line(f.exception())}"
+    return sorted(ready), out
 
 
 class RayExecutor:
@@ -146,6 +181,14 @@ class RayExecutor:
                 actors[name] = remote.options(
                     num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(cfg, self.policy, name, os.getcwd())
+            ready, unavailable = await ready_nodes({name: a.ready.remote() for name, a in actors.items()},
+                                                   self.cfg.collect.ray_ready_timeout_s)
+            for name, reason in unavailable.items():
+                log.warning("node %s left out of this round: %s", name, reason)
+                ray.kill(actors.pop(name))
+            if not actors:
+                raise RayExecutorError("no node of the Ray cluster could start a trial actor: "
+                                       + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
             submit = {name: _submitter(a, job_id) for name, a in actors.items()}
             lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
                                   (RayActorError, NodeDiedError, ActorUnschedulableError))
@@ -155,7 +198,7 @@ class RayExecutor:
                                                             return_exceptions=True)):
                 if isinstance(err, Exception):
                     log.warning("node %s: stopping its proxy failed: %s", name, err)
-            return {"nodes": sorted(nodes), "lost_nodes": lost}
+            return {"nodes": sorted(nodes), "lost_nodes": lost, "unavailable_nodes": sorted(unavailable)}
         finally:
             for a in actors.values():
                 ray.kill(a)
