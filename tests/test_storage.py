@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -192,3 +193,26 @@ def test_transfers_stream_a_large_file(s3, monkeypatch, tmp_path):
     assert (d2 / "optimizer.pt").read_bytes() == data
     assert "-" in storage.head(f"{s3}/train/optimizer.pt").etag  # multipart: its ETag is no MD5
     assert storage.pull(d2) == 0 and storage.push(d2) == 0  # and the stamps still recognise it
+
+
+def test_a_file_growing_during_its_upload_goes_up_as_read_and_again_next_push(s3, monkeypatch):
+    """A log still written to (an endpoint's, beside a round being pushed) is no error."""
+    d = storage.local_path(f"{s3}/logs")
+    d.mkdir(parents=True)
+    log = d / "engine.log"
+    log.write_bytes(b"line 1\n")
+    real_stat = storage.Path.stat
+
+    def stat_then_grow(self, *a, **kw):  # the writer appends right after the uploader's stat
+        st = real_stat(self, *a, **kw)
+        if self == log and sys._getframe(1).f_code.co_name == "_upload" and log.read_bytes() == b"line 1\n":
+            with open(log, "ab") as f:
+                f.write(b"line 2\n")
+        return st
+
+    monkeypatch.setattr(storage.Path, "stat", stat_then_grow)
+    assert storage.push(d) == 1
+    monkeypatch.setattr(storage.Path, "stat", real_stat)
+    assert storage.get(f"{s3}/logs/engine.log") == b"line 1\nline 2\n"
+    assert storage.push(d) == 1  # its stamp says it changed after the stat: sent again
+    assert storage.push(d) == 0

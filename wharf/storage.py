@@ -393,20 +393,23 @@ def push_file(path: str | Path) -> bool:
 
 def _upload(path: Path, url: str) -> None:
     """Stream the file up (one PUT, or a multipart upload for a large one: either way the object
-    appears whole), check the bucket holds its bytes, and stamp it."""
+    appears whole), check the bucket holds the bytes sent, and stamp it. A file still growing (a
+    log) goes up as far as it was read; its stamp then says it changed since, so the next push
+    sends it again."""
     before = path.stat()
-    md5 = hashlib.md5()
+    md5, sent = hashlib.md5(), 0
     r = remote(url)
     with _errors(url, "write"):
         with open(path, "rb") as src, r.fs.open_output_stream(r.path) as out:
             while chunk := src.read(CHUNK):
                 md5.update(chunk)
                 out.write(chunk)
+                sent += len(chunk)
     obj = head(url)
-    if obj.size != before.st_size or (obj.etag and "-" not in obj.etag and obj.etag != md5.hexdigest()):
-        raise StorageError(f"{url}: the object written is not {path} (size {obj.size} against {before.st_size}, "
-                           f"ETag {obj.etag} against MD5 {md5.hexdigest()}): the file changed during its upload, "
-                           "or the upload was damaged; push again")
+    if obj.size != sent or (obj.etag and "-" not in obj.etag and obj.etag != md5.hexdigest()):
+        raise StorageError(f"{url}: the object written is not what was sent from {path} (size {obj.size} against "
+                           f"{sent}, ETag {obj.etag} against MD5 {md5.hexdigest()}): another writer, or a damaged "
+                           "upload; push again")
     _write_stamp(url, obj, before)
 
 
