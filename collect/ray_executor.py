@@ -95,39 +95,50 @@ Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
 
 
 async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
-                   lost_errors: tuple[type[BaseException], ...]) -> list[str]:
+                   lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None) -> list[str]:
     """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
     on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
     is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
-    full): the node gets no more work and the rollout goes back in the queue for the others.
+    full), and so does a call not answered within `trial_timeout_s` (a straggler: a hung node):
+    the node gets no more work and the rollout goes back in the queue for the others.
     Returns the nodes taken out, in order; when none is left, the error names each one's failure."""
     queue = list(todo)
     alive = dict.fromkeys(submit, slots)  # free slots per node still up
     inflight: dict[asyncio.Future, tuple[str, PlannedRollout]] = {}
+    started: dict[asyncio.Future, float] = {}
     why: dict[str, str] = {}
+    loop = asyncio.get_running_loop()
     while queue or inflight:
         while queue and any(alive.values()):  # one at a time per node in turn: spread, not fill
             for node in [n for n, free in alive.items() if free > 0][:len(queue)]:
                 p = queue.pop(0)
-                inflight[asyncio.ensure_future(submit[node](p))] = (node, p)
+                fut = asyncio.ensure_future(submit[node](p))
+                inflight[fut], started[fut] = (node, p), loop.time()
                 alive[node] -= 1
         if not inflight:
             raise RayExecutorError(f"every node of the cluster was lost or failed ("
                                    + "; ".join(f"{n}: {w}" for n, w in why.items())
                                    + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
                                    "again (it resumes)")
-        finished, _ = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        wait = None if trial_timeout_s is None else max(0.0, min(started.values()) + trial_timeout_s - loop.time())
+        finished, _ = await asyncio.wait(inflight, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        for fut in [f for f in inflight if f not in finished and trial_timeout_s is not None
+                    and loop.time() - started[f] >= trial_timeout_s]:
+            fut.cancel()  # the straggler's node is taken out below, like a failed one
+            finished.add(fut)
         for fut in finished:
+            started.pop(fut, None)
             node, p = inflight.pop(fut)
             try:
                 row = fut.result()
-            except Exception as e:  # noqa: BLE001 - a node-level failure: the node is taken out, not the round
+            except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the node is taken out, not the round
                 if node in alive:
-                    kind = "lost" if isinstance(e, lost_errors) else "failed"
-                    log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind,
-                                _first_line(e))
+                    kind = ("lost" if isinstance(e, lost_errors) else
+                            "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
+                    reason = f"no answer within {trial_timeout_s:g} s" if kind == "stalled" else _first_line(e)
+                    log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
                     del alive[node]
-                    why[node] = f"{kind}: {_first_line(e)}"
+                    why[node] = f"{kind}: {reason}"
                 queue.append(p)
                 continue
             on_row(row, node)
@@ -191,7 +202,8 @@ class RayExecutor:
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
             submit = {name: _submitter(a, job_id) for name, a in actors.items()}
             lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
-                                  (RayActorError, NodeDiedError, ActorUnschedulableError))
+                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
+                                  self.cfg.collect.ray_trial_timeout_s)
             left = {name: a for name, a in actors.items() if name not in lost}
             # A node lost now costs nothing: each closed rollout's shard was published at its close.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),

@@ -239,3 +239,22 @@ def test_a_node_whose_actor_never_starts_is_left_out_not_waited_for():
     ready, out = asyncio.run(scenario())
     assert ready == ["a"] and set(out) == {"b", "c"}
     assert "did not start within 0.2 s" in out["b"] and "RuntimeError: no such resource" in out["c"]
+
+
+def test_dispatch_takes_out_a_node_that_stops_answering():
+    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
+    from collect.ray_executor import dispatch
+    from collect.tasksets import PlannedRollout, Task
+
+    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(4)]
+    ran: list[tuple[str, str]] = []
+
+    async def healthy(p):
+        await asyncio.sleep(0.01)
+        return p.task.task_id
+
+    async def hung(p):
+        await asyncio.Event().wait()
+
+    out = asyncio.run(dispatch({"a": healthy, "b": hung}, 1, todo, lambda row, n: ran.append((row, n)), (), 0.3))
+    assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}
