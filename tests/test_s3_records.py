@@ -33,3 +33,17 @@ def test_an_eval_summary_goes_up_and_a_later_call_on_another_machine_keeps_its_p
     ev2 = load_config(None, [f"runs_dir={s3}/runs", "eval.dataset=datasets/learn/heldout"]).layout.eval(ev.root.name)
     write_summary(ev2, cfg, {"x": (Policy("runs/R:1", "x", tmp_path, 1), trials, ev2.policy("x"))})
     assert set(json.loads(storage.get(f"{s3}/runs/{key}"))["policies"]) == {"base", "x"}
+
+
+def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_bucket(s3, monkeypatch, tmp_path):
+    from pipeline.stages import has_signal
+    from train.stage import convert_dir
+    from wharf.batches import BatchFile, BatchIndex, write_index
+
+    cfg = load_config(None, [f"runs_dir={s3}/runs", "name=r", "round=0"])
+    d = convert_dir(cfg)
+    d.mkdir(parents=True)
+    write_index(BatchIndex(files=[BatchFile("mb-0.pt", 2, 8, 12, 5, 2.0)]), d / "index.json")
+    storage.push(d, last=("index.json",))
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-machine"))  # the loop resumed elsewhere
+    assert has_signal(cfg)  # was: "no index.json; run convert on this round first"
