@@ -105,9 +105,20 @@ def measure_shift(cfg: RunConfig) -> None:
     storage.push_file(rnd.train.shift)
 
 
+def health_inputs(rnd) -> tuple[str, ...]:
+    """What the health checks read of a round (relative to its dir): pulled first, so that a run in
+    object storage resumed on an empty mirror checks its finished rounds on their real files."""
+    files = (rnd.collect.manifest, rnd.collect.rollouts, rnd.convert.stats, rnd.train.result, rnd.train.metrics,
+             rnd.train.shift)
+    return (*(f.relative_to(rnd.root).as_posix() for f in files),
+            f"{rnd.collect.turns.relative_to(rnd.root).as_posix()}/part-*.parquet",
+            f"{rnd.marker('collect').parent.relative_to(rnd.root).as_posix()}/*.json")
+
+
 def check_health(cfg: RunConfig) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
+    storage.pull(rnd.root, health_inputs(rnd))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.endpoint.model)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
     for c in checks:

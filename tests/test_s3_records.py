@@ -47,3 +47,24 @@ def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_b
     storage.push(d, last=("index.json",))
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-machine"))  # the loop resumed elsewhere
     assert has_signal(cfg)  # was: "no index.json; run convert on this round first"
+
+
+def test_the_health_checks_of_a_finished_round_read_its_files_from_the_bucket(s3, monkeypatch, tmp_path):
+    """A loop resumed on an empty mirror checked its finished rounds on missing files, failed them,
+    and pushed the failing health.json over the good one: the files the checks read are pulled first."""
+    from pipeline.loop import health_inputs
+
+    rnd = RunLayout.of(f"{s3}/runs", "r").round(0)
+    made = [rnd.collect.manifest, rnd.collect.rollouts, rnd.collect.turns / "part-1.parquet", rnd.convert.stats,
+            rnd.train.result, rnd.train.metrics, rnd.train.shift, rnd.marker("train")]
+    for f in made:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("{}")
+    (rnd.collect.root / "harbor").mkdir()
+    (rnd.collect.root / "harbor" / "trial.log").write_text("not read by the checks")
+    storage.push(rnd.root)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-machine"))
+    rnd2 = RunLayout.of(f"{s3}/runs", "r").round(0)
+    assert storage.pull(rnd2.root, health_inputs(rnd2)) == len(made)
+    assert all((rnd2.root / f.relative_to(rnd.root)).is_file() for f in made)
+    assert not (rnd2.collect.root / "harbor").exists()
