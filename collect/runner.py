@@ -6,7 +6,8 @@ rest are run again under fresh rollout ids.
 
 With runs_dir in object storage the round runs in its local mirror (wharf/storage.py): it pulls
 what a resume needs, each proxy uploads each shard as it publishes it, rollouts.parquet goes up
-after every trial, and the manifest last, once the rest of the round is in the bucket.
+as trials finish (rewritten in a thread of its own: RowsWriter), and the manifest last, once the
+rest of the round is in the bucket.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import datetime as dt
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -108,6 +110,61 @@ def _fold_shards(paths: CollectPaths) -> None:
     storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), delete_stale=True)
 
 
+def save_rollouts(paths: CollectPaths, rows: list[RolloutRow]) -> bool:
+    """The finished rows: on the local disk first (durably), then to the bucket. An upload that
+    fails (a 503, expired credentials) keeps them on disk and is retried with the next trial's
+    rows and at the round's end: a finished, scored rollout is never lost to the bucket."""
+    schema.write_table(paths.rollouts, "rollouts", [r.as_dict() for r in rows])
+    try:
+        return storage.push_file(paths.rollouts)
+    except storage.StorageError as e:
+        log.warning("uploading %d finished rollouts failed (kept on disk; retried after the next trial): %s",
+                    len(rows), e)
+        return False
+
+
+class RowsWriter:
+    """rollouts.parquet rewritten and uploaded off the event loop that dispatches trials: one write
+    at a time in a thread of its own, always of the newest rows (rows that finish during a write
+    go out together in the next one), so a cluster's completions never wait on a table rewrite,
+    two fsyncs and an upload each. `drain()` waits for the last write (and raises its error)."""
+
+    def __init__(self, paths: CollectPaths):
+        self.paths = paths
+        self._lock = threading.Lock()
+        self._pending: list[RolloutRow] | None = None
+        self._worker: threading.Thread | None = None
+        self.writes = 0
+
+    def submit(self, rows: list[RolloutRow]) -> None:
+        with self._lock:
+            self._pending = list(rows)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._run, name="wharf-rollouts", daemon=True)
+                self._worker.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                rows, self._pending = self._pending, None
+                if rows is None:
+                    self._worker = None
+                    return
+            try:
+                save_rollouts(self.paths, rows)
+                self.writes += 1
+            except Exception:  # noqa: BLE001 - a disk error: the next write (or drain's) tries again
+                log.exception("writing %s failed; retried with the next finished trial", self.paths.rollouts)
+
+    def drain(self, rows: list[RolloutRow]) -> None:
+        """Wait for the writes under way, then write `rows` (every finished row) once more, here."""
+        with self._lock:
+            worker, self._pending = self._worker, None
+        if worker is not None:
+            worker.join()
+        save_rollouts(self.paths, rows)
+
+
 def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
@@ -121,14 +178,15 @@ class Round:
         self.config_path = config_path
         self.paths = cfg.round_layout.collect
         self.policy = cfg.collect.policy or cfg.endpoint.model
+        self.writer = RowsWriter(self.paths)
 
     def _record(self, summary: RoundSummary, bar: tqdm, row: RolloutRow, node: str) -> None:
-        """A finished trial, in the driver: the whole table, atomically, after each one, so a
-        killed round loses no finished rollout."""
+        """A finished trial, in the driver: the whole table is rewritten (atomically) and uploaded
+        by the writer's thread, not here, so the dispatch loop goes on at once; a killed round
+        loses at most the rows finished during the write under way (resume runs them again)."""
         summary.rows.append(row)
         summary.nodes[node] = summary.nodes.get(node, 0) + 1
-        schema.write_table(self.paths.rollouts, "rollouts", [r.as_dict() for r in summary.rows])
-        storage.push_file(self.paths.rollouts)
+        self.writer.submit(summary.rows)
         bar.update(1)
         failed = sum(1 for r in summary.rows if r.status != "ok")
         mean = summary.mean_reward
@@ -172,8 +230,11 @@ class Round:
             executor = make_executor(self.cfg, self.policy, self.config_path)
             with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
                       unit="rollout", disable=not progress) as bar:
-                executor_info = await executor.run(
-                    todo, job_id, lambda row, node: self._record(summary, bar, row, node))
+                try:
+                    executor_info = await executor.run(
+                        todo, job_id, lambda row, node: self._record(summary, bar, row, node))
+                finally:  # every finished row on disk, also when the round stops
+                    await asyncio.to_thread(self.writer.drain, summary.rows)
             # Each proxy publishes a shard per closed rollout (durability first); fold them now
             # that every proxy has stopped, so a round is a few files, not thousands.
             _fold_shards(self.paths)

@@ -97,18 +97,30 @@ def _read_rollouts(paths: CollectPaths) -> list[dict]:
     return sorted(rows, key=lambda r: r["rollout_id"])
 
 
-def _agent(paths: CollectPaths) -> str:
+def _manifest(paths: CollectPaths) -> dict:
     try:
-        return str(json.loads(paths.manifest.read_text()).get("agent") or "unknown")
-    except (OSError, ValueError, AttributeError):
-        return "unknown"
+        m = json.loads(paths.manifest.read_text())
+    except (OSError, ValueError):
+        return {}
+    return m if isinstance(m, dict) else {}
+
+
+def _refuse_running(paths: CollectPaths, manifest: dict) -> None:
+    """A round still collecting (or killed mid-way) is not a job: its rollouts table grows, its
+    shards are not folded, and in a bucket its files may be half there."""
+    if manifest.get("state") == "running":
+        raise ConvertInputError(f"{paths.manifest}: state is 'running': collect has not finished this round "
+                                "(wait for it, or run collect again to finish a killed round) before converting it")
 
 
 def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = False) -> Job:
     paths = CollectPaths(Path(directory))
+    manifest = _manifest(paths)
+    _refuse_running(paths, manifest)
     rollouts = _read_rollouts(paths)  # without it nothing of the job is usable: always an error
     job_ids = {r["job_id"] for r in rollouts if r["job_id"]}
-    job = Job(paths.root, job_ids.pop() if len(job_ids) == 1 else str(paths.root), _agent(paths), rollouts)
+    agent = str(manifest.get("agent") or "unknown")
+    job = Job(paths.root, job_ids.pop() if len(job_ids) == 1 else str(paths.root), agent, rollouts)
     if not paths.turns.is_dir():
         _bad(job, skip_bad, paths.turns, "no turns dir")
         return job

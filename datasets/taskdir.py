@@ -17,8 +17,11 @@ DOC = ('"""The checker of this task (collect/tasks/judge.py): each check gets a 
 DOC_RUNS = (' (a value\nor a call of the code comes back as plain data from a separate process)."""\n')
 
 
-def task_toml(category: str, tags: list[str]) -> str:
-    return (f'[metadata]\njudge = "checker"\ndifficulty = "easy"\ncategory = "{category}"\n'
+def task_toml(category: str, tags: list[str], family: str | None = None) -> str:
+    """`family`: the kind a held-out instance is a copy of (its near-copies share it; wharf eval
+    clusters its intervals by it)."""
+    fam = f'family = "{family}"\n' if family else ""
+    return (f'[metadata]\njudge = "checker"\ndifficulty = "easy"\ncategory = "{category}"\n{fam}'
             f"tags = {json.dumps(tags, separators=(', ', ': '))}\n\n"
             '[agent]\ntimeout_sec = 600.0\n\n[verifier]\ntimeout_sec = 300.0\n\n[environment]\nworkdir = "/app"\n')
 

@@ -29,12 +29,13 @@ from typing import Iterator
 
 from collect.runner import run as collect_round
 from collect.tasksets import TaskSetError, discover
-from wharf import schema
+from wharf import schema, storage
 from wharf.config import RunConfig, check_policy_spec, cli_config
 from engine.launch import launch
 from wharf.endpoint import Endpoint, with_key
 from wharf.entry import guarded
 from wharf.errors import WharfError
+from wharf.replicas import replica_urls
 from wharf.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name
 
 from .eval_stats import PolicyFigures, Trial, figures, paired_difference
@@ -104,42 +105,76 @@ def dataset_of(cfg: RunConfig) -> str:
     return cfg.eval.dataset or cfg.collect.dataset
 
 
-def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str) -> RunConfig:
+def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
     """The collect round of one policy: round 0 of its own run dir under the eval, eval's dataset
-    and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset)."""
+    and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset),
+    none of its calls to the replicas in `refused`."""
     collect = dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[], attempts=cfg.eval.attempts,
                                   policy=served)
     sampling = dataclasses.replace(cfg.sampling, seed=0 if cfg.sampling.seed is None else cfg.sampling.seed)
-    proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None)
+    proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None,
+                                refused={**cfg.proxy.refused, **({served: list(refused)} if refused else {})})
     return dataclasses.replace(cfg, runs_dir=str(ev.root), name=p.label, round=0, collect=collect,
                                sampling=sampling, proxy=proxy)
 
 
 @contextmanager
-def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[str]:
-    """`p` served by `ep` for the block: its adapter loaded under its weights' name (unloaded after,
-    the endpoint's adapter slots are few, unless it was there before)."""
+def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[tuple[str, list[str]]]:
+    """`p` served for the block on every replica the proxy routes to (endpoint.url and
+    proxy.upstreams: a load reaches only the server that receives it): its adapter loaded under its
+    weights' name where it is not (unloaded after: adapter slots are few). Yields the name and the
+    replicas that refused it, which the round's proxy routes none of its calls; all refusing is an error."""
     name = p.served_name(cfg.endpoint.model)
-    loaded = p.adapter is not None and name not in ep.models()
-    if loaded:
-        log.info("loading %s as %s", p.adapter, name)
-        ep.load_adapter(name, p.adapter)
+    loaded: list[Endpoint] = []
+    refused: dict[str, str] = {}
+    replicas = replica_urls(ep.url, cfg.proxy.upstreams) if p.adapter is not None else []
+    for url in replicas:
+        replica = Endpoint(url, ep.api_key, ep.model)
+        try:
+            if name not in replica.models():
+                log.info("loading %s as %s on %s", p.adapter, name, url)
+                replica.load_adapter(name, p.adapter)
+                loaded.append(replica)
+        except WharfError as e:
+            refused[url] = str(e)
     try:
-        yield name
+        if replicas and len(refused) == len(replicas):
+            raise EvalError(f"{p.spec}: no replica serves {p.adapter} as {name!r}: "
+                            + "; ".join(f"{u}: {why}" for u, why in refused.items()))
+        for url, why in refused.items():
+            log.error("eval: replica %s refused %s and gets none of its calls: %s", url, name, why)
+        yield name, sorted(refused)
     finally:
-        if loaded:
+        for replica in loaded:
             try:
-                ep.unload_adapter(name)
+                replica.unload_adapter(name)
             except WharfError as e:
-                log.warning("could not unload %s: %s", name, e)
+                log.warning("could not unload %s from %s: %s", name, replica.url, e)
 
 
-def read_trials(run: RunLayout, attempts: int) -> list[Trial]:
+def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None = None) -> list[Trial]:
     """The scored trials of a policy's collect job, attempts 0..attempts-1 (an earlier call with more
-    attempts left more); a policy-side failure without a reward scores 0."""
+    attempts left more); a policy-side failure without a reward scores 0. `families`: task -> family."""
     rows = schema.read_table(run.round(0).collect.rollouts, "rollouts").to_pylist()
-    return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0)
+    fam = families or {}
+    return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0, fam.get(r["task_id"]))
             for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
+
+
+def task_families(dataset: str | Path) -> dict[str, str]:
+    """task -> the `family` its task.toml's [metadata] names (near-copies share one: the interval
+    is clustered by it); tasks without one are left out (each is its own cluster)."""
+    import tomllib
+
+    out = {}
+    for t in discover(dataset):
+        try:
+            family = tomllib.loads((t.path / "task.toml").read_text()).get("metadata", {}).get("family")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(family, str) and family:
+            out[t.task_id] = family
+    return out
 
 
 def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
@@ -177,24 +212,26 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
     ran: stored_trials) and write the eval's summary.json. `ep` may be None when every policy is stored."""
     ev = cfg.layout.eval(eval_name(cfg))
     cfg = with_key(cfg, ep) if ep is not None else cfg
-    results = {}
+    results, families = {}, task_families(dataset_of(cfg))
     for p in policies:
         run = stored_trials(cfg, p)
         if run is not None:
             log.info("eval %s: %s: reading the trials its run already ran, %s", ev.root.name, p.spec, run.root)
         else:
             run = ev.policy(p.label)
-            with serving(ep, cfg, p) as served:
+            with serving(ep, cfg, p) as (served, refused):
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
-                collect_round(policy_config(cfg, ev, p, served))
-        results[p.label] = (p, read_trials(run, cfg.eval.attempts), run)
+                collect_round(policy_config(cfg, ev, p, served, refused))
+        results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
     return write_summary(ev, cfg, results)
 
 
 def _interval(iv) -> dict:
     """JSON's null, not NaN, where there is no interval (one task): strict readers refuse NaN."""
     bound = (lambda v: None if math.isnan(v) else v)
-    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters}
+    # "tasks" counts the clusters, as it did before families ("clustered_by" says which kind)
+    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters,
+            "clustered_by": iv.by}
 
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
@@ -207,6 +244,7 @@ def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
 def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Policy, list[Trial], RunLayout]]) -> dict:
     """summary.json: this call's policies (kept beside those of earlier calls into the same eval) and
     each policy's paired difference to the first one of this call."""
+    storage.pull_file(ev.summary)  # in object storage: the bucket's, with the policies of earlier calls
     old = json.loads(ev.summary.read_text()) if ev.summary.is_file() else {}
     entries = dict(old.get("policies", {}))
     ks = tuple(range(1, cfg.eval.attempts + 1))
@@ -224,6 +262,7 @@ def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Polic
     tmp = ev.summary.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
     tmp.replace(ev.summary)
+    storage.push_file(ev.summary)
     return summary
 
 
@@ -233,11 +272,15 @@ def _iv(d: dict) -> str:
     return f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
 
 
+def _clustered_by(summary: dict) -> str:
+    return "family" if any(e["reward"].get("clustered_by") == "family" for e in summary["policies"].values()) else "task"
+
+
 def summary_lines(summary: dict) -> list[str]:
     """Per policy of the last call: mean reward with its 95% interval, pass@1 / pass@k, successes per
     task; then the paired differences."""
     lines = [f"eval on {summary['dataset']}: {summary['attempts']} attempts a task, seed {summary['seed']}; "
-             "95% t intervals over per-task means"]
+             f"95% t intervals over per-{_clustered_by(summary)} means"]
     for label in summary["last"]:
         e = summary["policies"][label]
         ks = sorted(int(k) for k in e["pass_at"])

@@ -7,6 +7,12 @@ one observation; the interval is Student's t over those per-task means (n_tasks 
 freedom). It is exact for normal task means and conservative enough for a handful of tasks,
 where a bootstrap over 8 clusters would be too narrow and would change from run to run.
 
+Where the split says which tasks are near-copies of each other (a `family` in each task's
+metadata: the held-out splits hold two instances of each kind of task), tasks of one family are
+not independent either: the interval is clustered by family instead, each family's mean (the mean
+of its tasks' means) one observation, n_families - 1 degrees of freedom. A task with no family is
+a family of its own.
+
 The paired difference of two policies pairs trials by (task, attempt): `wharf eval` samples
 every policy with the same seed for the same (task, attempt), so the pair shares its sandbox,
 prompt and random stream, and only the policy differs. Per task, the mean of the paired
@@ -26,6 +32,11 @@ class Trial:
     task_id: str
     attempt: int
     reward: float
+    family: str | None = None  # the task's `family` (task metadata): what is independent of what
+
+    @property
+    def cluster(self) -> str:
+        return self.family or self.task_id
 
     @property
     def success(self) -> bool:
@@ -37,11 +48,12 @@ class Interval:
     mean: float
     low: float
     high: float
-    clusters: int  # the tasks it was taken over (n_tasks - 1 degrees of freedom)
+    clusters: int  # the tasks (or task families) it was taken over (clusters - 1 degrees of freedom)
+    by: str = "task"  # what it is clustered by: "task" or "family"
 
     def __str__(self) -> str:
         if self.clusters < 2:
-            return f"{self.mean:.3f} [no interval: {self.clusters} task]"
+            return f"{self.mean:.3f} [no interval: {self.clusters} {self.by}]"
         return f"{self.mean:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
 
@@ -84,15 +96,24 @@ def t_quantile(level: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def t_interval(values: list[float], level: float = LEVEL) -> Interval:
-    """Mean of `values` (one per task) with its two-sided t interval; a single value has none."""
+def t_interval(values: list[float], level: float = LEVEL, by: str = "task") -> Interval:
+    """Mean of `values` (one per cluster) with its two-sided t interval; a single value has none."""
     if not values:
         raise ValueError("no values to take an interval over")
     m = fmean(values)
     if len(values) < 2:
-        return Interval(m, math.nan, math.nan, len(values))
+        return Interval(m, math.nan, math.nan, len(values), by)
     half = t_quantile(level, len(values) - 1) * stdev(values) / math.sqrt(len(values))
-    return Interval(m, m - half, m + half, len(values))
+    return Interval(m, m - half, m + half, len(values), by)
+
+
+def clustered_interval(task_values: dict[str, float], family: dict[str, str | None]) -> Interval:
+    """The t interval over per-family means of per-task values (by task where no task has a family)."""
+    clusters: dict[str, list[float]] = {}
+    for task, v in sorted(task_values.items()):
+        clusters.setdefault(family.get(task) or task, []).append(v)
+    by = "family" if any(family.get(t) for t in task_values) else "task"
+    return t_interval([fmean(vs) for _, vs in sorted(clusters.items())], by=by)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -113,7 +134,7 @@ def by_task(trials: list[Trial]) -> dict[str, list[Trial]]:
 
 
 def figures(trials: list[Trial], ks: tuple[int, ...] = (1,)) -> PolicyFigures:
-    """Mean reward with its task-clustered interval, pass@k for each k every task has trials
+    """Mean reward with its task- (or family-) clustered interval, pass@k for each k every task has trials
     for, and successes per task."""
     tasks = by_task(trials)
     if not tasks:
@@ -121,13 +142,13 @@ def figures(trials: list[Trial], ks: tuple[int, ...] = (1,)) -> PolicyFigures:
     n_min = min(len(ts) for ts in tasks.values())
     successes = {t: (sum(x.success for x in ts), len(ts)) for t, ts in tasks.items()}
     pass_at = {k: fmean(pass_at_k(n, c, k) for c, n in successes.values()) for k in sorted(set(ks)) if k <= n_min}
-    reward = t_interval([fmean(x.reward for x in ts) for ts in tasks.values()])
+    reward = clustered_interval({t: fmean(x.reward for x in ts) for t, ts in tasks.items()}, _families(trials))
     return PolicyFigures(len(trials), reward, pass_at, successes)
 
 
 def paired_difference(a: list[Trial], b: list[Trial]) -> tuple[Interval, int]:
-    """Mean of a - b over trials paired by (task, attempt), with the t interval over per-task mean
-    differences; and the number of pairs. Trials without a partner are left out."""
+    """Mean of a - b over trials paired by (task, attempt), with the t interval over per-task (or
+    per-family) mean differences; and the number of pairs. Trials without a partner are left out."""
     rb = {(t.task_id, t.attempt): t.reward for t in b}
     diffs: dict[str, list[float]] = {}
     for t in a:
@@ -135,4 +156,9 @@ def paired_difference(a: list[Trial], b: list[Trial]) -> tuple[Interval, int]:
             diffs.setdefault(t.task_id, []).append(t.reward - rb[(t.task_id, t.attempt)])
     if not diffs:
         raise ValueError("no (task, attempt) pair in common: the two policies ran different trials")
-    return t_interval([fmean(d) for _, d in sorted(diffs.items())]), sum(map(len, diffs.values()))
+    iv = clustered_interval({task: fmean(d) for task, d in diffs.items()}, _families(a))
+    return iv, sum(map(len, diffs.values()))
+
+
+def _families(trials: list[Trial]) -> dict[str, str | None]:
+    return {t.task_id: t.family for t in trials}

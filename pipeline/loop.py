@@ -34,8 +34,10 @@ from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
 from wharf.batches import read_index
 from wharf.entry import guarded
+from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
 from wharf.model_store import release_memory
+from wharf.replicas import replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
@@ -55,19 +57,29 @@ def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
-    """Before a round samples from policy-v<k>: the endpoint must serve it (an endpoint that
-    restarted has forgotten its adapters: load round k-1's again)."""
+    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it (a
+    replica that restarted has forgotten its runtime adapters: load round k-1's again there)."""
     if k == 0 or ep is None:
         return
     name = policy_name(k)
-    if name in ep.models():
+    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name)]
+    if not missing:
         return
-    adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).train.adapter
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    adapter = layout.round(k - 1).train.adapter
+    storage.pull(adapter)  # a run in object storage resumed on another machine
     if not has_adapter(adapter):
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
-                        f"{RunLayout.of(cfg.runs_dir, cfg.name).round(k - 1).marker('train')} to train round {k - 1} again")
-    log.info("the endpoint does not serve %s: loading %s", name, adapter)
+                        f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
+    log.info("%s do(es) not serve %s (restarted?): loading %s", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
+
+
+def _serves(ep: Endpoint, url: str, name: str) -> bool:
+    try:
+        return name in Endpoint(url, ep.api_key, ep.model).models()
+    except WharfError:
+        return False  # unreachable: publish records it as refusing, and the round routes around it
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -93,9 +105,20 @@ def measure_shift(cfg: RunConfig) -> None:
     storage.push_file(rnd.train.shift)
 
 
+def health_inputs(rnd) -> tuple[str, ...]:
+    """What the health checks read of a round (relative to its dir): pulled first, so that a run in
+    object storage resumed on an empty mirror checks its finished rounds on their real files."""
+    files = (rnd.collect.manifest, rnd.collect.rollouts, rnd.convert.stats, rnd.train.result, rnd.train.metrics,
+             rnd.train.shift)
+    return (*(f.relative_to(rnd.root).as_posix() for f in files),
+            f"{rnd.collect.turns.relative_to(rnd.root).as_posix()}/part-*.parquet",
+            f"{rnd.marker('collect').parent.relative_to(rnd.root).as_posix()}/*.json")
+
+
 def check_health(cfg: RunConfig) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
+    storage.pull(rnd.root, health_inputs(rnd))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.endpoint.model)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
     for c in checks:

@@ -20,7 +20,7 @@ from train.stage import convert_dir, push_outputs, train_round
 from wharf import storage
 from wharf.config import RunConfig
 from wharf.errors import WharfError
-from wharf.layout import RoundLayout, RunLayout, policy_name
+from wharf.layout import ConvertPaths, RoundLayout, RunLayout, policy_name
 
 log = logging.getLogger("wharf.loop")
 
@@ -66,6 +66,7 @@ def convert_stage(cfg: RunConfig) -> dict:
 
 def has_signal(cfg: RunConfig) -> bool:
     """Whether convert kept any loss token (False: every group's rewards were all equal)."""
+    storage.pull_file(ConvertPaths(convert_dir(cfg)).index)  # a run in object storage resumed on an empty mirror
     return read_index(convert_dir(cfg)).loss_tokens > 0
 
 
@@ -77,6 +78,7 @@ def carry_policy(cfg: RunConfig) -> dict:
         raise LoopError(f"round 0 of {layout.root} has no group with different rewards: nothing to learn from "
                         "(more collect.attempts, or tasks the base model solves sometimes)")
     src, dst = layout.round(cfg.round - 1).train.adapter, layout.round(cfg.round).train.adapter
+    storage.pull(src)  # in object storage, a machine with an empty mirror gets it from the bucket
     tmp = dst.with_name(".adapter.carry")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)

@@ -56,7 +56,10 @@ def _error_body(status: int, message: str) -> dict:
 class Stub:
     def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
                  completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200,
-                 script: str | None = None, max_model_len: int | None = None, api_key: str | None = None):
+                 script: str | None = None, max_model_len: int | None = None, api_key: str | None = None,
+                 loras: bool = False):
+        """`loras`: serve runtime LoRA loading as vLLM does (/v1/load_lora_adapter, /v1/models listing
+        each adapter with its root) and answer a call for a model it does not serve with vLLM's 404."""
         if script is not None and not script.startswith("shell:"):
             raise ValueError(f"stub script {script!r}: expected 'shell:<command>'")
         self.script = script
@@ -69,6 +72,12 @@ class Stub:
         self.model = model
         self.stats = collections.Counter()
         self.requests: collections.deque = collections.deque(maxlen=keep_requests)
+        self.loras = loras
+        self.adapters: dict[str, str] = {}  # runtime-loaded LoRAs: name -> path
+
+    def restart(self) -> None:
+        """What a vLLM restart does to runtime-loaded LoRAs: forgets them."""
+        self.adapters.clear()
 
     # -- generation -------------------------------------------------------------------------
     def _scripted(self, body: dict) -> tuple[dict | None, str | None]:
@@ -148,6 +157,11 @@ class Stub:
             return web.json_response(_error_body(400, "invalid JSON body"), status=400)
         self.requests.append(body)
         self.stats["requests"] += 1
+        if self.loras and body.get("model") not in (self.model, *self.adapters):
+            self.stats["missing_model"] += 1
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
+        self.stats[f"model:{body.get('model')}"] += 1
         if body.get("stub_delay"):
             await asyncio.sleep(float(body["stub_delay"]))
         fail = self._pick_failure(body)
@@ -269,10 +283,37 @@ class Stub:
                                   "token_strs": None})
 
     async def models(self, request: web.Request) -> web.Response:
-        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "vllm"}
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "vllm", "root": self.model}
         if self.max_model_len is not None:
             card["max_model_len"] = self.max_model_len
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [card] + [{"id": n, "object": "model", "created": 0, "owned_by": "vllm", "root": path,
+                           "parent": self.model} for n, path in self.adapters.items()]
+        return web.json_response({"object": "list", "data": cards})
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = json.loads(await request.read())
+        name = body.get("lora_name")
+        if name in self.adapters:
+            return web.json_response(_error_body(400, f"The lora adapter '{name}' has already been loaded."),
+                                     status=400)
+        self.adapters[name] = body.get("lora_path")
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def completion(self, request: web.Request) -> web.Response:
+        """/v1/completions, as far as publish's check needs it: a word for a model it serves."""
+        model = json.loads(await request.read()).get("model")
+        if model not in (self.model, *self.adapters):
+            return web.json_response({"error": {"message": f"The model `{model}` does not exist.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
+        return web.json_response({"id": "cmpl-stub", "object": "text_completion", "model": model,
+                                  "choices": [{"index": 0, "text": " ok", "finish_reason": "length"}]})
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        name = json.loads(await request.read()).get("lora_name")
+        if self.adapters.pop(name, None) is None:
+            return web.json_response({"error": {"message": f"The lora adapter '{name}' cannot be found.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
@@ -288,6 +329,10 @@ class Stub:
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=auth)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
+        if self.loras:
+            app.router.add_post("/v1/load_lora_adapter", self.load_lora)
+            app.router.add_post("/v1/unload_lora_adapter", self.unload_lora)
+            app.router.add_post("/v1/completions", self.completion)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/health", self.health)
         app.router.add_get("/stub/stats", self.get_stats)

@@ -113,3 +113,14 @@ def s3(s3_server, monkeypatch, tmp_path):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "mirror"))
     return f"s3://{bucket}/t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def s3_faults(s3, s3_server, monkeypatch):
+    """The `s3` prefix reached through testing/s3_faults.py, a proxy that answers 503 on demand
+    (set `.fail` to a (method, path) predicate); yields (prefix URL, the proxy)."""
+    from testing.s3_faults import FaultyS3
+
+    with FaultyS3(s3_server[1]["AWS_ENDPOINT_URL"]) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        yield s3, proxy

@@ -198,3 +198,63 @@ def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_p
     with pytest.raises(RayExecutorError, match=r"pip install -e '\.\[ray\]'"):
         runner.run(cfg, progress=False)
     assert not (tmp_path / "t").exists()  # nothing written, no endpoint tried
+
+
+def test_dispatch_takes_out_a_node_that_fails_in_any_way_not_the_round():
+    """A node whose proxy died answers every trial with an error its trial handling does not
+    catch: before, that error ended the whole round in 0.2 s, the healthy node's trials abandoned."""
+    from collect.proxy_client import ServiceError
+    from collect.ray_executor import RayExecutorError, dispatch
+    from collect.tasksets import PlannedRollout, Task
+
+    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(6)]
+    ran: list[tuple[str, str]] = []
+
+    async def healthy(p):
+        await asyncio.sleep(0.01)
+        return p.task.task_id
+
+    async def proxy_died(p):
+        raise ServiceError("proxy at http://10.0.0.2:41000 is not answering")
+
+    out = asyncio.run(dispatch({"a": healthy, "b": proxy_died}, 2, todo, lambda row, n: ran.append((row, n)), ()))
+    assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(6)] and {n for _, n in ran} == {"a"}
+    with pytest.raises(RayExecutorError, match=r"b: failed: ServiceError: proxy at .* is not answering"):
+        asyncio.run(dispatch({"b": proxy_died}, 1, todo, lambda *a: None, ()))
+
+
+def test_a_node_whose_actor_never_starts_is_left_out_not_waited_for():
+    from collect.ray_executor import ready_nodes
+
+    async def scenario():
+        async def up():
+            return True
+
+        async def failed():
+            raise RuntimeError("no such resource")
+
+        never = asyncio.get_running_loop().create_future()  # a pinned actor whose node's CPUs are all taken
+        return await ready_nodes({"a": up(), "b": never, "c": failed()}, 0.2)
+
+    ready, out = asyncio.run(scenario())
+    assert ready == ["a"] and set(out) == {"b", "c"}
+    assert "did not start within 0.2 s" in out["b"] and "RuntimeError: no such resource" in out["c"]
+
+
+def test_dispatch_takes_out_a_node_that_stops_answering():
+    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
+    from collect.ray_executor import dispatch
+    from collect.tasksets import PlannedRollout, Task
+
+    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(4)]
+    ran: list[tuple[str, str]] = []
+
+    async def healthy(p):
+        await asyncio.sleep(0.01)
+        return p.task.task_id
+
+    async def hung(p):
+        await asyncio.Event().wait()
+
+    out = asyncio.run(dispatch({"a": healthy, "b": hung}, 1, todo, lambda row, n: ran.append((row, n)), (), 0.3))
+    assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}

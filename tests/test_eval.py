@@ -80,7 +80,8 @@ def test_both_forms_are_served_with_their_own_weights(adapters, engine_url):
     base = _logprobs(ep, "smollm2-135m")
     seen = {}
     for spec in (str(adapter), f"{run.root}:3"):
-        with serving(ep, cfg, resolve(spec)) as name:
+        with serving(ep, cfg, resolve(spec)) as (name, refused):
+            assert refused == []
             assert name in ep.models()
             seen[spec] = _logprobs(ep, name)
             assert _logprobs(ep, name) == seen[spec]  # the same weights, the same seed: the same tokens

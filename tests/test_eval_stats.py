@@ -71,3 +71,32 @@ def test_paired_difference_pairs_by_task_and_attempt():
     assert iv.low == pytest.approx(0.5) and iv.high == pytest.approx(0.5)  # no spread between tasks
     with pytest.raises(ValueError, match="no \\(task, attempt\\) pair"):
         paired_difference(a, [Trial("q", 0, 1.0)])
+
+
+def test_the_interval_is_clustered_by_family_where_tasks_have_one():
+    """Hand computation: 3 families of 2 near-copies each. Task means 1, 1 | 0.5, 0.5 | 0, 0.5:
+    family means 1, 0.5, 0.25 -> mean 7/12, sd of (1, .5, .25) = sqrt(((5/12)^2 + (1/12)^2 +
+    (4/12)^2) / 2) = sqrt(21/144), half-width t(0.95, 2) * sd / sqrt(3) = 4.303 * 0.3819 / 1.732."""
+    rewards = {("a-1", "a"): [1, 1], ("a-2", "a"): [1, 1], ("b-1", "b"): [1, 0], ("b-2", "b"): [0, 1],
+               ("c-1", "c"): [0, 0], ("c-2", "c"): [1, 0]}
+    trials = [Trial(t, i, float(r), fam) for (t, fam), rs in rewards.items() for i, r in enumerate(rs)]
+    iv = figures(trials).reward
+    half = 4.302653 * math.sqrt(21 / 144) / math.sqrt(3)
+    assert (iv.mean, iv.low, iv.high, iv.clusters, iv.by) == pytest.approx((7 / 12, 7 / 12 - half, 7 / 12 + half, 3, "family"))
+    by_task = figures([Trial(t.task_id, t.attempt, t.reward) for t in trials]).reward
+    assert by_task.clusters == 6 and by_task.by == "task" and by_task.mean == pytest.approx(iv.mean)
+    assert by_task.high - by_task.low < iv.high - iv.low  # by task it claims a precision the split has not
+    # The paired difference is clustered the same way: b's reward is a's minus 1/2 on family a only.
+    b = [Trial(t.task_id, t.attempt, t.reward - (0.5 if t.family == "a" else 0.0), t.family) for t in trials]
+    diff, pairs = paired_difference(trials, b)
+    assert pairs == 12 and (diff.mean, diff.clusters, diff.by) == pytest.approx((0.5 / 3, 3, "family"))
+
+
+def test_the_held_out_splits_name_each_task_family():
+    from pipeline.eval import task_families
+
+    for split in ("datasets/multiturn/heldout", "datasets/learn/heldout"):
+        fam = task_families(split)
+        assert len(fam) == 16 and len(set(fam.values())) == 8, split
+        assert all(task.rsplit("-", 1)[0] == f for task, f in fam.items())
+    assert task_families("datasets/toy") == {}  # no family: each task its own cluster

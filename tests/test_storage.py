@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -127,3 +128,91 @@ def test_filesystems_pyarrow_opens_other_than_s3(tmp_path, monkeypatch):
     assert storage.push(d) == 1
     assert isinstance(storage.remote("memory://bucket/run").fs, pafs.PyFileSystem)
     assert storage.get("memory://bucket/run/a.json") == b"{}"
+
+
+def test_the_bucket_is_the_truth_a_deleted_prefix_resumes_nothing(s3):
+    """A mirror left by an earlier run of the same URL (its prefix since deleted, or a new empty
+    bucket) counts for nothing: pull removes its copies and push never uploads them back."""
+    d = storage.local_path(f"{s3}/run")
+    (d / "rounds").mkdir(parents=True)
+    (d / "rounds" / "rollouts.parquet").write_bytes(b"old rows")
+    (d / "manifest.json").write_bytes(b"{}")
+    assert storage.push(d) == 2
+    r = storage.remote(f"{s3}/run")
+    r.fs.delete_dir_contents(r.path)  # by another machine (or: the same URL on a new, empty bucket)
+    (d / "mine.txt").write_bytes(b"written here, never uploaded")
+    assert storage.pull(d, ("rounds/*",)) == 0
+    assert sorted(p.name for p in d.rglob("*") if p.is_file()) == ["manifest.json", "mine.txt"]
+    assert storage.push(d) == 1 and set(storage.listing(f"{s3}/run")) == {"mine.txt"}
+    assert not (d / "manifest.json").exists()  # a stale copy push found: removed, not uploaded back
+
+
+def test_pull_checks_size_and_etag_not_whole_second_times(s3, monkeypatch, tmp_path):
+    storage.put(f"{s3}/job/rollouts.parquet", b"version-1")
+    d = storage.local_path(f"{s3}/job")
+    assert storage.pull(d) == 1
+    storage.put(f"{s3}/job/rollouts.parquet", b"version-2")  # the same second, the same size
+    assert storage.pull(d) == 1 and (d / "rollouts.parquet").read_bytes() == b"version-2"
+    assert storage.pull(d) == 0
+    (d / "rollouts.parquet").write_bytes(b"newer here")  # this machine's write since: kept...
+    assert storage.pull(d) == 0 and (d / "rollouts.parquet").read_bytes() == b"newer here"
+    storage.put(f"{s3}/job/rollouts.parquet", b"other machine")  # ...unless the bucket changed meanwhile
+    assert storage.pull(d) == 1 and (d / "rollouts.parquet").read_bytes() == b"other machine"
+    # A file this mirror never exchanged: kept when it has the object's bytes (MD5 = ETag), else replaced.
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "unstamped"))
+    d2 = storage.local_path(f"{s3}/job")
+    d2.mkdir(parents=True)
+    (d2 / "rollouts.parquet").write_bytes(b"other machine")
+    assert storage.pull(d2) == 0
+    (d2 / "rollouts.parquet").unlink()
+    storage._drop_stamp(f"{s3}/job/rollouts.parquet")
+    (d2 / "rollouts.parquet").write_bytes(b"other-machin")
+    assert storage.pull(d2) == 1 and (d2 / "rollouts.parquet").read_bytes() == b"other machine"
+
+
+def test_transfers_stream_a_large_file(s3, monkeypatch, tmp_path):
+    """A file several chunks long goes up as a multipart upload and comes down in chunks: the
+    Python heap never holds the whole object."""
+    import tracemalloc
+
+    monkeypatch.setattr(storage, "CHUNK", 1 << 20)
+    d = storage.local_path(f"{s3}/train")
+    d.mkdir(parents=True)
+    data = os.urandom(24 << 20)
+    (d / "optimizer.pt").write_bytes(data)
+    tracemalloc.start()
+    try:
+        assert storage.push(d) == 1
+        monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-node"))
+        d2 = storage.local_path(f"{s3}/train")
+        assert storage.pull(d2) == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak
+    assert (d2 / "optimizer.pt").read_bytes() == data
+    assert "-" in storage.head(f"{s3}/train/optimizer.pt").etag  # multipart: its ETag is no MD5
+    assert storage.pull(d2) == 0 and storage.push(d2) == 0  # and the stamps still recognise it
+
+
+def test_a_file_growing_during_its_upload_goes_up_as_read_and_again_next_push(s3, monkeypatch):
+    """A log still written to (an endpoint's, beside a round being pushed) is no error."""
+    d = storage.local_path(f"{s3}/logs")
+    d.mkdir(parents=True)
+    log = d / "engine.log"
+    log.write_bytes(b"line 1\n")
+    real_stat = storage.Path.stat
+
+    def stat_then_grow(self, *a, **kw):  # the writer appends right after the uploader's stat
+        st = real_stat(self, *a, **kw)
+        if self == log and sys._getframe(1).f_code.co_name == "_upload" and log.read_bytes() == b"line 1\n":
+            with open(log, "ab") as f:
+                f.write(b"line 2\n")
+        return st
+
+    monkeypatch.setattr(storage.Path, "stat", stat_then_grow)
+    assert storage.push(d) == 1
+    monkeypatch.setattr(storage.Path, "stat", real_stat)
+    assert storage.get(f"{s3}/logs/engine.log") == b"line 1\nline 2\n"
+    assert storage.push(d) == 1  # its stamp says it changed after the stat: sent again
+    assert storage.push(d) == 0

@@ -7,6 +7,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wharf import storage
+
 
 def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
     """Every upstream the proxy routes to (endpoint.url first, then proxy.upstreams), once each."""
@@ -40,14 +42,18 @@ class PublishRecord:
         return [r.url for r in self.replicas if r.ok]
 
     def write(self, path: Path) -> None:
+        """Written, and in a run in object storage uploaded: a round's collect on another machine reads it."""
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2))
         tmp.replace(path)
+        storage.push_file(path)
 
     @classmethod
     def read(cls, path: Path) -> "PublishRecord | None":
-        """The record at `path`; None when the policy was never published from this run."""
+        """The record at `path` (the bucket's, in a run in object storage); None when the policy was
+        never published from this run."""
+        storage.pull_file(path)
         if not path.exists():
             return None
         data = json.loads(path.read_text())

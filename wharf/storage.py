@@ -12,35 +12,35 @@ Object stores have no rename: an object appears whole when its one upload comple
 all, and a listing shows only completed objects. `push` uploads the files that mark a directory
 as whole (a manifest, index.json, adapter_config.json: `last`) after everything they describe.
 S3 is configured as S3 users expect: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_REGION.
+AWS_SECRET_ACCESS_KEY, AWS_REGION (the object calls themselves: wharf/objects.py).
+
+The bucket is the truth and a mirror only a cache of it: each transfer stamps the file it moved
+with the object's size and ETag, and a file counts as the object only while the bucket holds the
+object stamped (see the stamps section).
 """
 from __future__ import annotations
 
 import contextlib
 import fnmatch
-import functools
+import hashlib
+import json
 import os
 import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
-from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from wharf import objects
 from wharf.errors import WharfError
 from wharf.model_store import cache_dir
-
-if TYPE_CHECKING:  # pyarrow loads when a URL is used: a local run (and layout's importers) never pays for it
-    import pyarrow.fs as pafs
+# The object API, as this module's users call it (storage.put, storage.listing, ...).
+from wharf.objects import (Entry, Remote, StorageError, _errors, _etag, check, get, head, listing, put, remote,  # noqa: F401
+                           s3_filesystem)
 
 
 TRANSFERS = 8  # objects moved at once by pull and push
-
-
-class StorageError(WharfError, OSError):
-    """A bucket that cannot be reached, read or written; the message names the URL and what to check."""
 
 
 def is_remote(location: str | Path) -> bool:
@@ -80,149 +80,84 @@ def describe(path: str | Path) -> str:
     return url_of(path) or str(path)
 
 
-# -- file systems ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Remote:
-    url: str  # scheme://bucket/key
-    fs: pafs.FileSystem
-    path: str  # bucket/key, as `fs` names it
-
-
-def remote(url: str) -> Remote:
-    u = urlsplit(url)
-    return Remote(url.rstrip("/"), _filesystem(u.scheme, _s3_env() if u.scheme == "s3" else ()),
-                  f"{u.netloc}/{u.path.strip('/')}".rstrip("/"))
-
-
-def _s3_env() -> tuple:
-    names = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
-             "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE")
-    return tuple(os.environ.get(n) for n in names)  # a change of any of them is another file system
-
-
-@functools.lru_cache(maxsize=8)
-def _filesystem(scheme: str, env: tuple) -> pafs.FileSystem:
-    import pyarrow as pa
-    import pyarrow.fs as pafs
-
-    if scheme == "s3":
-        return s3_filesystem()
-    try:
-        return pafs.FileSystem.from_uri(f"{scheme}://")[0]
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as e:
-        try:
-            import fsspec
-            fs = fsspec.filesystem(scheme)
-        except (ImportError, ValueError):
-            raise StorageError(f"{scheme}://: neither pyarrow nor fsspec opens this scheme ({e})") from None
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
-
-
-def s3_filesystem(**extra) -> pafs.S3FileSystem:
-    """S3 from the usual AWS variables. pyarrow reads the credentials and region itself; the
-    endpoint (a MinIO, SeaweedFS or other S3-compatible server) is passed on explicitly."""
-    import pyarrow.fs as pafs
-
-    kw: dict = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        u = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
-        kw.update(endpoint_override=u.netloc, scheme=u.scheme)
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        kw["region"] = region
-    # allow_delayed_open: an object smaller than a part goes up in one PutObject, not a multipart upload.
-    return pafs.S3FileSystem(**{"allow_delayed_open": True, **kw, **extra})
-
-
-_HINTS = (
-    (re.compile(r"NO_?SUCH_?BUCKET|bucket .* (does not exist|not found)", re.I),
-     "the bucket does not exist: create it, or fix runs_dir"),
-    (re.compile(r"INVALID_?ACCESS_?KEY|SIGNATURE_?DOES_?NOT_?MATCH|ACCESS_?DENIED|Forbidden|HTTP status 403", re.I),
-     "access refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
-    (re.compile(r"Path does not exist|NO_?SUCH_?KEY", re.I), "no such object"),
-    (re.compile(r"curlCode|Couldn't connect|connection refused|NETWORK_CONNECTION|Could not resolve", re.I),
-     "nothing answers: check AWS_ENDPOINT_URL"),
-)
-
-
-@contextlib.contextmanager
-def _errors(url: str, doing: str) -> Iterator[None]:
-    """Any failure of the file system as one StorageError naming the URL and what to check."""
-    import pyarrow as pa
-
-    try:
-        yield
-    except StorageError:
-        raise
-    except (OSError, pa.ArrowException) as e:
-        text = str(e)
-        hint = next((h for pattern, h in _HINTS if pattern.search(text)), "see the error")
-        raise StorageError(f"{url}: cannot {doing}: {hint} ({text.strip().splitlines()[0][:300]})") from None
-
-
-# -- objects -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Entry:
-    size: int
-    mtime_ns: int
-
-
-def listing(url: str) -> dict[str, Entry]:
-    """Every object under `url` (relative posix name -> size and time); {} when there is none."""
-    import pyarrow.fs as pafs
-
-    r = remote(url)
-    with _errors(url, "list"):
-        infos = r.fs.get_file_info(pafs.FileSelector(r.path, recursive=True, allow_not_found=True))
-    found = {i.path[len(r.path):].lstrip("/"): Entry(i.size, i.mtime_ns or 0)
-             for i in infos if i.type == pafs.FileType.File}
-    if not found and url.startswith("s3://"):
-        check(url)  # nothing under a prefix is fine; no bucket is an error (S3 lists it as empty)
-    return found
-
-
-def put(url: str, data: bytes) -> None:
-    """One object in one upload: readers see all of it or none of it."""
-    r = remote(url)
-    with _errors(url, "write"):
-        with r.fs.open_output_stream(r.path) as f:
-            f.write(data)
-
-
-def get(url: str) -> bytes:
-    r = remote(url)
-    with _errors(url, "read"):
-        with r.fs.open_input_stream(r.path) as f:
-            return f.read()
-
-
 def delete(url: str) -> None:
-    r = remote(url)
-    with _errors(url, "delete"):
-        r.fs.delete_file(r.path)
+    """Delete the object, and forget this mirror's stamp of it."""
+    objects.delete(url)
+    _drop_stamp(url)
 
 
-def check(url: str) -> None:
-    """Fail early, naming the URL, when its bucket cannot be listed (missing, refused, unreachable)."""
-    import pyarrow.fs as pafs
+# -- stamps: which object a mirror's file was last exchanged with ---------------------------------
+# A mirror is a cache of the bucket, never the other way round. Each file a transfer moves gets a
+# stamp (outside the mirror, under <mirror root>/.stamps): the object's URL, size and ETag, and the
+# file's own size and time then. A file counts as the object only while the bucket still holds the
+# object stamped; a file with a stamp whose object is gone (a deleted prefix, a new empty bucket)
+# is a stale copy. A file with no stamp is this machine's own write that never went up.
+def _stamp_path(url: str) -> Path:
+    h = hashlib.sha1(url.encode()).hexdigest()
+    return mirror_root() / ".stamps" / h[:2] / f"{h[2:]}.json"
 
-    r = remote(url)
-    bucket = r.path.split("/")[0]
-    with _errors(url, "open the bucket"):
-        info = r.fs.get_file_info(bucket)
-    if info.type == pafs.FileType.NotFound:
-        raise StorageError(f"{url}: cannot open the bucket: the bucket does not exist: create it, or fix runs_dir")
+
+def _read_stamp(url: str) -> dict | None:
+    try:
+        stamp = json.loads(_stamp_path(url).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if stamp.get("url") == url else None
+
+
+def _write_stamp(url: str, obj: Entry, local: os.stat_result) -> None:
+    path = _stamp_path(url)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps({"url": url, "size": obj.size, "etag": obj.etag, "mtime_ns": obj.mtime_ns,
+                               "local": [local.st_size, local.st_mtime_ns]}))
+    os.replace(tmp, path)
+
+
+def _drop_stamp(url: str) -> None:
+    _stamp_path(url).unlink(missing_ok=True)
+
+
+def _is_stamped(stamp: dict, obj: Entry) -> bool:
+    """`obj` is the object `stamp` names: the same size and ETag (its time only where no ETag is known)."""
+    if stamp["size"] != obj.size:
+        return False
+    if stamp.get("etag") and obj.etag:
+        return stamp["etag"] == obj.etag
+    return stamp.get("mtime_ns") == obj.mtime_ns and bool(obj.mtime_ns)
+
+
+def _untouched(stamp: dict, path: Path) -> bool:
+    """The file is as the transfer left it (not written since)."""
+    st = path.stat()
+    return stamp["local"] == [st.st_size, st.st_mtime_ns]
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # -- mirrors -----------------------------------------------------------------------------------
-def _download(url: str, dest: Path, entry: Entry) -> None:
+CHUNK = 8 << 20  # transfers stream: no whole object (an optimizer state is GBs) is ever held in memory
+
+
+def _download(url: str, dest: Path, listed: Entry) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.part")
+    r = remote(url)
     try:
-        tmp.write_bytes(get(url))
-        os.utime(tmp, ns=(entry.mtime_ns, entry.mtime_ns))  # the object's time: pull skips it next time
+        size = 0
+        with _errors(url, "read"):
+            with r.fs.open_input_stream(r.path) as src, open(tmp, "wb") as out:
+                etag = _etag(src.metadata()) or listed.etag
+                while chunk := src.read(CHUNK):
+                    size += out.write(chunk)
         os.replace(tmp, dest)
+        _write_stamp(url, Entry(size, listed.mtime_ns, etag), dest.stat())
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -236,39 +171,67 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
+def _local_files(root: Path, include: tuple = ("*",), exclude: tuple = ()) -> dict[str, Path]:
+    found = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()} if root.is_dir() else {}
+    return {rel: p for rel, p in found.items()
+            if not _hidden(rel) and _matches(rel, include) and not _matches(rel, exclude)}
+
+
+def _holds(url: str, dest: Path, listed: Entry) -> bool:
+    """Whether the mirror's file may stand for the object: the bucket still holds the object it was
+    last exchanged with (written here since, it is newer work of this machine: kept)."""
+    if not dest.is_file():
+        return False
+    stamp = _read_stamp(url)
+    if stamp is None:  # never exchanged: the same bytes (size, then MD5 against the ETag) or the bucket's
+        if dest.stat().st_size != listed.size:
+            return False
+        obj = head(url)
+        if obj.etag and "-" not in obj.etag and obj.etag == _md5(dest):
+            _write_stamp(url, obj, dest.stat())
+            return True
+        return False
+    return stamp["size"] == listed.size and _is_stamped(stamp, head(url))
+
+
 def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
-    """Bring the objects under a mirror dir's URL that match `include` (patterns on the relative
-    name; `*` crosses `/`) into the mirror, skipping those it holds already or has written since
-    (a resumed stage's own newer files); the count fetched."""
+    """Make the mirror dir agree with the bucket for the objects that match `include` (patterns on
+    the relative name; `*` crosses `/`): fetch what it lacks or holds another version of (checked
+    by size and ETag), and remove copies of objects the bucket no longer has. Files this machine
+    wrote since their last transfer are kept unless the bucket's object changed meanwhile: the
+    bucket is the truth. The count fetched."""
     url = url_of(directory)
     if url is None:
         return 0
-    include = tuple(include)
-    todo = []
-    for rel, entry in listing(url).items():
-        if _hidden(rel) or not _matches(rel, include):
-            continue
-        dest = Path(directory) / rel
-        try:
-            if dest.stat().st_mtime_ns >= entry.mtime_ns:
-                continue  # the mirror's copy is this object (it carries its time) or newer: never clobbered
-        except FileNotFoundError:
-            pass
-        todo.append((f"{url}/{rel}", dest, entry))
+    root, include = Path(directory), tuple(include)
+    objects = {rel: e for rel, e in listing(url).items() if not _hidden(rel) and _matches(rel, include)}
+    held = _parallel(_holds, [(f"{url}/{rel}", root / rel, e) for rel, e in objects.items()])
+    todo = [(f"{url}/{rel}", root / rel, e) for (rel, e), ok in zip(objects.items(), held) if not ok]
     _parallel(_download, todo)
+    for rel, path in _local_files(root, include).items():
+        if rel not in objects and _gone(path, f"{url}/{rel}"):
+            path.unlink()  # a copy of an object that is gone: the bucket says it does not exist
+            _drop_stamp(f"{url}/{rel}")
     return len(todo)
 
 
-def _parallel(fn, calls: list[tuple]) -> None:
+def pull_file(path: str | Path) -> bool:
+    """One file of a mirror as the bucket has it (fetched, kept, or removed when the bucket has
+    none); False for a plain local path."""
+    path = Path(path)
+    if url_of(path) is None:
+        return False
+    pull(path.parent, (path.name,))
+    return True
+
+
+def _parallel(fn, calls: list[tuple]) -> list:
     """fn(*args) for each, a few at a time (an object store's latency, not its bandwidth, is what
-    a run's many small files pay); the first error is raised."""
+    a run's many small files pay); their results in order, or the first error."""
     if len(calls) <= 1:
-        for args in calls:
-            fn(*args)
-        return
+        return [fn(*args) for args in calls]
     with ThreadPoolExecutor(min(TRANSFERS, len(calls))) as pool:
-        for f in [pool.submit(fn, *args) for args in calls]:
-            f.result()
+        return [f.result() for f in [pool.submit(fn, *args) for args in calls]]
 
 
 def push_file(path: str | Path) -> bool:
@@ -281,46 +244,67 @@ def push_file(path: str | Path) -> bool:
 
 
 def _upload(path: Path, url: str) -> None:
-    """put, then give the local file the object's time: `push` and `pull` skip what is equal."""
-    put(url, path.read_bytes())
+    """Stream the file up (one PUT, or a multipart upload for a large one: either way the object
+    appears whole), check the bucket holds the bytes sent, and stamp it. A file still growing (a
+    log) goes up as far as it was read; its stamp then says it changed since, so the next push
+    sends it again."""
+    before = path.stat()
+    md5, sent = hashlib.md5(), 0
     r = remote(url)
-    with _errors(url, "stat"):
-        mtime = r.fs.get_file_info(r.path).mtime_ns
-    if mtime:
-        os.utime(path, ns=(mtime, mtime))
+    with _errors(url, "write"):
+        with open(path, "rb") as src, r.fs.open_output_stream(r.path) as out:
+            while chunk := src.read(CHUNK):
+                md5.update(chunk)
+                out.write(chunk)
+                sent += len(chunk)
+    obj = head(url)
+    if obj.size != sent or (obj.etag and "-" not in obj.etag and obj.etag != md5.hexdigest()):
+        raise StorageError(f"{url}: the object written is not what was sent from {path} (size {obj.size} against "
+                           f"{sent}, ETag {obj.etag} against MD5 {md5.hexdigest()}): another writer, or a damaged "
+                           "upload; push again")
+    _write_stamp(url, obj, before)
 
 
 def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str] = (),
          delete_stale: bool = False) -> int:
     """Upload a mirror dir's files that are new or changed since their last upload, the `last`
-    ones (relative names) after all others, so a reader that sees them sees the rest; with
-    `delete_stale`, objects with no local file (a replaced convert, compacted shards) go before
-    `last` does. Files matching `exclude` (and hidden ones) stay local. The count uploaded."""
+    ones (relative names: markers) after all others, so a reader that sees them sees the rest;
+    with `delete_stale`, objects with no local file (a replaced convert, compacted shards) go
+    before `last` does. When anything is rewritten, the markers the bucket holds are withdrawn
+    first: a reader meanwhile sees no marker (not done), never an old one naming new or missing
+    files, and a push cut short leaves it so. Files matching `exclude` (and hidden ones) stay
+    local. The count uploaded."""
     url = url_of(directory)
     if url is None:
         return 0
     root, exclude, last = Path(directory), tuple(exclude), tuple(last)
     there = listing(url)
-    local = {p.relative_to(root).as_posix(): p for p in sorted(root.rglob("*")) if p.is_file()}
-    local = {rel: p for rel, p in local.items() if not _hidden(rel) and not _matches(rel, exclude)}
-    changed = [rel for rel, p in local.items() if _changed(p, there.get(rel))]
-    _parallel(_upload, [(local[rel], f"{url}/{rel}") for rel in changed if rel not in last])
-    if delete_stale:
-        _delete_stale(url, there, local, exclude)
-    for rel in last:  # in the order given, after everything else
-        if rel in changed:
-            _upload(local[rel], f"{url}/{rel}")
-    return len(changed)
+    local = _local_files(root, exclude=exclude)
+    for rel in [rel for rel, p in local.items() if rel not in there and _gone(p, f"{url}/{rel}")]:
+        local.pop(rel).unlink()  # a copy of an object deleted since: never uploaded back
+        _drop_stamp(f"{url}/{rel}")
+    changed = [rel for rel, p in local.items() if _changed(p, f"{url}/{rel}", there.get(rel))]
+    stale = [rel for rel in there if delete_stale and rel not in local and not _matches(rel, exclude)]
+    body = [rel for rel in changed if rel not in last]
+    markers = [rel for rel in last if rel in local and (rel in changed or body or stale)]
+    _parallel(delete, [(f"{url}/{rel}",) for rel in markers if rel in there])
+    _parallel(_upload, [(local[rel], f"{url}/{rel}") for rel in body])
+    _parallel(delete, [(f"{url}/{rel}",) for rel in stale])
+    for rel in markers:  # in the order given, after everything else
+        _upload(local[rel], f"{url}/{rel}")
+    return len(set(body) | set(markers))
 
 
-def _changed(path: Path, entry: Entry | None) -> bool:
-    """Not uploaded yet, or written since its upload (`_upload` gives the file the object's time)."""
-    st = path.stat()
-    return entry is None or entry.size != st.st_size or st.st_mtime_ns > entry.mtime_ns
+def _gone(path: Path, url: str) -> bool:
+    """A file as a transfer left it whose object the bucket no longer holds."""
+    stamp = _read_stamp(url)
+    return stamp is not None and _untouched(stamp, path)
 
 
-def _delete_stale(url: str, there: dict[str, Entry], local: dict[str, Path], exclude: tuple) -> None:
-    _parallel(delete, [(f"{url}/{rel}",) for rel in there if rel not in local and not _matches(rel, exclude)])
+def _changed(path: Path, url: str, entry: Entry | None) -> bool:
+    """Not in the bucket, never uploaded from here, written since, or replaced there since."""
+    stamp = _read_stamp(url)
+    return entry is None or stamp is None or not _untouched(stamp, path) or stamp["size"] != entry.size
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ recorded call's path.
 """
 from __future__ import annotations
 
+import logging
 import re
 import secrets
 from typing import Callable
@@ -23,6 +24,8 @@ from collect.proxy.rollouts import Rollout, RolloutRegistry
 from collect.proxy.shards import TurnStore
 from collect.proxy.upstreams import UpstreamPool
 from collect.records import ClosedRollout, OpenedRollout, RolloutState
+
+log = logging.getLogger("wharf.proxy.admin")
 
 _ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -142,7 +145,13 @@ class AdminAPI:
             self.metrics.inc("rollouts_closed_total", help="Rollouts closed")
         # Calls already under way finish and are recorded (bounded by the upstream timeout).
         await r.idle.wait()
-        await self.store.flush(r.rollout_id)
+        try:
+            await self.store.flush(r.rollout_id)
+        except Exception as e:  # noqa: BLE001 - e.g. a bucket answering 503, expired credentials
+            # The rows are durable in the WAL and stay pending: the next flush or close publishes
+            # them, and a restarted proxy at start-up. The finished, scored rollout is not lost.
+            log.warning("rollout %s closed; publishing its rows failed (%s): they stay in the WAL, retried on "
+                        "the next flush", r.rollout_id, e)
         return web.json_response(ClosedRollout(r.rollout_id, r.n_turns, r.n_errors).to_json())
 
     async def admin_get(self, request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ the metrics); the recording path turns it into an error row.
 from __future__ import annotations
 
 import asyncio
+import re
 
 import aiohttp
 
@@ -81,7 +82,14 @@ def requested_max_tokens(req: dict, cap: int | None) -> int | None:
 
 async def http_failure(resp: aiohttp.ClientResponse) -> UpstreamFailure:
     """A non-200 answer; an OpenAI-style error body is kept to be passed on as is."""
-    body = await resp.read()
+    return failure_of(resp.status, await resp.read())
+
+
+# vLLM's answer for a model name it does not serve (a LoRA never loaded there, or lost in a restart)
+_NO_SUCH_MODEL = re.compile(rb"model [`'\"]?[^`'\"]*[`'\"]? does not exist", re.I)
+
+
+def failure_of(status: int, body: bytes) -> UpstreamFailure:
     try:
         err = jsonx.loads(body)
         msg = err.get("error", {}).get("message") if isinstance(err.get("error"), dict) else err.get("message")
@@ -89,8 +97,7 @@ async def http_failure(resp: aiohttp.ClientResponse) -> UpstreamFailure:
         ok_body = isinstance(err.get("error"), dict)
     except (ValueError, AttributeError):
         msg, ok_body = body[:500].decode("utf-8", "replace"), False
-    return UpstreamFailure(resp.status, f"upstream answered {resp.status}: {msg}", f"http_{resp.status}",
-                           body if ok_body else None)
+    return UpstreamFailure(status, f"upstream answered {status}: {msg}", f"http_{status}", body if ok_body else None)
 
 
 class Forwarder:
@@ -115,7 +122,18 @@ class Forwarder:
         last: Exception | None = None
         for up in self.pool.order(rollout_id):
             try:
-                return await self.session.post(up.chat_url, data=body, headers=self.headers, timeout=self._timeout)
+                resp = await self.session.post(up.chat_url, data=body, headers=self.headers, timeout=self._timeout)
+                if resp.status != 404:
+                    return resp
+                # A replica that does not serve the policy (restarted: its runtime LoRAs are gone) is
+                # named and routed around; the call goes to the next replica, not back to the agent.
+                try:
+                    text = await resp.read()
+                finally:
+                    resp.release()
+                if not _NO_SUCH_MODEL.search(text) or not self.pool.refuse(rollout_id, up, text[:200].decode("utf-8", "replace")):
+                    raise failure_of(404, text)
+                last = failure_of(404, text)
             except aiohttp.ClientConnectorError as e:
                 up.mark_down(f"{type(e).__name__}: {e}")
                 last = e
@@ -124,6 +142,8 @@ class Forwarder:
             except aiohttp.ClientError as e:
                 raise UpstreamFailure(502, f"upstream {up.url} failed: {type(e).__name__}: {e}",
                                       "connection") from None
+        if isinstance(last, UpstreamFailure):
+            raise last  # every replica answered that it does not serve the policy
         raise UpstreamFailure(502, f"no upstream reachable (last: {last})", "unreachable")
 
     async def open_stream(self, rollout_id: str, body: bytes) -> aiohttp.ClientResponse:

@@ -58,6 +58,17 @@ class UpstreamPool:
     def _score(self, up: Upstream, key: str) -> int:
         return int.from_bytes(hashlib.blake2b(f"{up.url}|{key}".encode(), digest_size=8).digest(), "big")
 
+    def refuse(self, rollout_id: str, up: Upstream, why: str) -> bool:
+        """`up` does not serve the rollout's policy (e.g. a replica restarted and forgot its runtime
+        LoRAs): none of the policy's calls go there from now on. False when the policy is unknown."""
+        policy = self.policy_of(rollout_id) if self.policy_of is not None else None
+        if not policy:
+            return False
+        if up.url not in self.refused.setdefault(policy, set()):
+            log.error("upstream %s does not serve %s (%s): its calls go to the other upstreams", up.url, policy, why)
+        self.refused[policy].add(up.url)
+        return True
+
     def order(self, rollout_id: str) -> list[Upstream]:
         """Upstreams to try for this rollout: its sticky choice first, healthy ones before unhealthy;
         none that refused the rollout's policy."""

@@ -34,7 +34,7 @@ OPS = [("sub", "a + b", "a - b", (5, 3), 2), ("add", "a - b", "a + b", (5, 3), 8
 TYPOS = [("World", "Wrold"), ("There", "Tehre"), ("Friend", "Freind"), ("Planet", "Palnet"), ("Team", "Taem"),
          ("Python", "Pyhton"), ("Moon", "Mono"), ("Earth", "Eatrh")]
 
-TOML = task_toml("learn", ["learn", "shell"])
+TAGS = ["learn", "shell"]
 q = json.dumps  # a string as the training checks spell it: "double-quoted"
 
 
@@ -136,7 +136,7 @@ def task_dir(t: dict) -> TaskDir:
 def main() -> None:
     shutil.rmtree(HERE / "heldout", ignore_errors=True)
     for t in heldout():
-        write(task_dir(t), HERE / "heldout", "learn", TOML)
+        write(task_dir(t), HERE / "heldout", "learn", task_toml("learn", TAGS, family=t["kind"]))
         print(f"heldout/{t['name']}: {t['cmd']}")
 
 

@@ -30,7 +30,8 @@ HELDOUT_COPIES = 2  # 16 held-out instances for the 8 trained on
 WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "lantern", "walnut",
          "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
 
-TOML = task_toml("multiturn", ["multiturn", "shell", "observe"])
+TAGS = ["multiturn", "shell", "observe"]
+TOML = task_toml("multiturn", TAGS)
 
 
 def instruction(what: str, show: str, save: str, placeholder: str) -> str:
@@ -120,7 +121,7 @@ def heldout(train: list[dict]) -> list[dict]:
         if len(set(values)) == len(values) and not seen & set(values):
             seen |= set(values)
             copy = len(out) // len(train) + 1
-            out += [{**t, "name": f"{t['name']}-{copy}"} for t in drawn]
+            out += [{**t, "name": f"{t['name']}-{copy}", "kind": t["name"]} for t in drawn]
         seed += 1
     return out
 
@@ -132,7 +133,7 @@ def main() -> None:
         print(f"{t['name']}: {t['value']}")
     shutil.rmtree(HERE / "heldout", ignore_errors=True)
     for t in heldout(train):
-        write(task_dir(t), HERE / "heldout", "multiturn", TOML)
+        write(task_dir(t), HERE / "heldout", "multiturn", task_toml("multiturn", TAGS, family=t["kind"]))
         print(f"heldout/{t['name']}: {t['value']}")
 
 

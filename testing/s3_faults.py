@@ -1,0 +1,104 @@
+"""A tiny HTTP proxy in front of an S3 server that answers 503 (S3's SlowDown) on demand: fault
+injection for tests of what a failing bucket costs. Requests are relayed as they came (the
+signature covers the Host header, which is relayed unchanged), so the server checks them as usual.
+
+    with FaultyS3(upstream="http://127.0.0.1:8333") as proxy:
+        os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
+        proxy.fail = lambda method, path: method == "PUT"   # every upload answers 503 from now on
+        proxy.fail = None                                    # the bucket is back
+"""
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+from urllib.parse import urlsplit
+
+_SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+              b"<Message>injected by testing/s3_faults.py</Message></Error>")
+_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+
+
+class FaultyS3:
+    def __init__(self, upstream: str):
+        u = urlsplit(upstream)
+        self.upstream = (u.hostname, u.port)
+        self.fail: Callable[[str, str], bool] | None = None  # (method, path) -> answer 503
+        self.failed: list[tuple[str, str]] = []  # the requests answered 503
+        self.seen: list[tuple[str, str]] = []  # every request, in order
+        self.delay_s = 0.0  # each request waits this long first: a slow bucket
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _relay(self):
+                body = self._body()
+                owner.seen.append((self.command, self.path))
+                if owner.delay_s:
+                    time.sleep(owner.delay_s)
+                rule = owner.fail
+                if rule is not None and rule(self.command, self.path):
+                    owner.failed.append((self.command, self.path))
+                    self.send_response(503, "Slow Down")
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(_SLOW_DOWN)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(_SLOW_DOWN)
+                    return
+                conn = http.client.HTTPConnection(*owner.upstream, timeout=60)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response(resp.status, resp.reason)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in _HOP and k.lower() != "content-length":
+                            self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data) if self.command != "HEAD"
+                                                           else resp.getheader("Content-Length") or 0))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            def _body(self) -> bytes:
+                """The request's body, HTTP chunked framing undone (the relay sends a Content-Length)."""
+                if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+                    n = int(self.headers.get("Content-Length") or 0)
+                    return self.rfile.read(n) if n else b""
+                parts = []
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        return b"".join(parts)
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "FaultyS3":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()

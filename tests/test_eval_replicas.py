@@ -1,0 +1,82 @@
+"""A fleet of two replicas (vLLM-format stubs, testing/vllm_stub.py, serving runtime LoRAs as vLLM
+does): eval loads its adapter on every replica the proxy routes to, and a replica that forgot
+the policy (restarted) is named, routed around, and costs no call."""
+from __future__ import annotations
+
+import pytest
+import requests
+
+from collect.proxy.background import BackgroundProxy
+from pipeline.eval import EvalError, Policy, serving
+from testing.vllm_stub import StubServer
+from wharf.config import load_config
+from wharf.endpoint import Endpoint
+
+from proxy_util import close_rollout, make_cfg, open_rollout, post, rows
+
+
+@pytest.fixture
+def fleet():
+    with StubServer(loras=True) as a, StubServer(loras=True) as b:
+        yield a, b
+
+
+def _cfg(a, b, *extra):
+    return load_config(None, [f"endpoint.url={a.url}", f"proxy.upstreams=[{b.url}]", "endpoint.model=stub-model", *extra])
+
+
+def test_eval_loads_its_adapter_on_every_replica(fleet, tmp_path):
+    a, b = fleet
+    ep = Endpoint(a.url, model="stub-model")
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_model.safetensors").write_bytes(b"weights")  # names it: eval-<sha256>
+    p = Policy(str(tmp_path / "adapter"), "x", tmp_path / "adapter", None)
+    with serving(ep, _cfg(a, b), p) as (name, refused):
+        assert refused == [] and all(name in s.stub.adapters for s in (a, b))  # was: only on endpoint.url
+    assert a.stub.adapters == {} and b.stub.adapters == {}  # unloaded from both after
+    with StubServer() as plain:  # no runtime LoRA loading: refuses, and is routed none of the policy's calls
+        with serving(ep, _cfg(a, plain), p) as (name, refused):
+            assert refused == [plain.url] and name in a.stub.adapters
+        with pytest.raises(EvalError, match="no replica serves"):
+            with serving(Endpoint(plain.url, model="stub-model"), _cfg(plain, plain), p):
+                pass
+
+
+def test_a_replica_that_forgot_the_policy_is_routed_around(fleet, tmp_path):
+    a, b = fleet
+    for s in (a, b):
+        s.stub.adapters["policy-v1"] = "/adapters/v1"
+    cfg = make_cfg(tmp_path, a.url, f"proxy.upstreams=[{b.url}]")
+    with BackgroundProxy(cfg) as p:
+        opened = [open_rollout(p, f"r{i}", policy="policy-v1") for i in range(8)]
+        b.stub.restart()  # its runtime LoRAs are gone; /health still answers 200
+        for info in opened:
+            r = post(f"{info['base_url']}/chat/completions",
+                     json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+            assert r.status_code == 200, r.text
+        for info in opened:
+            close_rollout(p, info["rollout_id"])
+        health = requests.get(f"{p.url}/health").json()
+    assert b.stub.stats["missing_model"] >= 1  # some rollouts were routed to b (sticky hashing)
+    assert b.stub.stats["missing_model"] == 1  # named once, then routed around
+    assert {u["url"]: u["refused"] for u in health["upstreams"]} == {a.url: [], b.url: ["policy-v1"]}
+    assert a.stub.stats["model:policy-v1"] == 8
+    assert sorted(r["status"] for r in rows(p)) == ["ok"] * 8
+
+
+def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path):
+    """The loop's check before a round samples policy-v1 asks every replica, not endpoint.url only."""
+    from pipeline.loop import ensure_served
+    from wharf.layout import RunLayout
+    from wharf.replicas import PublishRecord
+
+    a, b = fleet
+    cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")
+    adapter = RunLayout.of(str(tmp_path), "r").round(0).train.adapter
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    a.stub.adapters["policy-v1"] = str(adapter)  # b restarted: it lost policy-v1, a still serves it
+    ensure_served(Endpoint(a.url, model="stub-model"), cfg, 1)
+    assert b.stub.adapters == {"policy-v1": str(adapter.resolve())} and a.stub.adapters["policy-v1"] == str(adapter)
+    record = PublishRecord.read(cfg.layout.published("policy-v1"))
+    assert record is not None and record.serving == [a.url, b.url] and record.refused == {}
