@@ -72,7 +72,7 @@ def loss_config(cfg: RunConfig) -> LossConfig:
     t = cfg.train
     return LossConfig(eps_low=t.eps_low, eps_high=t.eps_high, agg=t.loss_agg, constant=loss_constant(cfg),
                       kl_coef=t.kl_coef, mismatch=t.mismatch, mismatch_cap=t.mismatch_cap,
-                      mismatch_bound=t.mismatch_bound)
+                      mismatch_bound=t.mismatch_bound, objective=t.objective)
 
 
 def loss_constant(cfg: RunConfig) -> float:

@@ -203,6 +203,9 @@ class ConvertConfig:
 class TrainConfig:
     """LoRA GRPO on convert's micro-batches (wharf train)."""
 
+    # grpo: the clipped policy-gradient loss; sft: the mean token NLL over the completion mask
+    # (demonstrations: convert.mode=sft), advantages and behaviour log-probs unused.
+    objective: Literal["grpo", "sft"] = "grpo"
     # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
     model: str | None = None
     seed: int = 0
