@@ -137,6 +137,10 @@ class ProxyConfig:
     # The upstream's context window, to cap an agent's max_tokens to the room its prompt leaves;
     # None: learned from the upstream's /tokenize (vLLM and the local engine report it).
     max_model_len: Positive | None = None
+    # The upstream is a teacher that returns no token ids or log-probs (an API model, llama.cpp,
+    # ollama): vLLM's recording parameters are not sent, the request and the answer's text are
+    # recorded, and the calls are marked text_only (usable by convert.mode=sft, refused by grpo).
+    text_only: bool = False
 
 
 @dataclass
