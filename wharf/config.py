@@ -168,8 +168,22 @@ class CollectConfig:
 
 
 @dataclass
+class SftConvertConfig:
+    """convert.mode=sft: which rollouts become supervised rows."""
+
+    # Rollouts whose reward is at least this are kept (demonstrations that succeeded).
+    min_reward: float = 1.0
+
+
+@dataclass
 class ConvertConfig:
     """Stored collect dirs -> training rows -> advantages -> micro-batches (wharf convert)."""
+
+    # grpo: group advantages, token-exact rows only (text-only calls are refused). sft: supervised
+    # rows of the rollouts with reward >= sft.min_reward (advantage 1, scored at temperature 1);
+    # text-only calls are rendered with the student's chat template as the engine renders them.
+    mode: Literal["grpo", "sft"] = "grpo"
+    sft: SftConvertConfig = field(default_factory=SftConvertConfig)
 
     # Stored collect dirs to read (replay, mixing); empty: this run's rounds/<round>/collect.
     jobs: list[str] = field(default_factory=list)
