@@ -51,12 +51,19 @@ def nll(adapter, rows) -> float:
     return total / n
 
 
-def test_a_tiny_sft_round_lowers_the_nll_of_its_rows(tmp_path):
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    """Run `sft`, round 0: a 2-step SFT round on the cached rows (its adapter is policy-v1)."""
+    tmp = tmp_path_factory.mktemp("runs")
     rows = sample_rows(4, 10, 1.0, seed=0)  # the same rows test_train_stage samples (session cache)
-    cfg = run_config(tmp_path, "train.objective=sft", "train.lr=0.003", "train.rows_per_step=2")
+    cfg = run_config(tmp, "name=sft", "train.objective=sft", "train.lr=0.003", "train.rows_per_step=2")
     # advantages of both signs and zero behaviour log-probs: sft must ignore them all
     write_round(convert_path(cfg), [{**r, "lp": [0.0] * len(r["lp"])} for r in rows], [1.0, -1.0, 0.0, -2.0], 1.0)
-    result = train_round(cfg, progress=False)
+    return tmp, rows, train_round(cfg, progress=False)
+
+
+def test_a_tiny_sft_round_lowers_the_nll_of_its_rows(sft_run):
+    _, rows, result = sft_run
     assert result.steps == 2 and result.skipped_steps == 0 and result.policy == "policy-v1"
     assert result.mismatch_mean is None  # no behaviour policy to compare with
     metrics = [json.loads(x) for x in (Path(result.adapter) / ".." / "metrics.jsonl").resolve().read_text().splitlines()]
@@ -64,3 +71,51 @@ def test_a_tiny_sft_round_lowers_the_nll_of_its_rows(tmp_path):
                for m in metrics)
     before, after = nll(None, rows), nll(result.adapter, rows)
     assert after < before - 0.05, (before, after)
+
+
+def lora_b(adapter) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    w = load_file(str(Path(adapter) / "adapter_model.safetensors"))
+    return torch.cat([v.flatten() for k, v in sorted(w.items()) if "lora_B" in k])
+
+
+def test_a_warm_started_round_0_continues_the_init_adapter(sft_run):
+    tmp, rows, sft = sft_run
+    # GRPO round 0 of another run, from the SFT run's policy-v1, with a step too small to move it
+    cfg = run_config(tmp, "name=grpo", f"loop.init_adapter={tmp / 'sft'}:1", "train.lr=1e-9")
+    assert cfg.start_policy == "policy-v0"
+    write_round(convert_path(cfg), rows, [1.0, -1.0, 1.0, -1.0], 1.0)
+    result = train_round(cfg, progress=False)
+    start, end = lora_b(sft.adapter), lora_b(result.adapter)
+    assert start.abs().max() > 0  # a new LoRA starts with B = 0: this one continued the SFT adapter
+    assert torch.allclose(start, end, atol=1e-6)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lora_rank=8", "rank 4, but train.lora_rank=8"),
+    ("train.lora_target_modules=[q_proj]", "targets .* but train.lora_target_modules"),
+])
+def test_an_init_adapter_that_does_not_fit_is_refused_before_the_loop_starts(sft_run, override, message):
+    from pipeline.loop import LoopError, check_init_adapter
+
+    tmp, _, _ = sft_run
+    cfg = run_config(tmp, "name=other", f"loop.init_adapter={tmp / 'sft'}:1", override)
+    with pytest.raises(LoopError, match=f"loop.init_adapter=.*sft:1'.*rounds/0/train/adapter: {message}"):
+        check_init_adapter(cfg)
+
+
+def test_an_init_adapter_of_another_base_model_is_refused(sft_run, tmp_path):
+    from pipeline.loop import LoopError, check_init_adapter
+    from wharf.model_store import embedded_model_dir
+
+    other = tmp_path / "SmolLM2-other"
+    other.mkdir()
+    (other / "config.json").write_text((embedded_model_dir() / "config.json").read_text())
+    tmp, _, sft = sft_run
+    cfg = run_config(tmp, "name=other", f"loop.init_adapter={sft.adapter}", f"train.model={other}")
+    with pytest.raises(LoopError, match="base_model_name_or_path .* but this run trains .*SmolLM2-other"):
+        check_init_adapter(cfg)
+    missing = run_config(tmp, "name=other", f"loop.init_adapter={tmp / 'sft'}:7")
+    with pytest.raises(LoopError, match="rounds/6/train/adapter holds no adapter"):
+        check_init_adapter(missing)

@@ -17,7 +17,7 @@ from typing import Callable
 from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
 from wharf import storage
-from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, policy_name
+from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, init_adapter_dir, policy_name
 
 from .errors import TrainError
 from .loss import LossConfig
@@ -58,9 +58,14 @@ def ensure_converted(cfg: RunConfig, progress: bool, convert: Callable | None) -
 
 
 def init_adapter(cfg: RunConfig) -> Path | None:
-    """Round 0: a new adapter. Round k: policy-v<k>, the adapter round k-1 trained."""
+    """Round 0: a new adapter, or loop.init_adapter's (a warm start). Round k: policy-v<k>, the
+    adapter round k-1 trained."""
     if cfg.round == 0:
-        return None
+        start = init_adapter_dir(cfg.loop.init_adapter)
+        if start is not None and not has_adapter(start):
+            raise TrainError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
+                             "(no adapter_config.json)")
+        return start
     prev = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round - 1).train.adapter
     if not has_adapter(prev):
         raise TrainError(f"round {cfg.round} continues from {policy_name(cfg.round)}, but {prev} holds no adapter: "

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field
 
 from wharf import configio
 from wharf.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
-from wharf.layout import RoundLayout, RunLayout
+from wharf.layout import RoundLayout, RunLayout, policy_name
 
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
 Positive = Annotated[int, Field(ge=1)]
@@ -351,8 +351,16 @@ class LoopConfig:
     # published; s >= 1 collects round k+1 while round k trains, from the newest published policy,
     # so a round's rows are at most s policies behind the one it trains (corrected by train.mismatch).
     max_staleness: Annotated[int, Field(ge=0, le=2)] = 0
+    # Warm start: round 0 samples from this adapter (published as policy-v0) and round 0's train
+    # continues it, instead of the base model and a new LoRA: <run dir>:<k> (policy-v<k> of that
+    # run, e.g. an SFT run's) or an adapter dir. Same base model, rank and targets, checked at start.
+    init_adapter: str | None = None
 
     def __post_init__(self):
+        if self.init_adapter is not None:
+            check_policy_spec(self.init_adapter, "loop.init_adapter")
+            if self.init_adapter == "base" or self.init_adapter.endswith(":0"):
+                raise ValueError(f"loop.init_adapter={self.init_adapter!r} names the base model: leave it unset")
         if self.eval_every and not self.eval_dataset:
             raise ValueError(f"loop.eval_every={self.eval_every} needs loop.eval_dataset: the task set to evaluate "
                              "on (a held-out split, e.g. datasets/multiturn/heldout)")
@@ -418,6 +426,11 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return self.layout.root
+
+    @property
+    def start_policy(self) -> str:
+        """The name round 0 samples from: the endpoint's model, or policy-v0 (loop.init_adapter)."""
+        return policy_name(0) if self.loop.init_adapter else self.endpoint.model
 
     @property
     def layout(self) -> RunLayout:
