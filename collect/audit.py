@@ -99,7 +99,7 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
             continue
         matched = [t for t in rows if t["status"] == "ok" or (log.counts_errors and t["status"] == "error")]
         for t, call in zip(matched, log.calls):
-            if call.text is None or t["status"] != "ok" or _tool_calls(t):
+            if call.text is None or t["status"] != "ok" or _tool_calls(t) or t.get("text_only"):  # no ids
                 continue
             decoded = decode(t["completion_token_ids"])
             if decoded not in (call.text + eot, call.text):

@@ -135,7 +135,8 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
                  "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
                               "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
-                               jobs=[storage.describe(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
+                               jobs=[storage.describe(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed,
+                               mode=c.mode),
                     ConvertPaths(tmp).index)
         ConvertPaths(tmp).stats.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)

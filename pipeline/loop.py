@@ -79,6 +79,9 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     ensure_served(ep, cfg, cfg.round)
     summary = collect_round(cfg)
+    if summary.text_only:
+        log.warning("round %d: %d rollouts are text-only (the endpoint returned no token ids): GRPO refuses them",
+                    cfg.round, len(summary.text_only))
     return {"policy": cfg.collect.policy, "rollouts": len(summary.rows), "mean_reward": summary.mean_reward}
 
 

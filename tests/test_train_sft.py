@@ -33,6 +33,20 @@ def test_sft_objective_is_checked():
         LossConfig(objective="dpo")
 
 
+def test_grpo_refuses_supervised_rows(tmp_path):
+    from wharf.batches import read_index, write_index
+    from train.errors import TrainError
+
+    cfg = run_config(tmp_path, "train.objective=grpo")
+    write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0)[:2], [1.0, 1.0], 1.0)
+    index = read_index(convert_path(cfg))
+    index.mode = "sft"
+    write_index(index, convert_path(cfg) / "index.json")
+    with pytest.raises(TrainError, match="convert.mode=sft.*train.objective=grpo: train them with train.objective=sft"):
+        train_round(cfg, progress=False)
+    assert not (tmp_path / "t/rounds/0/train/adapter").exists()
+
+
 def nll(adapter, rows) -> float:
     """Mean token NLL of the rows' completions under the base model (+ adapter), recomputed naively."""
     from peft import PeftModel

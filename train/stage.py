@@ -132,6 +132,9 @@ def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None 
     else:
         d = ensure_converted(cfg, progress, convert)
         index, batches = load_batches(d)
+        if index.mode == "sft" and cfg.train.objective != "sft":
+            raise TrainError(f"{d}: supervised rows (convert.mode=sft: advantage 1, no behaviour log-probs), but "
+                             f"train.objective={cfg.train.objective}: train them with train.objective=sft")
         result = _train(cfg, paths, index, batches, progress)
     if cfg.train.publish and not result.published and _is_main():
         result.published, result.publish_message = try_publish(cfg, paths.adapter, result.policy)
