@@ -125,7 +125,22 @@ def parse_mini(data: dict, where: str) -> Trajectory:
             out.calls.append((list(messages), msg))
         messages.append(msg)
     if any(a.get("tool_calls") for _, a in out.calls):  # its tool-calling models send their one tool
-        from minisweagent.models.utils.actions_toolcall import BASH_TOOL
-
-        out.tools = [BASH_TOOL]
+        out.tools = [mini_bash_tool()]
     return out
+
+
+def mini_bash_tool() -> dict:
+    """mini-swe-agent's BASH_TOOL, read from its source: importing minisweagent reads (and may
+    write) the user's global mini config."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("minisweagent")
+    if spec is None or not spec.submodule_search_locations:
+        raise TrajectoryError("a tool-calling mini-swe-agent trajectory needs mini-swe-agent installed (its bash tool)")
+    src = Path(spec.submodule_search_locations[0]) / "models" / "utils" / "actions_toolcall.py"
+    for node in ast.parse(src.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BASH_TOOL" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise TrajectoryError(f"{src}: no BASH_TOOL (another mini-swe-agent version?)")
