@@ -61,3 +61,15 @@ def test_an_upstream_that_ignores_return_token_ids_is_told_to_use_the_key(tmp_pa
             client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
                                            extra_body={"stub_fail": "no_token_ids"})
         close_rollout(p, "w")
+
+
+def test_the_endpoint_launcher_takes_a_teacher_as_it_is(tmp_path, teacher):
+    """No engine started, no token-id check (which a teacher fails) under proxy.text_only."""
+    from engine.launch import launch
+    from wharf.endpoint import EndpointError
+
+    with launch(make_cfg(tmp_path, teacher.url, "proxy.text_only=true", "endpoint.launch=false")) as ep:
+        assert ep.url == teacher.url and ep.process is None
+    with pytest.raises(EndpointError):
+        with launch(make_cfg(tmp_path, teacher.url, "endpoint.launch=false")):
+            pass
