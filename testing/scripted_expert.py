@@ -98,6 +98,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "expert", "object": "model", "owned_by": "wharf"}]})
 
@@ -106,7 +110,7 @@ def app() -> web.Application:
     a = web.Application()
     a.router.add_post("/v1/chat/completions", chat)
     a.router.add_get("/v1/models", models)
-    a.router.add_get("/health", lambda r: web.Response(text="ok"))
+    a.router.add_get("/health", health)
     return a
 
 
