@@ -225,7 +225,8 @@ def check_init_adapter(cfg: RunConfig) -> None:
     if start is None:
         return
     if not has_adapter(start):
-        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter (no adapter_config.json)")
+        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
+                        "(no adapter_config.json)")
     try:
         check_adapter_config(cfg, start)
     except AdapterError as e:

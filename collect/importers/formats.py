@@ -121,7 +121,8 @@ def parse_mini(data: dict, where: str) -> Trajectory:
         msg["content"] = _text(m.get("content")) if m.get("content") is not None else None
         if m["role"] == "assistant":
             if not msg.get("content") and not msg.get("tool_calls"):
-                raise TrajectoryError(f"{where}: messages[{i}]: an assistant message with neither content nor tool_calls")
+                raise TrajectoryError(f"{where}: messages[{i}]: an assistant message with neither content "
+                                      "nor tool_calls")
             out.calls.append((list(messages), msg))
         messages.append(msg)
     if any(a.get("tool_calls") for _, a in out.calls):  # its tool-calling models send their one tool
