@@ -23,7 +23,7 @@ NODE_DIR := collect/agents/node
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
 .PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
-	experiment-multiturn experiment-multiturn-figure
+	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft
 
 setup: $(VENV)/.installed
 
@@ -148,6 +148,35 @@ experiment-multiturn: setup
 experiment-multiturn-figure: setup
 	$(WHARF) report --out docs/multiturn.png --compare \
 		$(foreach r,$(filter-out %-stale1 %-stale2,$(wildcard runs/multiturn-grpo-s* runs/multiturn-zero-s*)),$(notdir $(r))=$(r))
+
+# The warm-start experiment (docs/warmstart.md): mini-swe-agent (unmodified, text-based) with
+# SmolLM2-135M on datasets/multiturn, 5 rounds (ROUNDS=N) of one arm from one seed, held-out eval
+# every round, in runs/mini-<arm>-s<seed>. ARM=base: GRPO from the base model; ARM=sft: the SFT
+# adapter, then zero-advantage control rounds; ARM=sft-grpo: GRPO from the SFT adapter. The SFT
+# adapter of a seed (runs/mini-sft-s<seed>, policy-v1) is made once by `make mini-sft`: the scripted
+# expert (testing/scripted_expert.py, reads only the conversation) serves mini through the proxy
+# (proxy.text_only), the rewarded rollouts become supervised rows, one SFT round trains them.
+# MINI_DEMO_ARGS: which demonstrations (few, so that the SFT policy leaves room for GRPO).
+MINI_EXPERT_PORT ?= 8300
+MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines]
+MINI_SFT = runs/mini-sft-s$(SEED)
+experiment-mini: setup
+	$(if $(filter base sft sft-grpo,$(ARM)),,$(error ARM=$(ARM): use ARM=base, sft or sft-grpo))
+	$(if $(filter base,$(ARM)),,$(MAKE) --no-print-directory mini-sft SEED=$(SEED))
+	$(WHARF) loop --config configs/mini.yaml rounds=$(or $(ROUNDS),5) name=mini-$(ARM)-s$(SEED) \
+		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) \
+		convert.advantage=$(if $(filter sft,$(ARM)),zero,grpo) \
+		$(if $(filter base,$(ARM)),,loop.init_adapter=$(MINI_SFT):1) \
+		$(if $(filter sft,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)
+
+mini-sft: setup
+	@if [ -f $(MINI_SFT)/rounds/0/train/result.json ]; then echo "mini-sft: $(MINI_SFT) is trained"; exit 0; fi; \
+	$(PY) -m testing.scripted_expert --port $(MINI_EXPERT_PORT) & expert=$$!; trap "kill $$expert" EXIT; \
+	$(WHARF) collect --config configs/mini.yaml name=mini-expert-s$(SEED) sampling.seed=$(SEED) endpoint.launch=false \
+		endpoint.url=http://127.0.0.1:$(MINI_EXPERT_PORT) endpoint.model=expert proxy.text_only=true $(MINI_DEMO_ARGS) && \
+	$(WHARF) convert --config configs/mini.yaml name=mini-sft-s$(SEED) convert.mode=sft \
+		convert.jobs=[runs/mini-expert-s$(SEED)/rounds/0/collect] && \
+	$(WHARF) train --config configs/mini.yaml name=mini-sft-s$(SEED) train.objective=sft train.seed=$(SEED) train.publish=false
 
 # Policies side by side on a task set, no training (docs/eval.md):
 #   make eval CONFIG=configs/multiturn.yaml eval.dataset=datasets/multiturn/heldout "eval.policies=[base,runs/multiturn:5]"

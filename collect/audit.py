@@ -61,6 +61,15 @@ def orphan_turns(paths: CollectPaths) -> dict[str, int]:
     return orphans(ids, known)
 
 
+def text_only_rollouts(paths: CollectPaths) -> list[str]:
+    """Rollouts with a text-only call (a teacher without token ids, or imported): SFT rows only."""
+    found: set[str] = set()
+    for f in schema.shard_files(paths.turns):
+        t = schema.read_table(f, "turns", ["rollout_id", "text_only"]).to_pydict()
+        found.update(r for r, text in zip(t["rollout_id"], t["text_only"]) if text)
+    return sorted(found)
+
+
 def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditReport:
     """`decode(ids) -> str` decodes completion ids; each must equal the agent's text + `eot`
     (the end-of-turn token is generated, so it is in the ids but not in the message)."""
@@ -90,7 +99,7 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
             continue
         matched = [t for t in rows if t["status"] == "ok" or (log.counts_errors and t["status"] == "error")]
         for t, call in zip(matched, log.calls):
-            if call.text is None or t["status"] != "ok" or _tool_calls(t):
+            if call.text is None or t["status"] != "ok" or _tool_calls(t) or t.get("text_only"):  # no ids
                 continue
             decoded = decode(t["completion_token_ids"])
             if decoded not in (call.text + eot, call.text):

@@ -18,5 +18,8 @@ def _collect(cfg) -> int:
     print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
           f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
     print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
+    if summary.text_only:
+        print(f"{len(summary.text_only)} rollouts are text-only (the endpoint returned no token ids): "
+              "convert them with convert.mode=sft; GRPO refuses them")
     print(f"wrote {out.rollouts}, {out.turns}/, {out.manifest}")
     return 0

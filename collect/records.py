@@ -92,6 +92,7 @@ class TurnRow:
     finish_reason: str | None = None
     status: str = "ok"  # schema.TURN_STATUSES: ok | error | abandoned
     error: str | None = None
+    text_only: bool = False  # a teacher's call (proxy.text_only) or an imported one: no ids, SFT only
 
     def as_dict(self) -> dict:
         """The row as the store keeps it (the WAL's JSON line, a shard's row)."""

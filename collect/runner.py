@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from wharf import endpoint, schema, storage
-from collect.audit import orphan_turns
+from collect.audit import orphan_turns, text_only_rollouts
 from wharf.config import RunConfig, dump_config
 from wharf.layout import JOB_FILES, WAL_DIR, CollectPaths
 from wharf.replicas import PublishRecord
@@ -48,6 +48,7 @@ class RoundSummary:
     rows: list[RolloutRow] = field(default_factory=list)
     resumed: int = 0
     nodes: dict[str, int] = field(default_factory=dict)  # trials finished by this run, per node
+    text_only: list[str] = field(default_factory=list)  # rollouts recorded without token ids (SFT rows only)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -240,7 +241,9 @@ class Round:
             _fold_shards(self.paths)
 
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
+        summary.text_only = text_only_rollouts(self.paths)
         manifest.update({
+            "text_only_rollouts": summary.text_only,
             "orphan_turns": sum(orphaned.values()), "orphan_rollouts": len(orphaned),
             "state": "done", "ended_at": _now().isoformat(),
             "wall_s": round(prev.get("wall_s", 0.0) + time.time() - started, 1),  # summed over resumed runs

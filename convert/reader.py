@@ -10,6 +10,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import orjson
@@ -26,7 +27,9 @@ log = logging.getLogger("convert")
 
 # What convert needs of a turns shard (request and response JSON are most of its bytes).
 COLUMNS = ["rollout_id", "turn", "sampling", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
-           "finish_reason", "status"]
+           "finish_reason", "status", "text_only"]
+# ...and what a text-only call is rendered from (convert.mode=sft only)
+TEXT_COLUMNS = ["api", "request", "response"]
 
 DEFAULT_TEMPERATURE = 1.0  # the OpenAI/vLLM default, for a call whose sampling names none
 
@@ -53,6 +56,7 @@ class Job:
     no_temperature: int = 0
     unflushed_wal: int = 0  # WAL segments left by a proxy that never folded them into shards
     turn_rows: Counter = field(default_factory=Counter)  # rollout_id -> turns rows read (ok or error)
+    text_only: set[str] = field(default_factory=set)  # rollouts with a text-only call (no token ids)
     # rollout_id -> (file index, list of Call) in turn order
     calls: dict[str, tuple[int, list[Call]]] = field(default_factory=dict)
 
@@ -113,7 +117,10 @@ def _refuse_running(paths: CollectPaths, manifest: dict) -> None:
                                 "(wait for it, or run collect again to finish a killed round) before converting it")
 
 
-def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = False) -> Job:
+def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = False,
+             render: Callable | None = None) -> Job:
+    """`render(api, request, response) -> (prompt ids, completion ids)` turns a text-only call into
+    ids (convert.mode=sft); None: text-only calls are only noted (job.text_only), never rows."""
     paths = CollectPaths(Path(directory))
     manifest = _manifest(paths)
     _refuse_running(paths, manifest)
@@ -133,18 +140,19 @@ def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = Fal
     files = schema.shard_files(paths.turns)
     for f in tqdm(files, desc=f"convert read {paths.root}", unit="shard", disable=not progress or len(files) < 2):
         try:
-            table = schema.read_table(f, "turns", COLUMNS)
+            table = schema.read_table(f, "turns", COLUMNS + (TEXT_COLUMNS if render else []))
         except schema.SchemaError as e:
             _bad(job, skip_bad, f, str(e).removeprefix(f"{f}: "))
             continue
         job.files.append(str(f))
-        _add_shard(job, len(job.files) - 1, table, known, skip_bad)
+        _add_shard(job, len(job.files) - 1, table, known, skip_bad, render)
     for _, calls in job.calls.values():
         calls.sort(key=lambda c: c.turn)  # a rollout's turns may span shards, in any order
     return job
 
 
-def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool) -> None:
+def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool,
+               render: Callable | None) -> None:
     f = job.files[file_index]
     job.turns_read += table.num_rows
     job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
@@ -160,9 +168,10 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
     n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
     n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
     n_p = pc.list_value_length(table["prompt_token_ids"]).fill_null(0).to_numpy()
-    for i in np.flatnonzero(ok & (n_c != n_l)):
+    text = pc.fill_null(table["text_only"], False).to_numpy(zero_copy_only=False)
+    for i in np.flatnonzero(ok & (n_c != n_l) & ~text):
         _bad(job, skip_bad, f, f"turn {turns[i]} has {n_c[i]} completion ids but {n_l[i]} log-probs", rids[i])
-    for i in np.flatnonzero(ok & (n_p == 0)):
+    for i in np.flatnonzero(ok & (n_p == 0) & ~text):
         _bad(job, skip_bad, f, f"turn {turns[i]} is ok but has no prompt ids", rids[i])
     pv, po = _flat(table["prompt_token_ids"], np.int32)
     cv, co = _flat(table["completion_token_ids"], np.int32)
@@ -185,5 +194,18 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
         if temp is None:
             job.no_temperature += 1
             temp = DEFAULT_TEMPERATURE
-        call = Call(int(turns[i]), pv[po[i]:po[i + 1]], cv[co[i]:co[i + 1]], lv[lo[i]:lo[i + 1]], finish[i], temp)
+        if text[i]:
+            job.text_only.add(rid)
+            if render is None:
+                continue
+            try:
+                prompt, completion = render(table["api"][i].as_py(), table["request"][i].as_py(),
+                                            table["response"][i].as_py())
+            except ValueError as e:
+                _bad(job, skip_bad, f, f"turn {turns[i]}: a text-only call that cannot be rendered: {e}", rid)
+                continue
+            prompt, completion = np.asarray(prompt, np.int32), np.asarray(completion, np.int32)
+            call = Call(int(turns[i]), prompt, completion, np.zeros(len(completion), np.float32), finish[i], temp)
+        else:
+            call = Call(int(turns[i]), pv[po[i]:po[i + 1]], cv[co[i]:co[i + 1]], lv[lo[i]:lo[i + 1]], finish[i], temp)
         job.calls.setdefault(rid, (file_index, []))[1].append(call)

@@ -26,6 +26,8 @@ from convert.build import Built, build
 from convert.reader import ConvertInputError, read_job
 from wharf.batches import BatchFile, BatchIndex, save_micro_batch, write_index
 from convert.rows import RowOptions
+from convert.sft import build_sft, chat_renderer
+from wharf.model_store import resolve_model_dir
 
 log = logging.getLogger("convert")
 
@@ -74,6 +76,24 @@ def _publish(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def student_model_dir(cfg: RunConfig) -> Path:
+    """The model the rows train: train.model, else the endpoint's base (as train/model.py picks it)."""
+    return resolve_model_dir(cfg.train.model if cfg.train.model is not None else cfg.engine.model)
+
+
+def refuse_text_only(jobs) -> None:
+    """GRPO needs the sampling policy's own token ids and log-probs: text-only rollouts have none."""
+    for j in jobs:
+        if j.text_only:
+            ids = sorted(j.text_only)
+            named = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+            raise ConvertInputError(
+                f"{j.dir}: {len(ids)} rollouts are text-only ({named}): recorded from an endpoint that returned "
+                "no token ids (proxy.text_only) or imported (wharf import), so GRPO has no log-probs of the "
+                "sampling policy to train on; convert them with convert.mode=sft (then train.objective=sft), "
+                "or collect again from vLLM or the wharf engine")
+
+
 def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     """Convert this round's collect dir (or convert.jobs) and return the stats it wrote."""
     t0 = time.perf_counter()
@@ -83,7 +103,10 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     log.info("reading %d job(s) -> %s", len(dirs), storage.describe(out.root))
     for d in dirs:
         storage.pull(d, JOB_FILES)
-    jobs = [read_job(d, c.skip_bad, progress) for d in dirs]
+    render = chat_renderer(student_model_dir(cfg)) if c.mode == "sft" else None
+    jobs = [read_job(d, c.skip_bad, progress, render) for d in dirs]
+    if c.mode == "grpo":
+        refuse_text_only(jobs)
     seen: dict[str, Path] = {}
     for j in jobs:
         if j.job_id in seen:
@@ -92,7 +115,10 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
         seen[j.job_id] = j.dir
     t_read = time.perf_counter()
     opts = RowOptions(c.max_seq_len, c.overlong, c.length_completions, c.context_exceeded)
-    built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
+    if c.mode == "sft":
+        built = build_sft(jobs, opts, c.sft.min_reward, c.null_reward, c.skip_bad)
+    else:
+        built = build(jobs, opts, c.advantage, c.std_eps, c.null_reward, c.skip_bad)
     t_build = time.perf_counter()
     out.root.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.root.with_name(f".{out.root.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -100,15 +126,17 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     try:
         files, pad = _write_batches(built, cfg, tmp, progress)
         stats = {**built.stats, "batches": pad, "jobs_read": [storage.describe(d) for d in dirs],
-                 "settings": {k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
+                 "settings": {"mode": c.mode, "sft_min_reward": c.sft.min_reward,
+                              **{k: getattr(c, k) for k in ("advantage", "std_eps", "null_reward", "max_seq_len",
                                                          "overlong", "length_completions", "context_exceeded",
                                                          "max_tokens_per_batch",
-                                                         "max_row_padding", "pad_multiple", "seed", "skip_bad")},
+                                                         "max_row_padding", "pad_multiple", "seed", "skip_bad")}},
                  "wall_s": round(time.perf_counter() - t0, 3),
                  "phases_s": {"read": round(t_read - t0, 3), "rows_and_advantages": round(t_build - t_read, 3),
                               "micro_batches": round(time.perf_counter() - t_build, 3)}}
         write_index(BatchIndex(files=files, rollouts=built.rollouts, groups=built.groups,
-                               jobs=[storage.describe(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed),
+                               jobs=[storage.describe(d) for d in dirs], pad_multiple=c.pad_multiple, seed=c.seed,
+                               mode=c.mode),
                     ConvertPaths(tmp).index)
         ConvertPaths(tmp).stats.write_bytes(orjson.dumps(stats, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
         _publish(tmp, out.root)

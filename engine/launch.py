@@ -59,6 +59,9 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
     # A local engine already running from this same config (`make serve`) wants its engine.api_key.
     key = ep_cfg.api_key or (cfg.engine.api_key if ep_cfg.kind == "local" else None)
     ep = Endpoint(ep_cfg.url, key, ep_cfg.model)
+    if cfg.proxy.text_only:  # a teacher (an API model, llama.cpp, ollama): never started here, no ids to check
+        yield ep
+        return
     proc = None
     log = None
     if not ep.healthy():

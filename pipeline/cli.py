@@ -23,6 +23,7 @@ COMMANDS = {
     "serve": ("engine.cli", "serve the local engine (vLLM's HTTP API)"),
     "proxy": ("collect.proxy.cli", "serve the recording proxy"),
     "chat": ("collect.demo", "one chat completion, shown with its token ids and log-probs"),
+    "import": ("collect.importers.cli", "trajectory files (ATIF, mini-swe-agent) -> a collect dir of text-only rows"),
     "audit": ("collect.audit", "check a collect dir's rows against the agents' own logs"),
     "agents-check": ("pipeline.agents_check", "one real trial per agent through the proxy (a repo tool)"),
 }

@@ -1,4 +1,5 @@
-"""The RL loop: for k = 0..rounds-1, collect round k from policy-v<k> (round 0: the base model),
+"""The RL loop: for k = 0..rounds-1, collect round k from policy-v<k> (round 0: the base model, or
+with loop.init_adapter, a warm start, that adapter as policy-v0, which round 0's train continues),
 convert it, train it, publish policy-v<k+1>; the run report is rewritten after every round.
 
 `wharf loop --config FILE [key=value ...]` (`make loop ROUNDS=N`: `rounds=N`).
@@ -25,7 +26,7 @@ from collections import Counter
 
 from collect.runner import run as collect_round
 from engine.launch import launch
-from train.model import base_model_dir
+from train.model import AdapterError, base_model_dir, check_adapter_config
 from train.publish import publish
 from train.shift import measure, write
 from train.stage import convert_dir
@@ -35,7 +36,7 @@ from wharf.endpoint import Endpoint, with_key
 from wharf.batches import read_index
 from wharf.entry import guarded
 from wharf.errors import WharfError
-from wharf.layout import ConvertPaths, RunLayout, has_adapter, policy_name
+from wharf.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
 from wharf.model_store import release_memory
 from wharf.replicas import replica_urls
 
@@ -51,19 +52,25 @@ log = logging.getLogger("wharf.loop")
 def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig:
     """Round k's config: sample from `policy`, by default policy-v<k> (round 0: the base model);
     the loop publishes."""
-    policy = policy or (cfg.endpoint.model if k == 0 else policy_name(k))
+    policy = policy or (cfg.start_policy if k == 0 else policy_name(k))
     train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=k, collect=dataclasses.replace(cfg.collect, policy=policy), train=train)
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
     """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it (a
-    replica that restarted has forgotten its runtime adapters: load round k-1's again there)."""
-    if k == 0 or ep is None:
+    replica that restarted has forgotten its runtime adapters: load round k-1's again there;
+    policy-v0 is loop.init_adapter's)."""
+    start = init_adapter_dir(cfg.loop.init_adapter)
+    if (k == 0 and start is None) or ep is None:
         return
     name = policy_name(k)
     missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name)]
     if not missing:
+        return
+    if k == 0:
+        log.info("round 0 samples from loop.init_adapter %s as %s", start, name)
+        publish(cfg, start, name, resume=True)
         return
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     adapter = layout.round(k - 1).train.adapter
@@ -85,6 +92,9 @@ def _serves(ep: Endpoint, url: str, name: str) -> bool:
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     ensure_served(ep, cfg, cfg.round)
     summary = collect_round(cfg)
+    if summary.text_only:
+        log.warning("round %d: %d rollouts are text-only (the endpoint returned no token ids): GRPO refuses them",
+                    cfg.round, len(summary.text_only))
     return {"policy": cfg.collect.policy, "rollouts": len(summary.rows), "mean_reward": summary.mean_reward}
 
 
@@ -97,7 +107,7 @@ def measure_shift(cfg: RunConfig) -> None:
     if rnd.train.shift.is_file() or (read_marker(rnd, "train") or {}).get("carried"):
         return
     log.info("round %d: measuring the update on the round's own tokens", cfg.round)
-    prev = layout.round(cfg.round - 1).train.adapter if cfg.round else None
+    prev = layout.round(cfg.round - 1).train.adapter if cfg.round else init_adapter_dir(cfg.loop.init_adapter)
     for d in (convert_dir(cfg), rnd.train.adapter, prev):  # a run in object storage resumed on another machine
         if d is not None:
             storage.pull(d)
@@ -119,7 +129,7 @@ def check_health(cfg: RunConfig) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     storage.pull(rnd.root, health_inputs(rnd))
-    allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.endpoint.model)
+    allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
     for c in checks:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
@@ -165,7 +175,7 @@ def train_checked(cfg: RunConfig) -> dict:
     if not cfg.convert.jobs:
         index = read_index(convert_dir(cfg))
         policies = Counter(r.get("policy") for r in index.rollouts)
-        check_lag(policies, cfg.round, cfg.loop.max_staleness, cfg.endpoint.model,
+        check_lag(policies, cfg.round, cfg.loop.max_staleness, cfg.start_policy,
                   str(ConvertPaths(convert_dir(cfg)).index))
     return train_stage(cfg)
 
@@ -233,10 +243,25 @@ def print_round(layout: RunLayout, k: int) -> None:
         log.exception("could not summarise round %d of %s", k, layout.root)
 
 
+def check_init_adapter(cfg: RunConfig) -> None:
+    """loop.init_adapter, before anything samples from it: an adapter this run's train can continue."""
+    start = init_adapter_dir(cfg.loop.init_adapter)
+    if start is None:
+        return
+    if not has_adapter(start):
+        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
+                        "(no adapter_config.json)")
+    try:
+        check_adapter_config(cfg, start)
+    except AdapterError as e:
+        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {e}") from None
+
+
 def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
+    check_init_adapter(cfg)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).

@@ -168,7 +168,7 @@ class Collector:
                 self._cond.notify_all()
 
     def _collect(self, j: int) -> Collected | None:
-        rnd, base, s = self.cfg.layout.round(j), self.cfg.endpoint.model, self.cfg.loop.max_staleness
+        rnd, base, s = self.cfg.layout.round(j), self.cfg.start_policy, self.cfg.loop.max_staleness
         marker = read_marker(rnd, "collect")
         if marker is not None:
             lag = j - (policy_version(marker.get("policy"), base) or 0)

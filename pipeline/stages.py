@@ -20,7 +20,7 @@ from train.stage import convert_dir, push_outputs, train_round
 from wharf import storage
 from wharf.config import RunConfig
 from wharf.errors import WharfError
-from wharf.layout import ConvertPaths, RoundLayout, RunLayout, policy_name
+from wharf.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir, policy_name
 
 log = logging.getLogger("wharf.loop")
 
@@ -74,11 +74,14 @@ def carry_policy(cfg: RunConfig) -> dict:
     """A round with nothing to learn from: policy-v<k+1> is policy-v<k>'s adapter under the new
     name (every round publishes a new name; the next round's train continues from it)."""
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    if cfg.round == 0:
+    start = init_adapter_dir(cfg.loop.init_adapter)
+    if cfg.round == 0 and start is None:
         raise LoopError(f"round 0 of {layout.root} has no group with different rewards: nothing to learn from "
                         "(more collect.attempts, or tasks the base model solves sometimes)")
-    src, dst = layout.round(cfg.round - 1).train.adapter, layout.round(cfg.round).train.adapter
-    storage.pull(src)  # in object storage, a machine with an empty mirror gets it from the bucket
+    src = layout.round(cfg.round - 1).train.adapter if cfg.round else start
+    dst = layout.round(cfg.round).train.adapter
+    if cfg.round:
+        storage.pull(src)  # in object storage, a machine with an empty mirror gets it from the bucket
     tmp = dst.with_name(".adapter.carry")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)

@@ -97,5 +97,6 @@ def _turns_table(chunk) -> pa.Table:
             "request": pa.array(["{}"] * n), "response": pa.array(["{}"] * n), "sampling": pa.array(sampling),
             "prompt_token_ids": _list_array(prompts, np.int32), "completion_token_ids": _list_array(comps, np.int32),
             "completion_logprobs": _list_array(lps, np.float32), "finish_reason": pa.array(finish),
-            "status": pa.array(["ok"] * n), "error": pa.array([None] * n, pa.string())}
+            "status": pa.array(["ok"] * n), "error": pa.array([None] * n, pa.string()),
+            "text_only": pa.array([False] * n)}
     return pa.Table.from_pydict(cols, schema=schema.TURNS)

@@ -23,6 +23,10 @@ concurrent rollouts each get their two turns.
 `max_model_len`: /v1/models reports it, /tokenize counts a prompt as vLLM's does, and a request
 whose prompt plus max_tokens does not fit is refused with vLLM's wording.
 
+`teacher=True`: an API model's server (OpenAI's, llama.cpp's, ollama's) instead: a request with
+one of vLLM's own parameters (return_token_ids, top_k, ...) is refused 400 as OpenAI refuses an
+unknown argument, and answers carry no token ids or log-probs.
+
 `python -m testing.vllm_stub --port 8199 [--error-rate 0.05]`, or `StubServer().start()` in a thread.
 GET /stub/stats counts what was served; GET /stub/requests returns the last bodies received.
 """
@@ -46,6 +50,8 @@ from engine.auth import auth_middleware
 from testing.stub_template import EOS_ID, VOCAB, WORD, render_prompt, tool_call_text, word_id
 
 ERROR_KINDS = ("500", "503", "400", "invalid_json", "no_token_ids", "drop", "short_usage")
+# What an OpenAI-only server refuses: vLLM's extensions of the chat request.
+VLLM_ONLY = ("return_token_ids", "top_k", "min_p", "repetition_penalty", "prompt_logprobs")
 
 
 def _error_body(status: int, message: str) -> dict:
@@ -57,12 +63,13 @@ class Stub:
     def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
                  completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200,
                  script: str | None = None, max_model_len: int | None = None, api_key: str | None = None,
-                 loras: bool = False):
+                 loras: bool = False, teacher: bool = False):
         """`loras`: serve runtime LoRA loading as vLLM does (/v1/load_lora_adapter, /v1/models listing
         each adapter with its root) and answer a call for a model it does not serve with vLLM's 404."""
         if script is not None and not script.startswith("shell:"):
             raise ValueError(f"stub script {script!r}: expected 'shell:<command>'")
         self.script = script
+        self.teacher = teacher
         self.api_key = api_key  # set: /v1 routes need it, as vLLM --api-key
         self.max_model_len = max_model_len
         self.error_rate = error_rate
@@ -164,6 +171,11 @@ class Stub:
         self.stats[f"model:{body.get('model')}"] += 1
         if body.get("stub_delay"):
             await asyncio.sleep(float(body["stub_delay"]))
+        unknown = [k for k in VLLM_ONLY if k in body] if self.teacher else []
+        if unknown:
+            self.stats["error:unrecognized"] += 1
+            return web.json_response(_error_body(400, f"Unrecognized request argument supplied: {unknown[0]}"),
+                                     status=400)
         fail = self._pick_failure(body)
         if fail:
             self.stats[f"error:{fail}"] += 1
@@ -180,8 +192,8 @@ class Stub:
             self.stats["error:context"] += 1
             return web.json_response(_error_body(400, too_long), status=400)
         gen = self.generate(body, prompt_ids)
-        want_ids = bool(body.get("return_token_ids"))
-        want_lp = bool(body.get("logprobs"))
+        want_ids = bool(body.get("return_token_ids")) and not self.teacher
+        want_lp = bool(body.get("logprobs")) and not self.teacher
         model = body.get("model") or self.model
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())

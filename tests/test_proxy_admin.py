@@ -27,7 +27,7 @@ def test_admin_api(proxy):
     assert st["state"] == "open" and st["n_turns"] == 1 and st["n_errors"] == 0
     assert requests.get(f"{proxy.admin_url}/admin/rollouts/zzz", headers=ADMIN).status_code == 404
     flushed = post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json()["shards"]
-    assert len(flushed) == 1 and pq.read_metadata(flushed[0]).metadata[b"schema_version"] == b"1"
+    assert len(flushed) == 1 and pq.read_metadata(flushed[0]).metadata[b"schema_version"] == b"2"
     assert post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json() == {"shards": []}
     assert close_rollout(proxy, "adm") == {"rollout_id": "adm", "n_turns": 1, "n_errors": 0}
     assert close_rollout(proxy, "adm")["n_turns"] == 1  # idempotent

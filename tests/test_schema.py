@@ -94,3 +94,21 @@ def test_compacting_again_after_an_interrupted_compaction_counts_nothing_twice(t
     out = compact_dir(tmp_path, "turns")
     assert [f.name for f in sorted(tmp_path.glob("part-*.parquet"))] == [out.name]
     assert sorted(read_dir(tmp_path, "turns").column("turn").to_pylist()) == [0, 1, 2]
+
+
+def test_a_version_1_turns_file_reads_as_not_text_only(tmp_path):
+    """Schema v2 added turns.text_only; shards written before it read with text_only false."""
+    path = write_table(tmp_path / "new.parquet", "turns", [turn(0)])  # no text_only key: the default
+    t = pq.read_table(path)
+    assert t.column("text_only").to_pylist() == [False]
+    v1 = tmp_path / "v1.parquet"
+    pq.write_table(t.drop(["text_only"]).replace_schema_metadata({b"schema_version": b"1", b"table": b"turns"}), v1)
+    old = read_table(v1, "turns")
+    assert old.column_names == read_table(path, "turns").column_names
+    assert old.column("text_only").to_pylist() == [False]
+    assert read_table(v1, "turns", ["rollout_id", "text_only"]).column("text_only").to_pylist() == [False]
+    with pytest.raises(SchemaError, match="v1.parquet: missing columns \\['nope'\\]"):
+        read_table(v1, "turns", ["nope"])
+    text = write_table(tmp_path / "t.parquet", "turns", [{**turn(1), "text_only": True}])
+    assert read_dir(tmp_path, "turns", "t.parquet").column("text_only").to_pylist() == [True]
+    assert pq.read_metadata(text).metadata[b"schema_version"] == b"2"

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token_mean", "seq_mean", "constant")
+OBJECTIVES = ("grpo", "sft")
 MISMATCH_MODES = ("tis", "mask", "none")
 
 
@@ -84,8 +85,11 @@ class LossConfig:
     mismatch: str = "tis"  # tis | mask | none
     mismatch_cap: float = 2.0
     mismatch_bound: float = 0.5
+    objective: str = "grpo"  # grpo | sft (sft_loss: no ratio, no advantage, no behaviour log-probs)
 
     def __post_init__(self):
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"train.objective={self.objective!r}: expected one of {', '.join(OBJECTIVES)}")
         if self.agg not in AGGREGATIONS:
             raise ValueError(f"train.loss_agg={self.agg!r}: expected one of {', '.join(AGGREGATIONS)}")
         if self.mismatch not in MISMATCH_MODES:
@@ -159,6 +163,26 @@ def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor,
         if cfg.mismatch == "tis":  # the importance weights of the sampling policy's gap (stale rows: larger)
             stats["is_weight"] = (is_w * mask).sum()
             stats["is_capped"] = ((gap > math.log(cfg.mismatch_cap)).float() * mask).sum()
+    return loss, stats
+
+
+def sft_loss(logp: Tensor, mask: Tensor, norm: StepNorm) -> tuple[Tensor, dict[str, Tensor]]:
+    """This micro-batch's share of the step's mean token NLL, and metric sums over its loss tokens.
+
+    logp [B, S] the trainer's log-probs (with gradient); mask [B, S] 1 on loss tokens (the
+    demonstration's assistant tokens). Every loss token of the step weighs the same (the step
+    divides by its loss tokens, as token_mean does): summing over the step's micro-batches gives
+    -sum(log p) / loss_tokens. Advantages, weights and behaviour log-probs play no part. The
+    metric keys are grpo_loss's (no ratio: 1, no clipping, no KL) plus `nll`.
+    """
+    mask = mask.float()
+    nll = -(logp * mask).sum()
+    loss = nll / max(norm.loss_tokens, 1.0)
+    with torch.no_grad():
+        tokens = mask.sum()
+        zero = torch.zeros((), dtype=torch.float32)
+        stats = {"tokens": tokens, "clip_low": zero, "clip_high": zero, "ratio": tokens, "kl": zero,
+                 "masked_rows": zero, "nll": nll.detach()}
     return loss, stats
 
 

@@ -47,12 +47,23 @@ def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
 
 
 def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
-    """A previous round's adapter: readable, LoRA, this rank, these targets, this base model's shapes."""
+    """A previous round's (or loop.init_adapter's) adapter: readable, LoRA, this base model's shapes,
+    and check_adapter_config's fields."""
     try:
         check_adapter(path.name, str(path), model)
     except (AdapterInvalid, AdapterNotFound) as e:
         raise AdapterError(f"{path}: {e}") from None
-    ac = json.loads(adapter_config(path).read_text())
+    check_adapter_config(cfg, path)
+
+
+def check_adapter_config(cfg: RunConfig, path: Path) -> None:
+    """What the adapter's adapter_config.json must share with this run's train section to be
+    continued: rank, dropout, target modules, base model (named by its dir). No model is loaded:
+    the loop checks loop.init_adapter with it before round 0 samples."""
+    try:
+        ac = json.loads(adapter_config(path).read_text())
+    except (OSError, ValueError) as e:
+        raise AdapterError(f"{path}: no readable adapter_config.json ({e})") from None
     if ac.get("modules_to_save"):
         raise AdapterError(f"{path}: modules_to_save={ac['modules_to_save']} (vLLM cannot load it)")
     if ac.get("r") != cfg.train.lora_rank:
@@ -66,6 +77,10 @@ def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
     if sorted(targets) != sorted(cfg.train.lora_target_modules):
         raise AdapterError(f"{path}: targets {sorted(targets)}, but train.lora_target_modules="
                            f"{sorted(cfg.train.lora_target_modules)}; use the same targets")
+    base, want = ac.get("base_model_name_or_path"), base_model_dir(cfg)
+    if base and Path(base).name != want.name and Path(base).resolve() != want.resolve():
+        raise AdapterError(f"{path}: base_model_name_or_path {base!r}, but this run trains {want} "
+                           "(train.model, else engine.model): an adapter continues only on the base it was trained on")
 
 
 def head_scale(config) -> float:

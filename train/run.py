@@ -63,8 +63,8 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
 def _resume_optimizer(cfg: RunConfig, start_adapter: Path | None, opt) -> int:
     """Load the previous round's AdamW moments into `opt` (its lr and other settings stay this
     config's); returns the optimizer steps they hold (0: a fresh optimizer)."""
-    if start_adapter is None or not cfg.train.resume_optimizer:
-        return 0
+    if start_adapter is None or not cfg.train.resume_optimizer or cfg.round == 0:
+        return 0  # round 0 of a warm start: the adapter continues, its optimizer (another objective's) does not
     path = TrainPaths(start_adapter.parent).optimizer  # beside the adapter it continues from
     if not path.is_file():
         raise TrainError(f"{path}: missing, so round {cfg.round} would restart AdamW from zero; train "
@@ -120,7 +120,7 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
 def _prox(setup: Setup, steps, start: int, paths) -> None:
     """Recompute (step 0) or reload (resume) the sampling policy's log-probs of this process's files."""
     tr, acc = setup.trainer, setup.acc
-    if tr.loss_cfg.mismatch == "none":
+    if tr.loss_cfg.mismatch == "none" or tr.loss_cfg.objective == "sft":
         return
     if start > 0:
         tr.prox = {k: v.to(acc.device) for k, v in load_prox(_prox_path(setup, paths)).items()}

@@ -17,7 +17,7 @@ from typing import Callable
 from wharf.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.config import RunConfig, to_dict
 from wharf import storage
-from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, policy_name
+from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, init_adapter_dir, policy_name
 
 from .errors import TrainError
 from .loss import LossConfig
@@ -58,9 +58,14 @@ def ensure_converted(cfg: RunConfig, progress: bool, convert: Callable | None) -
 
 
 def init_adapter(cfg: RunConfig) -> Path | None:
-    """Round 0: a new adapter. Round k: policy-v<k>, the adapter round k-1 trained."""
+    """Round 0: a new adapter, or loop.init_adapter's (a warm start). Round k: policy-v<k>, the
+    adapter round k-1 trained."""
     if cfg.round == 0:
-        return None
+        start = init_adapter_dir(cfg.loop.init_adapter)
+        if start is not None and not has_adapter(start):
+            raise TrainError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
+                             "(no adapter_config.json)")
+        return start
     prev = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round - 1).train.adapter
     if not has_adapter(prev):
         raise TrainError(f"round {cfg.round} continues from {policy_name(cfg.round)}, but {prev} holds no adapter: "
@@ -72,7 +77,7 @@ def loss_config(cfg: RunConfig) -> LossConfig:
     t = cfg.train
     return LossConfig(eps_low=t.eps_low, eps_high=t.eps_high, agg=t.loss_agg, constant=loss_constant(cfg),
                       kl_coef=t.kl_coef, mismatch=t.mismatch, mismatch_cap=t.mismatch_cap,
-                      mismatch_bound=t.mismatch_bound)
+                      mismatch_bound=t.mismatch_bound, objective=t.objective)
 
 
 def loss_constant(cfg: RunConfig) -> float:
@@ -127,6 +132,9 @@ def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None 
     else:
         d = ensure_converted(cfg, progress, convert)
         index, batches = load_batches(d)
+        if index.mode == "sft" and cfg.train.objective != "sft":
+            raise TrainError(f"{d}: supervised rows (convert.mode=sft: advantage 1, no behaviour log-probs), but "
+                             f"train.objective={cfg.train.objective}: train them with train.objective=sft")
         result = _train(cfg, paths, index, batches, progress)
     if cfg.train.publish and not result.published and _is_main():
         result.published, result.publish_message = try_publish(cfg, paths.adapter, result.policy)

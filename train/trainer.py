@@ -16,7 +16,7 @@ import torch
 
 from wharf.batches import MicroBatch
 
-from .loss import LossConfig, StepNorm, grpo_loss, mismatch_stats
+from .loss import LossConfig, StepNorm, grpo_loss, mismatch_stats, sft_loss
 from .plan import Step
 
 
@@ -84,6 +84,10 @@ class Trainer:
     def _micro(self, mb: MicroBatch, i: int, norm: StepNorm, world: int, first: bool, dummy: bool) -> dict:
         s = shifted(mb)
         logp, entropy = self.logprobs(mb, grad=True)
+        if self.loss_cfg.objective == "sft":  # no behaviour policy: nothing to recompute or correct
+            loss, stats = sft_loss(logp, s["mask"], norm)
+            self.acc.backward(loss * world)
+            return {**stats, "loss": loss.detach(), "entropy": (entropy * s["mask"]).sum()}
         ref = self.logprobs(mb, grad=False, adapter=False)[0] if self.kl else None
         prox = self.prox.get(i)
         if dummy:
@@ -144,6 +148,8 @@ def _metrics(tot: dict, grad_norm: float, lr: float, skipped: bool, dt: float, s
            "tokens_per_s": round(step.tokens / dt, 1) if dt > 0 else None}
     if "is_weight" in tot:  # train.mismatch=tis: mean importance weight, share of tokens at the cap
         out["is_weight_mean"], out["is_capped"] = tot["is_weight"] / n, tot["is_capped"] / n
+    if "nll" in tot:  # train.objective=sft: the mean token NLL of the step's demonstrations
+        out["nll"] = tot["nll"] / n
     if "mismatch_sum" in tot:
         out["mismatch_mean"] = tot["mismatch_sum"] / max(tot["mismatch_tokens"], 1.0)
         out["mismatch_max"] = tot["mismatch_max"]

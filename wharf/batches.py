@@ -126,6 +126,9 @@ class BatchIndex:
     jobs: list[str] = field(default_factory=list)  # the collect dirs read
     pad_multiple: int = 1
     seed: int = 0
+    # convert.mode that made the rows: sft rows (advantage 1, no behaviour log-probs) train only with
+    # train.objective=sft (an index without the key: grpo)
+    mode: str = "grpo"
     format: str = FORMAT
     version: int = FORMAT_VERSION
 

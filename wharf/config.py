@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field
 
 from wharf import configio
 from wharf.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
-from wharf.layout import RoundLayout, RunLayout
+from wharf.layout import RoundLayout, RunLayout, policy_name
 
 Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
 Positive = Annotated[int, Field(ge=1)]
@@ -137,6 +137,10 @@ class ProxyConfig:
     # The upstream's context window, to cap an agent's max_tokens to the room its prompt leaves;
     # None: learned from the upstream's /tokenize (vLLM and the local engine report it).
     max_model_len: Positive | None = None
+    # The upstream is a teacher that returns no token ids or log-probs (an API model, llama.cpp,
+    # ollama): vLLM's recording parameters are not sent, the request and the answer's text are
+    # recorded, and the calls are marked text_only (usable by convert.mode=sft, refused by grpo).
+    text_only: bool = False
 
 
 @dataclass
@@ -170,8 +174,22 @@ class CollectConfig:
 
 
 @dataclass
+class SftConvertConfig:
+    """convert.mode=sft: which rollouts become supervised rows."""
+
+    # Rollouts whose reward is at least this are kept (demonstrations that succeeded).
+    min_reward: float = 1.0
+
+
+@dataclass
 class ConvertConfig:
     """Stored collect dirs -> training rows -> advantages -> micro-batches (wharf convert)."""
+
+    # grpo: group advantages, token-exact rows only (text-only calls are refused). sft: supervised
+    # rows of the rollouts with reward >= sft.min_reward (advantage 1, scored at temperature 1);
+    # text-only calls are rendered with the student's chat template as the engine renders them.
+    mode: Literal["grpo", "sft"] = "grpo"
+    sft: SftConvertConfig = field(default_factory=SftConvertConfig)
 
     # Stored collect dirs to read (replay, mixing); empty: this run's rounds/<round>/collect.
     jobs: list[str] = field(default_factory=list)
@@ -209,6 +227,9 @@ class ConvertConfig:
 class TrainConfig:
     """LoRA GRPO on convert's micro-batches (wharf train)."""
 
+    # grpo: the clipped policy-gradient loss; sft: the mean token NLL over the completion mask
+    # (demonstrations: convert.mode=sft), advantages and behaviour log-probs unused.
+    objective: Literal["grpo", "sft"] = "grpo"
     # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
     model: str | None = None
     seed: int = 0
@@ -336,8 +357,16 @@ class LoopConfig:
     # published; s >= 1 collects round k+1 while round k trains, from the newest published policy,
     # so a round's rows are at most s policies behind the one it trains (corrected by train.mismatch).
     max_staleness: Annotated[int, Field(ge=0, le=2)] = 0
+    # Warm start: round 0 samples from this adapter (published as policy-v0) and round 0's train
+    # continues it, instead of the base model and a new LoRA: <run dir>:<k> (policy-v<k> of that
+    # run, e.g. an SFT run's) or an adapter dir. Same base model, rank and targets, checked at start.
+    init_adapter: str | None = None
 
     def __post_init__(self):
+        if self.init_adapter is not None:
+            check_policy_spec(self.init_adapter, "loop.init_adapter")
+            if self.init_adapter == "base" or self.init_adapter.endswith(":0"):
+                raise ValueError(f"loop.init_adapter={self.init_adapter!r} names the base model: leave it unset")
         if self.eval_every and not self.eval_dataset:
             raise ValueError(f"loop.eval_every={self.eval_every} needs loop.eval_dataset: the task set to evaluate "
                              "on (a held-out split, e.g. datasets/multiturn/heldout)")
@@ -403,6 +432,11 @@ class RunConfig:
     @property
     def run_dir(self) -> Path:
         return self.layout.root
+
+    @property
+    def start_policy(self) -> str:
+        """The name round 0 samples from: the endpoint's model, or policy-v0 (loop.init_adapter)."""
+        return policy_name(0) if self.loop.init_adapter else self.endpoint.model
 
     @property
     def layout(self) -> RunLayout:

@@ -42,6 +42,17 @@ def policy_version(name: str | None, base: str | None = None) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def init_adapter_dir(spec: str | None) -> Path | None:
+    """loop.init_adapter -> the adapter dir it names: `<run dir>:<k>` is policy-v<k> of that run
+    (the adapter its round k-1 trained), anything else a dir; None: no warm start."""
+    if not spec:
+        return None
+    head, sep, tail = spec.rpartition(":")
+    if sep and tail.isdigit() and int(tail) > 0:
+        return RunLayout(Path(head)).round(int(tail) - 1).train.adapter
+    return Path(spec)
+
+
 WAL_DIR = "_wal"
 
 

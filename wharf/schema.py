@@ -18,8 +18,11 @@ import pyarrow.parquet as pq
 
 from wharf.errors import WharfError
 
-SCHEMA_VERSION = 1
-KNOWN_VERSIONS = {1}
+SCHEMA_VERSION = 2
+KNOWN_VERSIONS = {1, 2}
+# Columns a version added, with the value a file of an older version reads as: v2 marks the calls
+# of a teacher without token ids, or imported from trajectory files (text_only: SFT rows only).
+ADDED_COLUMNS = {"turns": {"text_only": False}, "rollouts": {}}
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -41,6 +44,7 @@ TURNS = pa.schema(
         ("finish_reason", pa.string()),
         ("status", pa.string()),  # TURN_STATUSES
         ("error", pa.string()),
+        ("text_only", pa.bool_()),  # no token ids or log-probs: the request and the answer's text only
     ]
 )
 
@@ -89,9 +93,10 @@ def to_table(name: str, rows: Iterable[dict]) -> pa.Table:
     schema = TABLES[name]
     rows = list(rows)
     columns = {}
+    added = ADDED_COLUMNS[name]
     for f in schema:
         try:
-            values = [r[f.name] for r in rows]
+            values = [r[f.name] if f.name not in added else r.get(f.name, added[f.name]) for r in rows]
         except KeyError:
             missing = next(r for r in rows if f.name not in r)
             raise SchemaError(f"{name} row is missing field '{f.name}': {sorted(missing)}") from None
@@ -159,13 +164,17 @@ def read_table(path: str | Path, name: str, columns: list[str] | None = None) ->
             f"({sorted(KNOWN_VERSIONS)}); upgrade wharf to read it"
         )
     wanted = columns or [f.name for f in TABLES[name]]
-    missing = [c for c in wanted if c not in pf.schema_arrow.names]
+    have = pf.schema_arrow.names
+    filled = {c: v for c, v in ADDED_COLUMNS[name].items() if c in wanted and c not in have}
+    missing = [c for c in wanted if c not in have and c not in filled]
     if missing:
         raise SchemaError(f"{path}: missing columns {missing}")
     try:
-        out = pf.read(columns=wanted)
+        out = pf.read(columns=[c for c in wanted if c not in filled])
     except (pa.ArrowException, OSError) as e:
         raise SchemaError(f"{path}: corrupt parquet data ({e})") from None
+    for c, v in filled.items():  # an older file: the column it predates, at its old meaning
+        out = out.append_column(TABLES[name].field(c), pa.array([v] * out.num_rows, TABLES[name].field(c).type))
     return out.select(wanted)
 
 

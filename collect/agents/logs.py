@@ -271,7 +271,7 @@ def _check(r: dict, call: AgentCall, where: str) -> list[str]:
     text = call.derive(row_text(r)) if call.derive else row_text(r)
     if call.text is not None and text != call.text:
         problems.append(f"{where} turn {r['turn']}: recorded response differs from the agent's text")
-    if call.prompt_tokens is not None and call.prompt_tokens != len(r["prompt_token_ids"]):
+    if call.prompt_tokens is not None and not r.get("text_only") and call.prompt_tokens != len(r["prompt_token_ids"]):
         problems.append(f"{where} turn {r['turn']}: the agent saw {call.prompt_tokens} prompt tokens, "
                         f"the row holds {len(r['prompt_token_ids'])} ids")
     return problems

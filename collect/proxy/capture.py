@@ -28,7 +28,8 @@ def _ids(value, where: str) -> array.array:
         except (TypeError, OverflowError):
             pass
     raise CaptureError(f"upstream answer has no usable {where} (got {str(value)[:80]}); "
-                       "is the endpoint vLLM >= 0.10 or the wharf engine, called with return_token_ids?")
+                       "is the endpoint vLLM >= 0.10 or the wharf engine, called with return_token_ids? "
+                       "(a teacher that returns no token ids: proxy.text_only=true records its text for SFT)")
 
 
 def _logprobs(lp_obj, where: str) -> array.array:
@@ -65,6 +66,18 @@ def capture_full(data: dict) -> dict:
     _check_usage(data.get("usage"), len(prompt), len(completion))
     return {"prompt_token_ids": prompt, "completion_token_ids": completion, "completion_logprobs": lps,
             "finish_reason": c0.get("finish_reason")}
+
+
+def capture_text(data: dict) -> dict:
+    """A teacher's non-streaming answer (proxy.text_only): no ids or log-probs, only its choice checked."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict) \
+            or not isinstance(choices[0].get("message"), dict):
+        raise CaptureError("upstream answer has no choices[0].message")
+    return {**_NO_IDS, "finish_reason": choices[0].get("finish_reason")}
+
+
+_NO_IDS = {"prompt_token_ids": [], "completion_token_ids": [], "completion_logprobs": []}
 
 
 def plain_full(data: dict, agent_model, keep_logprobs: bool) -> dict:
@@ -138,8 +151,13 @@ class StreamCapture:
                 if fn.get("arguments"):
                     slot["function"]["arguments"] += fn["arguments"]
 
-    def result(self) -> dict:
-        """Checks the stream added up (ids vs log-probs vs usage) and returns the captured fields."""
+    def result(self, text_only: bool = False) -> dict:
+        """Checks the stream added up (ids vs log-probs vs usage) and returns the captured fields;
+        `text_only` (a teacher): the text is all there is, nothing to check but that it ended."""
+        if text_only:
+            if self.n_chunks == 0:
+                raise CaptureError("stream carried no chunks")
+            return {**_NO_IDS, "finish_reason": self.finish_reason}
         if self.prompt is None:
             raise CaptureError("stream carried no prompt_token_ids (expected in the first chunk)")
         if not self.completion and self.logprobs:
@@ -189,8 +207,9 @@ class StreamRelay:
     translated by a dialect's Stream). From the finish_reason chunk on, everything is held back
     (`finish()` returns it as the tail): it goes out only once the row is durable."""
 
-    def __init__(self, req: dict, translator=None):
+    def __init__(self, req: dict, translator=None, text_only: bool = False):
         self.cap = StreamCapture()
+        self.text_only = text_only
         self.tr = translator  # a dialect's Stream holds back its own tail
         self.agent_model = req.get("model")
         self.keep_logprobs = bool(req.get("logprobs"))
@@ -216,7 +235,7 @@ class StreamRelay:
 
     def finish(self) -> tuple[dict, bytes, bytes]:
         """After [DONE]: the captured fields (checked), the held-back tail, and the row's `response`."""
-        got = self.cap.result()
+        got = self.cap.result(self.text_only)
         if self.tr is not None:
             tail = self.tr.tail()  # built (not sent) first: it closes the last block that final() reports
             return got, tail, dumps(self.tr.final())

@@ -35,25 +35,32 @@ _UNKNOWN = -1  # an upstream whose /tokenize reports no max_model_len
 
 
 def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | None,
-                   full: bool = False, room: int | None = None) -> tuple[bytes, dict]:
+                   full: bool = False, room: int | None = None, text_only: bool = False) -> tuple[bytes, dict]:
     """The body sent upstream, and what the row keeps as `sampling` (the whole body when `full`:
     a translated call's chat messages exist nowhere else). `room`: the tokens the context leaves
     after the prompt, a cap on max_tokens (an agent asking 64k of a 32k model still gets an answer).
-    A dialect's notes (what its translation left out) go into `sampling`, never upstream."""
+    A dialect's notes (what its translation left out) go into `sampling`, never upstream.
+    `text_only` (proxy.text_only: a teacher, no token ids): none of vLLM's own parameters are sent,
+    an API model would refuse them; its answers train only as SFT rows."""
     up = dict(req)
     notes = up.pop(NOTES, None)
     dropped = {k: up.pop(k) for k in UNREPRODUCIBLE if k in up}
     if dropped:
         notes = {**(notes or {}), "dropped_sampling": dropped}
-    up.update(NEUTRAL_SAMPLING)
+    if not text_only:
+        up.update(NEUTRAL_SAMPLING)
     up["model"] = rollout.policy
     up["temperature"] = rollout.temperature
     up["top_p"] = rollout.top_p
     if rollout.seed is not None:
         up["seed"] = (rollout.seed + turn) % 2**31
-    up["logprobs"] = True
-    up["top_logprobs"] = 0
-    up["return_token_ids"] = True
+    if text_only:
+        for k in ("logprobs", "top_logprobs", "return_token_ids"):
+            up.pop(k, None)
+    else:
+        up["logprobs"] = True
+        up["top_logprobs"] = 0
+        up["return_token_ids"] = True
     # vLLM drops token_ids from the answer when a reasoning parser handles include_reasoning.
     up.pop("include_reasoning", None)
     limits = [v for v in (req.get("max_tokens"), req.get("max_completion_tokens"))

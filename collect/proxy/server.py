@@ -27,7 +27,7 @@ from wharf import storage
 from wharf.layout import admin_file, registry_file, wal_dir
 from collect.proxy import jsonx
 from collect.proxy.admin import AdminAPI
-from collect.proxy.capture import CaptureError, StreamRelay, capture_full, plain_full
+from collect.proxy.capture import CaptureError, StreamRelay, capture_full, capture_text, plain_full
 from collect.proxy.dialects import DialectError
 from collect.proxy.dialects import anthropic as anthropic_dialect
 from collect.proxy.dialects import gemini as gemini_dialect
@@ -226,11 +226,13 @@ class RecordingProxy:
         rollout.inflight += 1
         rollout.idle.clear()
         request_id = uuid.uuid4().hex
-        upstream, sampling = forced_request(chat_req, rollout, turn, cap, full=dialect is not None, room=room)
+        text_only = self.cfg.proxy.text_only
+        upstream, sampling = forced_request(chat_req, rollout, turn, cap, full=dialect is not None, room=room,
+                                            text_only=text_only)
         row = TurnRow(rollout_id=rollout.rollout_id, turn=turn, request_id=request_id,
                       api=dialect.NAME if dialect is not None else "chat", policy=rollout.policy,
                       started_at=started, ended_at=None, request=raw.decode("utf-8", "replace"), response=None,
-                      sampling=_dumps(sampling).decode())
+                      sampling=_dumps(sampling).decode(), text_only=text_only)
         headers = {"x-wharf-request-id": request_id, "x-wharf-turn": str(turn)}
         try:
             if chat_req.get("stream"):
@@ -247,7 +249,7 @@ class RecordingProxy:
         try:
             data = await self.forward.complete(rollout.rollout_id, upstream)
             try:
-                got = capture_full(data)
+                got = capture_text(data) if self.cfg.proxy.text_only else capture_full(data)
             except CaptureError as e:
                 raise UpstreamFailure(502, f"upstream answer unusable for recording: {e}", "no_token_ids") from None
         except UpstreamFailure as fail:
@@ -264,7 +266,7 @@ class RecordingProxy:
             resp = await self.forward.open_stream(rollout.rollout_id, upstream)
         except UpstreamFailure as fail:
             return await self.recorder.settle(rollout, row, fail, None, FullReply(b"", headers, dialect, request))
-        relay = StreamRelay(req, dialect.Stream(req) if dialect is not None else None)
+        relay = StreamRelay(req, dialect.Stream(req) if dialect is not None else None, self.cfg.proxy.text_only)
         out = web.StreamResponse(headers={**headers, **_SSE_HEADERS})
         reply = StreamReply(out, relay.tr, dialect, request)
         response = None

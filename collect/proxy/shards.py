@@ -78,8 +78,9 @@ def _list_column(values: list, code: str, value_type: pa.DataType) -> pa.Array:
 def turns_table(rows: list[dict]) -> pa.Table:
     """Rows as the proxy keeps them (arrays; epoch-second floats) -> a TURNS table."""
     cols = []
+    added = schema.ADDED_COLUMNS["turns"]  # a WAL line written before the column existed
     for f in schema.TURNS:
-        values = [r[f.name] for r in rows]
+        values = [r[f.name] if f.name not in added else r.get(f.name, added[f.name]) for r in rows]
         if f.name in _LIST_TYPES:
             cols.append(_list_column(values, _LIST_TYPES[f.name], f.type.value_type))
         elif pa.types.is_timestamp(f.type):

@@ -1,0 +1,77 @@
+"""loop.init_adapter's wiring, without a live round: round 0 samples policy-v0, which the endpoint
+is given from the init adapter before round 0 collects; the rows of round 0 are policy-v0's, and a
+round with no signal carries the init adapter; the key's forms are checked at load."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import loop
+from pipeline.overlap import allowed_policies, check_lag
+from wharf.config import ConfigError, load_config
+
+
+def cfg_with(tmp_path: Path, *extra):
+    return load_config(None, [f"runs_dir={tmp_path}", "name=warm", "endpoint.model=base-model", *extra])
+
+
+class FakeEndpoint:
+    """One replica; the loop asks each replica through `loop._serves`, patched to ask this one."""
+    url = "http://127.0.0.1:9"
+
+    def __init__(self, served=()):
+        self.served = list(served)
+
+    def models(self):
+        return self.served
+
+
+def adapter(d: Path) -> Path:
+    d.mkdir(parents=True)
+    (d / "adapter_config.json").write_text(json.dumps({"r": 16, "peft_type": "LORA"}))
+    return d
+
+
+def test_round_0_samples_the_init_adapter_as_policy_v0(tmp_path, monkeypatch):
+    start = adapter(tmp_path / "sft-run/rounds/2/train/adapter")
+    cfg = cfg_with(tmp_path, f"loop.init_adapter={tmp_path / 'sft-run'}:3")
+    assert loop.round_config(cfg, 0).collect.policy == "policy-v0"
+    assert loop.round_config(cfg, 1).collect.policy == "policy-v1"
+    published = []
+    monkeypatch.setattr(loop, "_serves", lambda ep, url, name: name in ep.models())
+    monkeypatch.setattr(loop, "publish", lambda c, path, name, resume: published.append((path, name)))
+    loop.ensure_served(FakeEndpoint(), cfg, 0)
+    assert published == [(start, "policy-v0")]
+    loop.ensure_served(FakeEndpoint(["policy-v0"]), cfg, 0)  # served already: not again
+    assert len(published) == 1
+    # round 0's rows by policy-v0 are on-policy; the base model's would be another policy's
+    assert allowed_policies(0, 0, cfg.start_policy) == ("policy-v0",)
+    check_lag({"policy-v0": 3}, 0, 0, cfg.start_policy, "index.json")
+    with pytest.raises(Exception, match="base-model"):
+        check_lag({"base-model": 3}, 0, 0, cfg.start_policy, "index.json")
+
+
+def test_without_init_adapter_round_0_is_the_base(tmp_path, monkeypatch):
+    cfg = cfg_with(tmp_path)
+    assert loop.round_config(cfg, 0).collect.policy == "base-model" == cfg.start_policy
+    monkeypatch.setattr(loop, "_serves", lambda ep, url, name: name in ep.models())
+    monkeypatch.setattr(loop, "publish", lambda *a, **k: pytest.fail("nothing to publish for round 0"))
+    loop.ensure_served(FakeEndpoint(), cfg, 0)
+
+
+def test_a_round_0_without_signal_carries_the_init_adapter(tmp_path):
+    from pipeline.stages import carry_policy
+
+    start = adapter(tmp_path / "sft")
+    cfg = loop.round_config(cfg_with(tmp_path, f"loop.init_adapter={start}"), 0)
+    out = carry_policy(cfg)
+    assert out["policy"] == "policy-v1" and (Path(out["adapter"]) / "adapter_config.json").read_text() == \
+        (start / "adapter_config.json").read_text()
+
+
+@pytest.mark.parametrize("spec", ["base", "runs/x:0", "runs/x:"])
+def test_init_adapter_forms_are_checked_at_load(tmp_path, spec):
+    with pytest.raises(ConfigError, match="loop.init_adapter"):
+        cfg_with(tmp_path, f"loop.init_adapter={spec}")
