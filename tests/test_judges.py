@@ -106,3 +106,31 @@ def test_the_task_format_names_the_judge_and_a_task_that_lacks_its_files_is_refu
     toml.write_text(toml.read_text().replace('judge = "contest"', 'judge = "oracle"'))
     with pytest.raises(TaskJudgeError, match="is not a judge"):
         check_task(task)
+
+
+def test_a_hostile_answer_is_a_wrong_answer_with_its_reason_never_a_crash(tmp_path):
+    # a 400-digit int where a float is expected: math.isclose raises OverflowError in the grader
+    huge = FIXED.replace("return sum(xs) / len(xs)", "return 10 ** 400")
+    assert huge != FIXED
+    r, d = judge(tmp_path, CONTEST, huge)
+    assert (r["reward"], r["f2p_passed"], r["p2p_passed"]) == (0.0, 1, 0)
+    wrong = d["checks"]["contest.py::mean"]["first_wrong"]
+    assert "OverflowError" in wrong["why"] and wrong["answer"]["value"] == 10 ** 400
+
+
+def test_a_comparison_that_raises_or_an_answer_too_big_to_show_stays_data():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import judge as judge_py
+    finally:
+        sys.path.remove(str(TOOLS))
+    deep, other = [], [1]
+    for _ in range(5000):  # deeper than the comparison's and the encoder's recursion
+        deep, other = [deep], [other]
+    assert "RecursionError" in judge_py.disagree(judge_py.same, {"value": deep}, other)
+    assert "OverflowError" in judge_py.disagree(judge_py.same, {"value": 10 ** 400}, 2.0)
+    assert judge_py.disagree(judge_py.same, {"value": 2.0}, 2.0) is None
+    assert judge_py.disagree(judge_py.same, {"error": "boom"}, 2.0) is not None
+    shown = judge_py.shown({"value": deep})
+    assert set(shown) == {"shortened"} and len(shown["shortened"]) <= 2000
+    assert judge_py.shown([1, 2]) == [1, 2]
