@@ -134,3 +134,34 @@ def test_a_comparison_that_raises_or_an_answer_too_big_to_show_stays_data():
     shown = judge_py.shown({"value": deep})
     assert set(shown) == {"shortened"} and len(shown["shortened"]) <= 2000
     assert judge_py.shown([1, 2]) == [1, 2]
+
+
+def test_the_verdict_is_macd_as_serialised_never_as_re_read_from_the_dir(tmp_path, monkeypatch):
+    # a forger rewrites reward.json right after the grader renames it into place (it stopped the
+    # grader there): the MAC is of the bytes the grader made, so the forged file does not verify
+    from collect.sandbox import rewardproof
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import judge_io
+    finally:
+        sys.path.remove(str(TOOLS))
+    forged = b'{"reward": 1.0}\n'
+    real_replace = os.replace
+
+    def replace_then_forge(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith("reward.json"):
+            Path(dst).write_bytes(forged)
+    monkeypatch.setattr(judge_io.os, "replace", replace_then_forge)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    out = tmp_path / "verifier"
+    out.mkdir()
+    (out / "reward.json.tmp").symlink_to(elsewhere)  # planted: written through, it would change `elsewhere`
+    key = b"k" * 64
+    judge_io.write_verdict(str(out), {"reward": 0.0}, {"checks": {}}, key)
+    assert (out / "reward.json").read_bytes() == forged and elsewhere.read_text() == "keep"
+    assert "does not verify" in rewardproof.why_not(out, key)
+    monkeypatch.setattr(judge_io.os, "replace", real_replace)
+    judge_io.write_verdict(str(out), {"reward": 0.0}, {"deep": [[[]]] * 2}, key)
+    assert rewardproof.why_not(out, key) is None and json.loads((out / "reward.json").read_text()) == {"reward": 0.0}

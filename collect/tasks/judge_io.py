@@ -6,8 +6,9 @@ Standalone (stdlib only, plain `python -I -S` works): the graders run inside san
   * kill_all(): SIGKILL a child, its group and every process reparented to us;
   * take_reward_key(): the sandbox's reward key (collect/sandbox/rewardproof.py), read and
     deleted before any code under test runs;
-  * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and its MAC,
-    last, over anything the code under test left there.
+  * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and the MAC
+    of the very bytes it serialised (never re-read from disk), last, over anything the code
+    under test left there.
 """
 from __future__ import annotations
 
@@ -86,28 +87,44 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-def write_json(path: str, obj: dict) -> None:
+def encode(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """`data` at `path` through a fresh temp file (never a link or a file someone else opened),
+    renamed into place: a reader never sees half a file."""
     tmp = path + ".tmp"
     remove(tmp)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)  # a reader never sees half a file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj: dict) -> None:
+    write_bytes(path, encode(obj))
 
 
 def write_verdict(out: str, numbers: dict, detail: dict, reward_key: bytes | None) -> None:
     """grading.json, reward.json and, with the sandbox's key, reward.json.mac = HMAC-SHA256(key,
-    reward.json's bytes): what collect/sandbox/rewardproof.py checks when it downloads `out`."""
+    reward.json's bytes): what collect/sandbox/rewardproof.py checks when it downloads `out`.
+    reward.json is serialised once, here in memory, and those bytes are written and MACed:
+    nothing is read back from `out`, which the code under test could write."""
     os.makedirs(out, exist_ok=True)
     reward_path = os.path.join(out, "reward.json")
     mac_path = reward_path + ".mac"
     for path in (os.path.join(out, "grading.json"), reward_path, mac_path):
         remove(path)  # the code under test may have left a dir or a link there
-    write_json(os.path.join(out, "grading.json"), detail)
-    write_json(reward_path, numbers)
+    reward = encode(numbers)
+    try:
+        story = encode(detail)
+    except (ValueError, TypeError, RecursionError) as e:  # the verdict stands without its story
+        story = encode({"reward": numbers.get("reward"), "error": f"grading.json could not be encoded: {e}"})
+    write_bytes(os.path.join(out, "grading.json"), story)
+    write_bytes(reward_path, reward)
     if reward_key is not None:
-        with open(reward_path, "rb") as f:
-            proof = hmac.new(reward_key, f.read(), hashlib.sha256).hexdigest()
-        with open(mac_path + ".tmp", "w") as f:
-            f.write(proof + "\n")
-        os.replace(mac_path + ".tmp", mac_path)
+        write_bytes(mac_path, (hmac.new(reward_key, reward, hashlib.sha256).hexdigest() + "\n").encode())
