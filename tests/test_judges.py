@@ -69,7 +69,9 @@ def test_the_inputs_are_drawn_afresh_and_a_solution_fitted_to_the_visible_ones_g
 
 def test_the_spec_is_gone_before_the_code_under_test_runs(tmp_path):
     # the code under test looks for the reference at import: it must find the tests dir empty
-    steal = f"import os\nSEEN = os.listdir({str(tmp_path / 'tests')!r})\nassert not SEEN, SEEN\n" + FIXED
+    # (confined, a tests dir under /tmp is not even in its view: the host's /tmp is not its /tmp)
+    where = str(tmp_path / "tests")
+    steal = f"import os\nSEEN = os.path.isdir({where!r}) and os.listdir({where!r})\nassert not SEEN, SEEN\n" + FIXED
     r, _ = judge(tmp_path, CONTEST, steal, hide=True)
     assert r["reward"] == 1.0
     assert os.listdir(tmp_path / "tests") == []
@@ -165,3 +167,63 @@ def test_the_verdict_is_macd_as_serialised_never_as_re_read_from_the_dir(tmp_pat
     monkeypatch.setattr(judge_io.os, "replace", real_replace)
     judge_io.write_verdict(str(out), {"reward": 0.0}, {"deep": [[[]]] * 2}, key)
     assert rewardproof.why_not(out, key) is None and json.loads((out / "reward.json").read_text()) == {"reward": 0.0}
+
+
+def _jail():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import jail
+    finally:
+        sys.path.remove(str(TOOLS))
+    return jail
+
+
+def _alive_with(marker: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+# A chain that moves: each link forks the next and exits, so the tree outlives every parent
+# (what beat the bounded walk over the grader's children); a daemon in a new session beside it.
+CHAIN = """import os, subprocess, sys, time
+subprocess.Popen(["sleep", "300", sys.argv[1]], start_new_session=True)
+if os.fork():
+    time.sleep(300)  # the code under test itself, still running when the grader ends it
+while True:
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_code_under_test_cannot_see_signal_or_outlive_the_grader(tmp_path):
+    import subprocess as sp
+    import time
+
+    jail = _jail()
+    assert jail.unavailable() is None, jail.unavailable()
+    marker = f"wharf-jail-{os.getpid()}-{time.monotonic_ns()}"
+    (tmp_path / "chain.py").write_text(CHAIN)
+    run = jail.start([sys.executable, "-I", str(tmp_path / "chain.py"), marker], str(tmp_path), sys.executable,
+                     stdout=sp.DEVNULL, stderr=sp.DEVNULL)
+    time.sleep(0.5)
+    assert _alive_with(marker), "the daemon runs while the code under test does"
+    assert jail.end(run) is None
+    assert _alive_with(marker) == [] and _alive_with(str(tmp_path / "chain.py")) == []
+    # what it can see and signal: its own namespace only (init, sh, ls, grep); the grader's files read-only
+    probe = (f"ls /proc | grep -c '^[0-9]'; kill -STOP {os.getpid()} || echo no-signal; "
+             f"touch {tmp_path}/w && echo workdir-rw; touch {ROOT}/x 2>/dev/null || echo tools-ro; "
+             "unshare -U true 2>/dev/null || echo no-userns")
+    run = jail.start(["sh", "-c", probe], str(tmp_path), sys.executable, stdout=sp.PIPE, stderr=sp.DEVNULL)
+    out = run.proc.communicate(timeout=30)[0].decode().split("\n")
+    assert jail.end(run) is None
+    assert int(out[0]) <= 4 and out[1:5] == ["no-signal", "workdir-rw", "tools-ro", "no-userns"], out
+    assert os.path.exists(tmp_path / "w") and not os.path.exists(ROOT / "x")

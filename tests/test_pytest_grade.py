@@ -123,7 +123,7 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
         hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
-                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1}
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1}
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -158,8 +158,7 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     t0 = time.monotonic()
     r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
     assert r["reward"] == 0.0, r
-    if attack == "forged_report_files":  # the spec it rewrote is not the one graded against
-        assert json.loads((tmp_path / "tests" / "spec.json").read_text())["FAIL_TO_PASS"] == ["test_task.py::test_mean"]
+    if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
     else:
         assert r["records_ok"] == 0, r

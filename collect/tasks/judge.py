@@ -36,6 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I: our siblings, never the workspace
 import grading  # noqa: E402
+import jail  # noqa: E402
 import judge_calls  # noqa: E402
 import judge_io  # noqa: E402
 import judge_state  # noqa: E402
@@ -132,8 +133,8 @@ def run_contest(namespace: dict, names: list[str], workdir: str, python: str, ti
         agree = check.get("same", same)
         why = [disagree(agree, got, want[i]) for i, got in enumerate(run["answers"])]
         wrong = [i for i, w in enumerate(why) if w is not None]
-        result = {"passed": not wrong and not run["timed_out"], "cases": len(inputs), "wrong": len(wrong),
-                  "timed_out": run["timed_out"]}
+        result = {"passed": not wrong and not run["timed_out"] and not run["survivors"], "cases": len(inputs),
+                  "wrong": len(wrong), "timed_out": run["timed_out"], "survivors": run["survivors"]}
         if wrong:
             i = wrong[0]
             result["first_wrong"] = {"args": shown(plain(list(inputs[i]))), "answer": shown(run["answers"][i]),
@@ -150,9 +151,9 @@ def verdict(kind: str, spec: dict, results: dict) -> tuple[dict, dict]:
     numbers = {"reward": 1.0 if resolved else 0.0, "resolved": int(resolved), "log_ok": 1,
                "f2p_passed": len(f2p), "f2p_total": len(spec["FAIL_TO_PASS"]),
                "p2p_passed": len(p2p), "p2p_total": len(spec["PASS_TO_PASS"]),
-               "timed_out": int(timed_out), f"judge_{kind}": 1}
+               "timed_out": int(timed_out), f"judge_{kind}": 1, "confined": int(jail.unavailable() is None)}
     detail = {"instance_id": spec["instance_id"], "grader": kind, "reward": numbers["reward"], "resolved": resolved,
-              "checks": results, "error": None}
+              "checks": results, "confinement": jail.unavailable() or jail.CONFINED, "error": None}
     return numbers, detail
 
 

@@ -1,9 +1,8 @@
 """What every grader of collect/tasks shares: the process it grades from and the verdict it writes.
 
 Standalone (stdlib only, plain `python -I -S` works): the graders run inside sandboxes.
-  * harden(): this process becomes the subreaper of everything the code under test starts and
-    stops being dumpable, so that code can neither read its memory nor outlive the grading;
-  * kill_all(): SIGKILL a child, its group and every process reparented to us;
+  * harden(): this process stops being dumpable (no same-uid process reads its memory) and
+    becomes the subreaper of what it starts (jail.py's fallback, where namespaces cannot be had);
   * take_reward_key(): the sandbox's reward key (collect/sandbox/rewardproof.py), read and
     deleted before any code under test runs;
   * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and the MAC
@@ -18,53 +17,18 @@ import hmac
 import json
 import os
 import shutil
-import signal
-import subprocess
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 
 
 def harden() -> None:
-    """Linux only; elsewhere the process group is the fallback."""
+    """Linux only."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def _children() -> list[int]:
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
-                out.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the process, its group and every process reparented to us, until none is left."""
-    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-        try:
-            target()
-        except OSError:
-            pass
-    proc.wait()
-    for _ in range(1000):
-        kids = _children()
-        if not kids:
-            return
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
 
 
 def take_reward_key(path: str | None) -> bytes | None:
