@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS, PLUGIN_ATTACKS
+from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
@@ -160,6 +160,8 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     assert r["reward"] == 0.0, r
     if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
+        assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
     else:
         assert r["records_ok"] == 0, r
     if attack in PLUGIN_ATTACKS:  # the signer refused them (each scored 1.0 before the audit hook)

@@ -159,6 +159,8 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
         detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
         if kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
             assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
+        if kind == "contest" and attack == "hostile_json":  # a wrong answer with its reason, not a crash
+            assert "OverflowError" in detail["checks"]["contest.py::mean"]["first_wrong"]["why"], detail
         if kind == "pytest" and attack == "solve":
             assert rewards["recheck"] == 1, rewards
         assert_nothing_leaked(world, said(steps), trial_dir)
