@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
+from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS, RESIDUAL_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
@@ -173,6 +173,14 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert r["timed_out"] == 1 and time.monotonic() - t0 < 60
     time.sleep(1)  # a daemon the attack left would re-plant reward.json now
     assert json.loads((tmp_path / "verifier" / "reward.json").read_text()) == r
+
+
+@pytest.mark.slow
+def test_what_is_left_a_signal_handler_in_the_hooks_extent_still_reaches_the_signer(tmp_path):
+    """The limit docs/judges.md states: while the audit hook runs, a Python signal handler is handed
+    its frame, and the signer is in its locals. Only a signer out of Python (not built) closes it."""
+    r = _grade(tmp_path, RESIDUAL_ATTACKS["signal_in_hook"] + "\n" + BUGGY, timeout=30)
+    assert (r["reward"], r["recheck"], r["confined"]) == (1.0, 1, 1), r
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
