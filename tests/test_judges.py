@@ -227,3 +227,11 @@ def test_the_code_under_test_cannot_see_signal_or_outlive_the_grader(tmp_path):
     assert jail.end(run) is None
     assert int(out[0]) <= 4 and out[1:5] == ["no-signal", "workdir-rw", "tools-ro", "no-userns"], out
     assert os.path.exists(tmp_path / "w") and not os.path.exists(ROOT / "x")
+
+
+def test_a_child_that_prints_gigabytes_costs_the_grader_no_memory(tmp_path):
+    # 64 MiB on stderr at import (call_child sends prints there): the grader keeps its tail only
+    loud = "import os\nfor _ in range(64):\n    os.write(2, b'x' * (1 << 20))\n" + FIXED
+    r, d = judge(tmp_path, CONTEST, loud.replace("return sum(xs) / len(xs)", "return 0.5"))
+    assert (r["reward"], r["f2p_passed"], r["p2p_passed"]) == (0.0, 1, 0)
+    assert d["checks"]["contest.py::mean"]["first_wrong"]["stderr"] == "x" * 500
