@@ -7,12 +7,16 @@ one fixed task graded N times each way, interleaved, on the host (no sandbox: th
   * pytest-guard    today's plugin under its audit hook (pytest_guard.py), no second run
   * pytest          today's grade_pytest.sh: audit hook + the second, out-of-process run of the
                     FAIL_TO_PASS tests
+  * pytest-guard-bare  the same with the test process unconfined (jail.py's fallback): what
+                    running it in namespaces of its own costs
   * contest         judge.sh contest on datasets/toy/fix-sum-to (62 drawn cases, 2 child processes)
+  * contest-bare    judge.py contest with its children unconfined (jail.py's fallback)
   * checker-calls   judge.sh checker on tests/fixtures/tasks/checker-sum-to (3 calls, 3 children)
   * checker-files   judge.sh checker on datasets/learn/echo-color (reads two files, no child)
 
-`python -m bench.grading [--n 5]`: wall and CPU (user+sys of all child processes) seconds per
-grading, p50 and mean; CPU is the figure that holds on a shared, loaded machine.
+`python -m bench.grading [--n 5]`: wall and CPU (user+sys of every process of the grading: a
+cpuacct cgroup where one can be made, else the waited children's rusage) seconds per grading,
+p50 and mean; CPU is the figure that holds on a shared, loaded machine.
 """
 from __future__ import annotations
 
@@ -34,14 +38,21 @@ PLAIN_REV = "ba8ac4d"  # the last commit whose report plugin held its own key
 PYTEST = "-I -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null"
 OPTS = '--spec "$T/spec.json" --out "$V" -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$W" test_task.py'
 FIX = "sed -i 's/range(1, n)/range(1, n + 1)/' \"$W/mathutil.py\""
+# A grader run with jail.py told that no namespaces can be had: the fallback, for comparison only.
+BARE = ("'import runpy, sys; sys.path.insert(0, \"{tools}\"); import jail; jail._PROBE[\"why\"] = \"bench\"; "
+        "f = \"{tools}/{script}\"; sys.argv[0] = f; runpy.run_path(f, run_name=\"__main__\")'")
 WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier dir, $P python, $X plain tools)
     "log": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && . {TOOLS}/testlog.sh && '
             f'wharf_run_tests "$V/test_output.log" "$P {PYTEST} --rootdir $W test_task.py" >/dev/null; '
             f'"$P" {TOOLS}/grading.py --spec "$T/spec.json" --log "$V/test_output.log" --out "$V" >/dev/null'),
     "pytest-plain": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I "$X/pytest_grade.py" {OPTS} >/dev/null'),
     "pytest-guard": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I {TOOLS}/pytest_grade.py {OPTS} >/dev/null'),
+    "pytest-guard-bare": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I -c '
+                          + BARE.format(tools=TOOLS, script="pytest_grade.py") + f' {OPTS} >/dev/null'),
     "pytest": (PYTEST_TASK, f'{FIX} && bash {TOOLS}/grade_pytest.sh "$W" test_task.py >/dev/null'),
     "contest": (ROOT / "datasets" / "toy" / "fix-sum-to", f'{FIX} && bash {TOOLS}/judge.sh contest "$W" >/dev/null'),
+    "contest-bare": (ROOT / "datasets" / "toy" / "fix-sum-to", f'{FIX} && cd / && "$P" -I -S -c '
+                     + BARE.format(tools=TOOLS, script="judge.py") + ' contest --tests "$T" --workdir "$W" --out "$V" >/dev/null'),
     "checker-calls": (ROOT / "tests" / "fixtures" / "tasks" / "checker-sum-to",
                       f'{FIX} && bash {TOOLS}/judge.sh checker "$W" >/dev/null'),
     "checker-files": (ROOT / "datasets" / "learn" / "echo-color",
@@ -52,6 +63,33 @@ WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier di
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, where it can be written
+
+
+class Account:
+    """CPU seconds of every process a command starts. A cgroup counts the processes of a
+    confined grading too (SIGKILLed in their namespace, they are never waited for, so the
+    children's rusage misses them); without one, the rusage of waited children."""
+
+    def __init__(self, name: str):
+        self.path = CPUACCT / f"wharf-bench-{os.getpid()}-{name}"
+        try:
+            self.path.mkdir()
+        except OSError:
+            self.path = None
+        self.c0 = _cpu()
+
+    def prefix(self) -> str:
+        return f"echo $$ > {self.path / 'cgroup.procs'} && " if self.path else ""
+
+    def seconds(self) -> float:
+        if self.path is None:
+            return _cpu() - self.c0
+        used = int((self.path / "cpuacct.usage").read_text()) / 1e9
+        self.path.rmdir()
+        return used
 
 
 def plain_tools(dest: Path) -> Path | None:
@@ -73,9 +111,10 @@ def one(name: str, tmp: Path, plain: Path | None) -> tuple[float, float]:
     env = {**os.environ, "W": str(tmp / "app"), "T": str(task / "tests"), "V": str(tmp / "v"), "P": sys.executable,
            "X": str(plain or ""), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
            "WHARF_VERIFIER_DIR": str(tmp / "v")}
-    t0, c0 = time.perf_counter(), _cpu()
-    subprocess.run(["bash", "-c", way], env=env, check=True, timeout=300)
-    took, cpu = time.perf_counter() - t0, _cpu() - c0
+    account = Account(tmp.name)
+    t0 = time.perf_counter()
+    subprocess.run(["bash", "-c", account.prefix() + way], env=env, check=True, timeout=300)
+    took, cpu = time.perf_counter() - t0, account.seconds()
     reward = (tmp / "v" / "reward.json").read_text()
     assert '"reward": 1.0' in reward, f"{name}: the fixed task did not grade 1.0: {reward}"
     return took, cpu

@@ -160,10 +160,10 @@ def test_testlog_usage_error(tmp_path):
 @pytest.mark.parametrize("name, allowed", [
     ("grading.py", {"swebench"}), ("report_records.py", set()),
     ("pytest_report.py", {"pytest", "_pytest", "pytest_guard"}), ("pytest_guard.py", {"_pytest", "pluggy"}),
-    ("pytest_grade.py", {"grading", "report_records", "judge_io"}),  # its siblings in collect/tasks
+    ("pytest_grade.py", {"grading", "report_records", "judge_io", "jail"}),  # its siblings in collect/tasks
     # the checker and contest judges run under python -I -S: the stdlib and their siblings only
-    ("judge.py", {"grading", "judge_calls", "judge_io", "judge_state"}), ("judge_calls.py", {"judge_io"}),
-    ("judge_state.py", {"judge_calls"}), ("judge_io.py", set()), ("call_child.py", set()),
+    ("judge.py", {"grading", "jail", "judge_calls", "judge_io", "judge_state"}), ("judge_calls.py", {"jail"}),
+    ("judge_state.py", {"judge_calls"}), ("judge_io.py", set()), ("call_child.py", set()), ("jail.py", set()),
 ])
 def test_the_grading_tools_import_only_stdlib_swebench_pytest_and_each_other(name, allowed):
     import ast

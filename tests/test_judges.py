@@ -69,7 +69,9 @@ def test_the_inputs_are_drawn_afresh_and_a_solution_fitted_to_the_visible_ones_g
 
 def test_the_spec_is_gone_before_the_code_under_test_runs(tmp_path):
     # the code under test looks for the reference at import: it must find the tests dir empty
-    steal = f"import os\nSEEN = os.listdir({str(tmp_path / 'tests')!r})\nassert not SEEN, SEEN\n" + FIXED
+    # (confined, a tests dir under /tmp is not even in its view: the host's /tmp is not its /tmp)
+    where = str(tmp_path / "tests")
+    steal = f"import os\nSEEN = os.path.isdir({where!r}) and os.listdir({where!r})\nassert not SEEN, SEEN\n" + FIXED
     r, _ = judge(tmp_path, CONTEST, steal, hide=True)
     assert r["reward"] == 1.0
     assert os.listdir(tmp_path / "tests") == []
@@ -106,3 +108,130 @@ def test_the_task_format_names_the_judge_and_a_task_that_lacks_its_files_is_refu
     toml.write_text(toml.read_text().replace('judge = "contest"', 'judge = "oracle"'))
     with pytest.raises(TaskJudgeError, match="is not a judge"):
         check_task(task)
+
+
+def test_a_hostile_answer_is_a_wrong_answer_with_its_reason_never_a_crash(tmp_path):
+    # a 400-digit int where a float is expected: math.isclose raises OverflowError in the grader
+    huge = FIXED.replace("return sum(xs) / len(xs)", "return 10 ** 400")
+    assert huge != FIXED
+    r, d = judge(tmp_path, CONTEST, huge)
+    assert (r["reward"], r["f2p_passed"], r["p2p_passed"]) == (0.0, 1, 0)
+    wrong = d["checks"]["contest.py::mean"]["first_wrong"]
+    assert "OverflowError" in wrong["why"] and wrong["answer"]["value"] == 10 ** 400
+
+
+def test_a_comparison_that_raises_or_an_answer_too_big_to_show_stays_data():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import judge as judge_py
+    finally:
+        sys.path.remove(str(TOOLS))
+    deep, other = [], [1]
+    for _ in range(5000):  # deeper than the comparison's and the encoder's recursion
+        deep, other = [deep], [other]
+    assert "RecursionError" in judge_py.disagree(judge_py.same, {"value": deep}, other)
+    assert "OverflowError" in judge_py.disagree(judge_py.same, {"value": 10 ** 400}, 2.0)
+    assert judge_py.disagree(judge_py.same, {"value": 2.0}, 2.0) is None
+    assert judge_py.disagree(judge_py.same, {"error": "boom"}, 2.0) is not None
+    shown = judge_py.shown({"value": deep})
+    assert set(shown) == {"shortened"} and len(shown["shortened"]) <= 2000
+    assert judge_py.shown([1, 2]) == [1, 2]
+
+
+def test_the_verdict_is_macd_as_serialised_never_as_re_read_from_the_dir(tmp_path, monkeypatch):
+    # a forger rewrites reward.json right after the grader renames it into place (it stopped the
+    # grader there): the MAC is of the bytes the grader made, so the forged file does not verify
+    from collect.sandbox import rewardproof
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import judge_io
+    finally:
+        sys.path.remove(str(TOOLS))
+    forged = b'{"reward": 1.0}\n'
+    real_replace = os.replace
+
+    def replace_then_forge(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith("reward.json"):
+            Path(dst).write_bytes(forged)
+    monkeypatch.setattr(judge_io.os, "replace", replace_then_forge)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("keep")
+    out = tmp_path / "verifier"
+    out.mkdir()
+    (out / "reward.json.tmp").symlink_to(elsewhere)  # planted: written through, it would change `elsewhere`
+    key = b"k" * 64
+    judge_io.write_verdict(str(out), {"reward": 0.0}, {"checks": {}}, key)
+    assert (out / "reward.json").read_bytes() == forged and elsewhere.read_text() == "keep"
+    assert "does not verify" in rewardproof.why_not(out, key)
+    monkeypatch.setattr(judge_io.os, "replace", real_replace)
+    judge_io.write_verdict(str(out), {"reward": 0.0}, {"deep": [[[]]] * 2}, key)
+    assert rewardproof.why_not(out, key) is None and json.loads((out / "reward.json").read_text()) == {"reward": 0.0}
+
+
+def _jail():
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import jail
+    finally:
+        sys.path.remove(str(TOOLS))
+    return jail
+
+
+def _alive_with(marker: str) -> list[int]:
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+# A chain that moves: each link forks the next and exits, so the tree outlives every parent
+# (what beat the bounded walk over the grader's children); a daemon in a new session beside it.
+CHAIN = """import os, subprocess, sys, time
+subprocess.Popen(["sleep", "300", sys.argv[1]], start_new_session=True)
+if os.fork():
+    time.sleep(300)  # the code under test itself, still running when the grader ends it
+while True:
+    if os.fork():
+        os._exit(0)
+    os.setsid()
+    time.sleep(0.005)
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_the_code_under_test_cannot_see_signal_or_outlive_the_grader(tmp_path):
+    import subprocess as sp
+    import time
+
+    jail = _jail()
+    assert jail.unavailable() is None, jail.unavailable()
+    marker = f"wharf-jail-{os.getpid()}-{time.monotonic_ns()}"
+    (tmp_path / "chain.py").write_text(CHAIN)
+    run = jail.start([sys.executable, "-I", str(tmp_path / "chain.py"), marker], str(tmp_path), sys.executable,
+                     stdout=sp.DEVNULL, stderr=sp.DEVNULL)
+    time.sleep(0.5)
+    assert _alive_with(marker), "the daemon runs while the code under test does"
+    assert jail.end(run) is None
+    assert _alive_with(marker) == [] and _alive_with(str(tmp_path / "chain.py")) == []
+    # what it can see and signal: its own namespace only (init, sh, ls, grep); the grader's files read-only
+    probe = (f"ls /proc | grep -c '^[0-9]'; kill -STOP {os.getpid()} || echo no-signal; "
+             f"touch {tmp_path}/w && echo workdir-rw; touch {ROOT}/x 2>/dev/null || echo tools-ro; "
+             "unshare -U true 2>/dev/null || echo no-userns")
+    run = jail.start(["sh", "-c", probe], str(tmp_path), sys.executable, stdout=sp.PIPE, stderr=sp.DEVNULL)
+    out = run.proc.communicate(timeout=30)[0].decode().split("\n")
+    assert jail.end(run) is None
+    assert int(out[0]) <= 4 and out[1:5] == ["no-signal", "workdir-rw", "tools-ro", "no-userns"], out
+    assert os.path.exists(tmp_path / "w") and not os.path.exists(ROOT / "x")
+
+
+def test_a_child_that_prints_gigabytes_costs_the_grader_no_memory(tmp_path):
+    # 64 MiB on stderr at import (call_child sends prints there): the grader keeps its tail only
+    loud = "import os\nfor _ in range(64):\n    os.write(2, b'x' * (1 << 20))\n" + FIXED
+    r, d = judge(tmp_path, CONTEST, loud.replace("return sum(xs) / len(xs)", "return 0.5"))
+    assert (r["reward"], r["f2p_passed"], r["p2p_passed"]) == (0.0, 1, 0)
+    assert d["checks"]["contest.py::mean"]["first_wrong"]["stderr"] == "x" * 500

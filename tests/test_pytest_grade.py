@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, GRADING_ATTACKS, PLUGIN_ATTACKS
+from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS, RESIDUAL_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
@@ -123,7 +123,7 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
         hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
-                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1}
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1}
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -158,9 +158,10 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     t0 = time.monotonic()
     r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
     assert r["reward"] == 0.0, r
-    if attack == "forged_report_files":  # the spec it rewrote is not the one graded against
-        assert json.loads((tmp_path / "tests" / "spec.json").read_text())["FAIL_TO_PASS"] == ["test_task.py::test_mean"]
+    if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
+        assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
     else:
         assert r["records_ok"] == 0, r
     if attack in PLUGIN_ATTACKS:  # the signer refused them (each scored 1.0 before the audit hook)
@@ -172,6 +173,14 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert r["timed_out"] == 1 and time.monotonic() - t0 < 60
     time.sleep(1)  # a daemon the attack left would re-plant reward.json now
     assert json.loads((tmp_path / "verifier" / "reward.json").read_text()) == r
+
+
+@pytest.mark.slow
+def test_what_is_left_a_signal_handler_in_the_hooks_extent_still_reaches_the_signer(tmp_path):
+    """The limit docs/judges.md states: while the audit hook runs, a Python signal handler is handed
+    its frame, and the signer is in its locals. Only a signer out of Python (not built) closes it."""
+    r = _grade(tmp_path, RESIDUAL_ATTACKS["signal_in_hook"] + "\n" + BUGGY, timeout=30)
+    assert (r["reward"], r["recheck"], r["confined"]) == (1.0, 1, 1), r
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:

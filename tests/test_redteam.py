@@ -134,7 +134,9 @@ def assert_nothing_leaked(world: World, out: str, trial_dir: Path) -> None:
 def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(world, kind):
     """One test per judge kind, its trials two at a time: the control that fixes the bug gets 1.0,
     every attacker that acts while the grading runs (the earlier ones, the four that drive the
-    pytest plugin through gc, the call stack, sys.modules and ctypes, and, for the judges outside
+    pytest plugin through gc, the call stack, sys.modules and ctypes, the three that fight the
+    grader: a process chain that outlives its parents and stops the grader to rewrite its
+    reward.json, a hijack of the hook's lookups, hostile JSON answers; and, for the judges outside
     the process, an always-equal answer and a stolen reference) gets 0."""
     attacks = ["solve", *sorted(GRADING_ATTACKS)] + (sorted(ANSWER_ATTACKS_TAIL) if kind != "pytest" else [])
 
@@ -150,25 +152,30 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
         assert result.verifier_result is not None, (attack, result.exception_info)
         rewards = result.verifier_result.rewards
         assert rewards["reward"] == (1.0 if attack == "solve" else 0.0), (kind, attack, rewards, said(steps)[-3000:])
-        if attack == "kill_grader":  # no grading survived: the sandbox refused the planted reward
-            assert rewards == {"reward": 0.0, "reward_rejected": 1}, rewards
-            continue
+        # the grader outlived every attacker (kill_grader and outlive_and_forge included: they
+        # could not see it) and signed its own verdict, the code under test confined
         assert rewards[{"pytest": "grader_pytest_report"}.get(kind, f"judge_{kind}")] == 1, (attack, rewards)
+        assert rewards["confined"] == 1 and "reward_rejected" not in rewards, (attack, rewards)
         detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
         if kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
             assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
+        if kind == "contest" and attack == "hostile_json":  # a wrong answer with its reason, not a crash
+            assert "OverflowError" in detail["checks"]["contest.py::mean"]["first_wrong"]["why"], detail
         if kind == "pytest" and attack == "solve":
             assert rewards["recheck"] == 1, rewards
         assert_nothing_leaked(world, said(steps), trial_dir)
     assert requests.get(world.proxy.url + "/health", timeout=10).status_code == 200
 
 
-def test_a_planted_reward_is_refused_when_the_trial_filters_its_logs(world):
-    """harbor downloads the verifier dir another way when include_logs is set: the proof holds there too."""
+def test_the_reward_proof_holds_when_the_trial_filters_its_logs(world):
+    """harbor downloads the verifier dir another way when include_logs is set: the proof is checked
+    there too. The attacker plants a reward and kills what it can see: confined, not the grader,
+    whose signed 0 verifies."""
     result, _, trial_dir = run_attack(world, "kill_grader", include_logs=["grading.json"])
     assert result.verifier_result is not None, result.exception_info
-    assert result.verifier_result.rewards == {"reward": 0.0, "reward_rejected": 1}
-    assert "reward.json.mac" in (trial_dir / "verifier" / "reward_rejected.txt").read_text()
+    rewards = result.verifier_result.rewards
+    assert rewards["reward"] == 0.0 and rewards["judge_contest"] == 1 and "reward_rejected" not in rewards
+    assert not (trial_dir / "verifier" / "reward_rejected.txt").exists()
     assert not (trial_dir / "verifier" / "test-stdout.txt").exists()  # filtered out, as asked
 
 

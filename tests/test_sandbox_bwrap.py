@@ -270,6 +270,10 @@ def test_verification_gets_a_clean_copy_plus_the_agents_change(tmp_path):
                 assert gone not in r.stdout.split(), gone
             assert (await env.exec("ls -A /app/sub")).stdout is None, "the .pth file stays out"
             assert " M calc.py" in r.stdout and "sleep" not in r.stdout
+            # the verifier runs as uid 1000 and may nest a user namespace: the grader confines the
+            # code under test in one (collect/tasks/jail.py); the agent phase may not (test_the_boundary)
+            r = await env.exec("id -u; unshare -U true && echo nested")
+            assert r.stdout.split() == ["1000", "nested"], (r.stdout, r.stderr)
             await env.exec("echo 1 > /logs/verifier/reward.txt")
             await env.download_dir("/logs/verifier", tmp_path / "trial" / "verifier")
         finally:

@@ -37,3 +37,34 @@ def test_tar_round_trip():
     tree = {"a.py": f("x"), "d": None, "d/b.sh": f("y", True)}
     back, others = changes.read_tar(changes.write_tar(tree))
     assert back == tree and others == []
+
+
+def test_links_in_a_real_workdir_arrive_as_the_files_they_are_and_nothing_is_deleted(tmp_path):
+    import os
+    import subprocess
+
+    work = tmp_path / "app"
+    (work / "pkg").mkdir(parents=True)
+    (work / "mathutil.py").write_text("def f():\n    return 1\n")
+    (work / "run.sh").write_text("echo hi\n")
+    (work / "run.sh").chmod(0o755)
+    for name in ("twin.py", "pkg/again.py", "zz.py", "aa.py"):  # whichever name tar stores second is a link
+        os.link(work / "mathutil.py", work / name)
+    os.link(work / "run.sh", work / "run2.sh")
+    (work / "alias.py").symlink_to("mathutil.py")
+    (work / "pkg" / "up.py").symlink_to("../alias.py")  # a chain, through a parent
+    (work / "out.txt").symlink_to("/etc/hostname")  # leaves the workdir: not carried
+    (work / "loop.py").symlink_to("loop.py")
+    (work / "escape.py").symlink_to("../../etc/hostname")
+    (work / "pkg_link").symlink_to("pkg")  # a dir: not carried
+    data = subprocess.run(["tar", "-cf", "-", "-C", str(work), "."], capture_output=True, check=True).stdout
+    agent, others = changes.read_tar(data)
+    body = f("def f():\n    return 1\n")
+    for name in ("mathutil.py", "twin.py", "pkg/again.py", "zz.py", "aa.py", "alias.py", "pkg/up.py"):
+        assert agent[name] == body, name
+    assert agent["run2.sh"] == agent["run.sh"] == f("echo hi\n", True)
+    assert others == ["escape.py", "loop.py", "out.txt", "pkg_link"]
+    pristine = {"mathutil.py": f("def f():\n    return 0\n"), "run.sh": f("echo hi\n", True)}
+    m = changes.merge(pristine, agent, others, set())
+    assert m.tree["mathutil.py"] == body and m.tree["run.sh"] == f("echo hi\n", True) and m.deleted == []
+    assert {k: v for k, v in m.set_aside.items()} == {n: "not a regular file" for n in others}

@@ -45,7 +45,7 @@ from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from wharf import envdefaults
 from collect.sandbox import changes, rewardproof
-from collect.sandbox.ns import Sandbox, Spec, minimal_expose
+from collect.sandbox.ns import SANDBOX_UID, Sandbox, Spec, minimal_expose
 from collect.sandbox.relay import Relay, parse_forward
 
 DEFAULT_WORKDIR = "/app"
@@ -54,6 +54,9 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TESTS_DIR = "/tests"
 AGENT_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/agent", "/logs/artifacts", "/installed-agent", "/solution")
 VERIFIER_DIRS = ("/tmp", "/var/tmp", HOME, "/logs/verifier", "/logs/artifacts", TESTS_DIR)
+# The verifier runs as this uid, in a sandbox that allows nested user namespaces: the grader
+# confines the code under test in namespaces of its own (collect/tasks/jail.py).
+VERIFIER_UID = 1000
 TASK_TOOLS = Path(__file__).resolve().parents[1] / "tasks"
 # The npm-installed agent CLIs (make agents) and the Python ones' venvs (make agents-py), shown
 # read-only like the venv when present.
@@ -230,7 +233,9 @@ class BwrapEnvironment(BaseEnvironment):
         sb = Sandbox(Spec(writable=[self.workdir, *dirs], expose=minimal_expose(expose),
                           binds=dict(_AGENT_BINDS) if phase == "agent" else {},
                           python=os.path.realpath(self._python), tmpfs_bytes=self._disk,
-                          pids_max=self._pids_max, forwards=forwards), parent=self._state_parent)
+                          pids_max=self._pids_max, forwards=forwards,
+                          uid=VERIFIER_UID if phase == "verifier" else SANDBOX_UID,
+                          nested_userns=phase == "verifier"), parent=self._state_parent)
         if phase == "agent" and not self._no_network:
             for host, port, prefix in self._forward:
                 relay = Relay(sb.dir / "sock" / f"{port}.sock", host, port, prefix)

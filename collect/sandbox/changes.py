@@ -8,7 +8,8 @@ over it, minus everything that decides how tests run or what they are:
   * test configuration: conftest.py, pytest.ini, tox.ini, setup.cfg, pyproject.toml,
     sitecustomize.py, usercustomize.py, any *.pth, bytecode (__pycache__, *.pyc);
   * new top-level modules that would shadow the grader's own (pytest.py, json/, ...);
-  * git metadata, symlinks, and anything but regular files.
+  * git metadata, and anything but regular files (a hardlink, or a symlink to a file of the
+    workdir, arrives as a copy of the file it names; other links are set aside).
 Each set-aside path is reported with why.
 """
 from __future__ import annotations
@@ -74,21 +75,58 @@ def read_dir(root: Path) -> Tree:
 
 
 def read_tar(data: bytes) -> tuple[Tree, list[str]]:
-    """A tar of the agent's workdir: its regular files, and the paths of everything else."""
+    """A tar of the agent's workdir: its regular files, and the paths of everything else. A
+    hardlink is the file it links (tar stores the second name as a link to the first), a symlink
+    to a regular file of the workdir is a copy of that file; a symlink leading out of the workdir,
+    to a dir or nowhere, and any other kind of file, is listed in the paths of everything else."""
     tree: Tree = {}
     other: list[str] = []
+    links: dict[str, str] = {}  # symlink path -> its target, resolved once every file is read
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
         for m in tf:
             rel = PurePosixPath(m.name.removeprefix("./") or ".")
             if rel.as_posix() == "." or ".." in rel.parts or rel.is_absolute():
                 continue
-            if m.isfile():
-                tree[rel.as_posix()] = (tf.extractfile(m).read(), bool(m.mode & 0o111))
+            if m.isfile() or m.islnk():  # extractfile reads a hardlink's target for us
+                try:
+                    target = tf.getmember(m.linkname) if m.islnk() else m
+                    tree[rel.as_posix()] = (tf.extractfile(m).read(), bool(target.mode & 0o111))
+                except (KeyError, tarfile.TarError, AttributeError):
+                    other.append(rel.as_posix())
             elif m.isdir():
                 tree[rel.as_posix()] = None
+            elif m.issym():
+                links[rel.as_posix()] = m.linkname
             else:
                 other.append(rel.as_posix())
-    return tree, other
+    for rel, target in links.items():
+        found = _follow(rel, links, tree)
+        if found is None:
+            other.append(rel)
+        else:
+            tree[rel] = tree[found]
+    return tree, sorted(other)
+
+
+def _follow(rel: str, links: dict[str, str], tree: Tree) -> str | None:
+    """The regular file of `tree` the symlink `rel` leads to, inside the workdir, or None."""
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        target = links[rel]
+        parts: list[str] = []
+        for part in (PurePosixPath(rel).parent / target).parts if not target.startswith("/") else ("/",):
+            if part == "/":
+                return None  # absolute: it leaves the workdir (or means another tree)
+            if part == "..":
+                if not parts:
+                    return None
+                parts.pop()
+            elif part not in (".", ""):
+                parts.append(part)
+        rel = "/".join(parts)
+        if rel in links:
+            continue
+        return rel if tree.get(rel) is not None else None
+    return None
 
 
 def merge(pristine: Tree, agent: Tree, others: list[str], test_names: set[str]) -> Merge:

@@ -54,14 +54,19 @@ class Spec:
     python: str = ""  # the interpreter that runs the init (its prefix must be in expose)
     tmpfs_bytes: int = 512 << 20
     pids_max: int = 512
+    # The uid inside. A grader that confines the code under test in a user and pid namespace of
+    # its own (collect/tasks/jail.py) needs nested user namespaces, and a uid other than 0: a
+    # process of uid 0 without capabilities cannot map itself into a new user namespace.
+    uid: int = SANDBOX_UID
+    nested_userns: bool = False
 
 
 def bwrap_args(spec: Spec, stage: dict[str, str], info_fd: int) -> list[str]:
     """The bwrap command line (pure). `stage`: host path -> where it is staged for the bind."""
     args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net",
-            "--unshare-uts", "--unshare-cgroup-try", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-            "--hostname", "sandbox", "--disable-userns", "--cap-drop", "ALL", "--die-with-parent",
-            "--new-session", "--tmpfs", "/"]
+            "--unshare-uts", "--unshare-cgroup-try", "--uid", str(spec.uid), "--gid", str(spec.uid),
+            "--hostname", "sandbox", *([] if spec.nested_userns else ["--disable-userns"]),
+            "--cap-drop", "ALL", "--die-with-parent", "--new-session", "--tmpfs", "/"]
     reopened = []  # system dirs rebuilt to hold a bind, made read-only again once it is in
     for name in SYSTEM_DIRS:
         host = f"/{name}"
@@ -170,9 +175,14 @@ class Sandbox:
         self.init_pid = json.loads(info)["child-pid"]
         for ns in _NS:
             self._fds[ns] = os.open(f"/proc/{self.init_pid}/ns/{ns}", os.O_RDONLY)
-        # --disable-userns nests the sandbox's user namespace in one that owns its other
-        # namespaces: an exec enters that one first, the others from there, the inner one last.
-        self._fds["outer"] = fcntl.ioctl(self._fds["user"], NS_GET_PARENT)
+        # --disable-userns, or a uid other than 0, nests the sandbox's user namespace in one that
+        # owns its other namespaces: an exec enters that one first, the others from there, the
+        # inner one last.
+        outer = fcntl.ioctl(self._fds["user"], NS_GET_PARENT)
+        if os.fstat(outer).st_ino == os.stat("/proc/self/ns/user").st_ino:
+            os.close(outer)  # one user namespace: it owns the others
+        else:
+            self._fds["outer"] = outer
 
     async def freeze(self) -> None:
         """End every process in the sandbox; its files stay readable (run with pid=False)."""
@@ -204,17 +214,17 @@ class Sandbox:
             raise RuntimeError("the sandbox is not started")
         names = [n for n in ("mnt", "pid", "net", "ipc", "uts", "user") if pid or n != "pid"]
         ns = [f"--{'mount' if n == 'mnt' else n}=/proc/self/fd/{self._fds[n]}" for n in names]
-        outer = f"--user=/proc/self/fd/{self._fds['outer']}"
+        outer = ["nsenter", f"--user=/proc/self/fd/{self._fds['outer']}", "--preserve-credentials", "--"] \
+            if "outer" in self._fds else []
         # Entering a user namespace gives a full capability set, bounding set included: drop it
         # all inside, so that the command (root in the sandbox) runs with none.
-        cmd = [*self._as_host_uid(), "nsenter", outer, "--preserve-credentials", "--",
-               "nsenter", *ns, "--preserve-credentials", "--", *_DROP,
+        cmd = [*self._as_host_uid(), *outer, "nsenter", *ns, "--preserve-credentials", "--", *_DROP,
                "/usr/bin/env", "-i", "-C", cwd, *(f"{k}={v}" for k, v in env.items()), *argv]
         if self.cgroup is not None and pid:
             # into the pids cgroup before anything forks (a shell: a Python preexec_fn would
             # make every exec fork the whole harbor process)
             cmd = ["sh", "-c", f'{self._cg_join()}exec "$@"', "sh", *cmd]
-        return cmd, [self._fds[n] for n in (*names, "outer")]
+        return cmd, [self._fds[n] for n in (*names, "outer") if n in self._fds]
 
     def _as_host_uid(self) -> list[str]:
         if self.host_uid is None:

@@ -36,6 +36,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I: our siblings, never the workspace
 import grading  # noqa: E402
+import jail  # noqa: E402
 import judge_calls  # noqa: E402
 import judge_io  # noqa: E402
 import judge_state  # noqa: E402
@@ -66,8 +67,15 @@ def run_checker(namespace: dict, names: list[str], state: judge_state.State) -> 
             fn(state)
             results[name] = {"passed": True}
         except Exception as e:  # noqa: BLE001 - a failed check, whatever it raised
-            results[name] = {"passed": False, "why": f"{type(e).__name__}: {str(e)[:500]}"}
+            results[name] = {"passed": False, "why": reason(e)}
     return results
+
+
+def reason(e: BaseException) -> str:
+    try:
+        return f"{type(e).__name__}: {str(e)[:500]}"
+    except Exception:  # noqa: BLE001 - a message that cannot be made (an answer's repr raising)
+        return type(e).__name__
 
 
 def plain(value):
@@ -85,6 +93,32 @@ def same(got, want) -> bool:
     return got == want
 
 
+def disagree(agree, got: dict, want) -> str | None:
+    """Why an answer is wrong, or None. Whatever the answer makes the comparison raise (an int too
+    large for a float, a list nested too deep) is a wrong answer, never a crash of the grader."""
+    if "error" in got:
+        return "the code under test raised or sent no answer"
+    try:
+        return None if bool(agree(got["value"], want)) else "not the expected value"
+    except Exception as e:  # noqa: BLE001 - a hostile answer, whatever it makes the comparison raise
+        return f"the comparison raised {type(e).__name__}: {str(e)[:200]}"
+
+
+def shown(value, limit: int = 2000):
+    """A value for grading.json: itself when it encodes in under `limit` characters, else the
+    start of its repr (an answer cannot make the verdict unwritable or huge)."""
+    try:
+        if len(json.dumps(value, allow_nan=False)) <= limit:
+            return value
+    except (ValueError, TypeError, RecursionError):
+        pass
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<{type(value).__name__}>"
+    return {"shortened": text[:limit]}
+
+
 def run_contest(namespace: dict, names: list[str], workdir: str, python: str, timeout: float, seed: int) -> dict:
     rng, checks, results = random.Random(seed), namespace.get("CHECKS"), {}
     for name in names:
@@ -97,13 +131,14 @@ def run_contest(namespace: dict, names: list[str], workdir: str, python: str, ti
         module, function = check.get("module", namespace.get("MODULE")), check.get("function", short)
         run = judge_calls.run_batch(python, workdir, [(module, function, list(a)) for a in inputs], timeout)
         agree = check.get("same", same)
-        wrong = [i for i, got in enumerate(run["answers"]) if "error" in got or not agree(got["value"], want[i])]
-        result = {"passed": not wrong and not run["timed_out"], "cases": len(inputs), "wrong": len(wrong),
-                  "timed_out": run["timed_out"]}
+        why = [disagree(agree, got, want[i]) for i, got in enumerate(run["answers"])]
+        wrong = [i for i, w in enumerate(why) if w is not None]
+        result = {"passed": not wrong and not run["timed_out"] and not run["survivors"], "cases": len(inputs),
+                  "wrong": len(wrong), "timed_out": run["timed_out"], "survivors": run["survivors"]}
         if wrong:
             i = wrong[0]
-            result["first_wrong"] = {"args": plain(list(inputs[i])), "answer": run["answers"][i], "expected": want[i],
-                                     "stderr": run["stderr"][-500:]}
+            result["first_wrong"] = {"args": shown(plain(list(inputs[i]))), "answer": shown(run["answers"][i]),
+                                     "expected": shown(want[i]), "why": why[i], "stderr": run["stderr"][-500:]}
         results[name] = result
     return results
 
@@ -116,9 +151,9 @@ def verdict(kind: str, spec: dict, results: dict) -> tuple[dict, dict]:
     numbers = {"reward": 1.0 if resolved else 0.0, "resolved": int(resolved), "log_ok": 1,
                "f2p_passed": len(f2p), "f2p_total": len(spec["FAIL_TO_PASS"]),
                "p2p_passed": len(p2p), "p2p_total": len(spec["PASS_TO_PASS"]),
-               "timed_out": int(timed_out), f"judge_{kind}": 1}
+               "timed_out": int(timed_out), f"judge_{kind}": 1, "confined": int(jail.unavailable() is None)}
     detail = {"instance_id": spec["instance_id"], "grader": kind, "reward": numbers["reward"], "resolved": resolved,
-              "checks": results, "error": None}
+              "checks": results, "confinement": jail.unavailable() or jail.CONFINED, "error": None}
     return numbers, detail
 
 

@@ -1,13 +1,13 @@
 """What every grader of collect/tasks shares: the process it grades from and the verdict it writes.
 
 Standalone (stdlib only, plain `python -I -S` works): the graders run inside sandboxes.
-  * harden(): this process becomes the subreaper of everything the code under test starts and
-    stops being dumpable, so that code can neither read its memory nor outlive the grading;
-  * kill_all(): SIGKILL a child, its group and every process reparented to us;
+  * harden(): this process stops being dumpable (no same-uid process reads its memory) and
+    becomes the subreaper of what it starts (jail.py's fallback, where namespaces cannot be had);
   * take_reward_key(): the sandbox's reward key (collect/sandbox/rewardproof.py), read and
     deleted before any code under test runs;
-  * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and its MAC,
-    last, over anything the code under test left there.
+  * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and the MAC
+    of the very bytes it serialised (never re-read from disk), last, over anything the code
+    under test left there.
 """
 from __future__ import annotations
 
@@ -17,53 +17,18 @@ import hmac
 import json
 import os
 import shutil
-import signal
-import subprocess
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
 
 
 def harden() -> None:
-    """Linux only; elsewhere the process group is the fallback."""
+    """Linux only."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def _children() -> list[int]:
-    me, out = os.getpid(), []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                stat = f.read()
-            if int(stat[stat.rindex(b")") + 2:].split()[1]) == me:
-                out.append(int(name))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def kill_all(proc: subprocess.Popen) -> None:
-    """SIGKILL the process, its group and every process reparented to us, until none is left."""
-    for target in (lambda: os.killpg(proc.pid, signal.SIGKILL), proc.kill):
-        try:
-            target()
-        except OSError:
-            pass
-    proc.wait()
-    for _ in range(1000):
-        kids = _children()
-        if not kids:
-            return
-        for pid in kids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            except OSError:
-                pass
 
 
 def take_reward_key(path: str | None) -> bytes | None:
@@ -86,28 +51,44 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-def write_json(path: str, obj: dict) -> None:
+def encode(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2) + "\n").encode()
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """`data` at `path` through a fresh temp file (never a link or a file someone else opened),
+    renamed into place: a reader never sees half a file."""
     tmp = path + ".tmp"
     remove(tmp)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)  # a reader never sees half a file
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, obj: dict) -> None:
+    write_bytes(path, encode(obj))
 
 
 def write_verdict(out: str, numbers: dict, detail: dict, reward_key: bytes | None) -> None:
     """grading.json, reward.json and, with the sandbox's key, reward.json.mac = HMAC-SHA256(key,
-    reward.json's bytes): what collect/sandbox/rewardproof.py checks when it downloads `out`."""
+    reward.json's bytes): what collect/sandbox/rewardproof.py checks when it downloads `out`.
+    reward.json is serialised once, here in memory, and those bytes are written and MACed:
+    nothing is read back from `out`, which the code under test could write."""
     os.makedirs(out, exist_ok=True)
     reward_path = os.path.join(out, "reward.json")
     mac_path = reward_path + ".mac"
     for path in (os.path.join(out, "grading.json"), reward_path, mac_path):
         remove(path)  # the code under test may have left a dir or a link there
-    write_json(os.path.join(out, "grading.json"), detail)
-    write_json(reward_path, numbers)
+    reward = encode(numbers)
+    try:
+        story = encode(detail)
+    except (ValueError, TypeError, RecursionError) as e:  # the verdict stands without its story
+        story = encode({"reward": numbers.get("reward"), "error": f"grading.json could not be encoded: {e}"})
+    write_bytes(os.path.join(out, "grading.json"), story)
+    write_bytes(reward_path, reward)
     if reward_key is not None:
-        with open(reward_path, "rb") as f:
-            proof = hmac.new(reward_key, f.read(), hashlib.sha256).hexdigest()
-        with open(mac_path + ".tmp", "w") as f:
-            f.write(proof + "\n")
-        os.replace(mac_path + ".tmp", mac_path)
+        write_bytes(mac_path, (hmac.new(reward_key, reward, hashlib.sha256).hexdigest() + "\n").encode())

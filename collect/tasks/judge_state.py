@@ -68,6 +68,8 @@ class State:
     def _one(self, module: str, name: str, args):
         run = judge_calls.run_batch(self._python, self._root, [(module, name, args)], self._timeout)
         answer = run["answers"][0]
+        if run["survivors"]:
+            raise CallFailed(f"{module}.{name}: {run['survivors']}")
         if "error" in answer:
             raise CallFailed(f"{module}.{name}: {answer['error']}" + (" (timed out)" if run["timed_out"] else ""))
         return answer["value"]

@@ -9,8 +9,10 @@ Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdl
   2. run `PY -I pytest_report.py PYTEST_ARGS` with the key and the number of a records
      descriptor on its stdin (see pytest_report.py), its output teed into DIR/test_output.log
      between the SWE-bench markers, for people and for swebench's log report;
-  3. when the test process exits (or at the timeout), kill every process it left: this process
-     is their subreaper, so none escapes by daemonizing and none writes after the grading;
+  3. the test process runs in namespaces of its own (jail.py): it cannot see or signal this
+     process, nor write outside the workspace and its own /tmp; when it exits (or at the
+     timeout) its pid namespace ends, which kills every process it started, however it forked;
+     if any were still alive at the verdict, no reward 1.0;
   4. verify the records and grade them with swebench's rules (grading.grade_statuses);
   5. when resolved, run the FAIL_TO_PASS tests again the same way in a fresh process with a
      fresh key (recheck): they must all pass there too, or the reward is 0;
@@ -38,6 +40,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our siblings
 import grading  # noqa: E402
+import jail  # noqa: E402
 import judge_io  # noqa: E402
 import report_records  # noqa: E402
 
@@ -61,13 +64,14 @@ def _records_fd(w: int) -> int:
 
 
 def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> dict:
-    """Run the tests; tee their output into `log`; return {code, timed_out, records (bytes)}."""
+    """Run the tests in namespaces of their own (jail.py); tee their output into `log`; return
+    {code, timed_out, records (bytes), survivors (why something they started may be alive), confined}."""
     r, w = os.pipe()
     fd = _records_fd(w)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
-    proc = subprocess.Popen([python, "-I", os.path.join(HERE, "pytest_report.py"), *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, pass_fds=(fd,), env=env,
-                            start_new_session=True)
+    run = jail.start([python, "-I", os.path.join(HERE, "pytest_report.py"), *args], os.getcwd(), python,
+                     pass_fds=(fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    proc, survivors = run.proc, None
     os.close(fd)
     try:
         proc.stdin.write(f"{report_records.MAGIC} {key.hex()} {fd}\n".encode())
@@ -81,7 +85,7 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
     while sel.get_map():
         if not reaped and (proc.poll() is not None or time.monotonic() > deadline):
             timed_out = proc.returncode is None
-            judge_io.kill_all(proc)  # after this nothing holds the pipes: they reach EOF
+            survivors = jail.end(run)  # after this nothing holds the pipes: they reach EOF
             reaped = True
         for sk, _ in sel.select(timeout=0.2):
             chunk = os.read(sk.fd, 65536)
@@ -99,9 +103,11 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-        judge_io.kill_all(proc)
+        survivors = jail.end(run)
     os.close(r)
-    return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records)}
+    proc.stdout.close()
+    return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records), "survivors": survivors,
+            "confined": run.confined}
 
 
 def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
@@ -110,6 +116,8 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
     status_map = report_records.statuses(checked["records"])
     verdict = grading.grade_statuses(spec, status_map)
     problems = list(checked["problems"])
+    if run["survivors"]:
+        problems.insert(0, run["survivors"])
     if run["timed_out"]:
         problems.insert(0, "the tests did not exit before the timeout (killed)")
     elif run["code"] is not None and run["code"] < 0:
@@ -117,10 +125,10 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
     try:
         log_view = grading.grade(spec, log_path)
         log_reward, log_ok = log_view["reward"], log_view["log_ok"]
-    except grading.GradingError as e:
+    except Exception as e:  # noqa: BLE001 - the tests wrote the log: whatever it makes the parser raise
         log_reward, log_ok = None, False
-        problems.append(f"the log could not be graded: {e}")
-    ok = not run["timed_out"] and checked["finished"] and not checked["problems"]
+        problems.append(f"the log could not be graded: {type(e).__name__}: {str(e)[:300]}")
+    ok = not run["timed_out"] and not run["survivors"] and checked["finished"] and not checked["problems"]
     resolved = ok and verdict["resolved"]
     return {
         "instance_id": spec["instance_id"], "grader": "pytest-report",
@@ -129,7 +137,8 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
         "test_exit_code": run["code"], "pytest_exitstatus": checked["exitstatus"],
         "log_ok": log_ok, "log_reward": log_reward, "problems": problems,
         "FAIL_TO_PASS": verdict["FAIL_TO_PASS"], "PASS_TO_PASS": verdict["PASS_TO_PASS"],
-        "statuses": status_map, "log_path": os.path.abspath(log_path), "error": None,
+        "statuses": status_map, "log_path": os.path.abspath(log_path),
+        "confinement": jail.unavailable() or jail.CONFINED, "error": None,
     }
 
 
@@ -145,7 +154,7 @@ def recheck(args, spec: dict, result: dict, options: list[str]) -> dict:
         run = run_tests(args.python, options + spec["FAIL_TO_PASS"], key, log, args.timeout)
     checked = report_records.verify(run["records"], key)
     status = report_records.statuses(checked["records"])
-    agrees = (not run["timed_out"] and checked["finished"] and not checked["problems"]
+    agrees = (not run["timed_out"] and not run["survivors"] and checked["finished"] and not checked["problems"]
               and all(status.get(t) == "PASSED" for t in spec["FAIL_TO_PASS"]))
     result["recheck"] = int(agrees)
     if not agrees:
@@ -160,7 +169,7 @@ def reward_numbers(result: dict) -> dict:
     n.update(grader_pytest_report=1, records_ok=int(result["records_ok"]),
              session_finished=int(result["session_finished"]), timed_out=int(result["timed_out"]),
              log_reward=-1.0 if result["log_reward"] is None else float(result["log_reward"]),
-             recheck=int(result.get("recheck", -1)))
+             recheck=int(result.get("recheck", -1)), confined=int(jail.unavailable() is None))
     return n
 
 

@@ -121,8 +121,8 @@ class Recorder:
         self._tampered = set()
 
     @staticmethod
-    def _send(kind, *fields):
-        sys.audit("wharf.record", kind, *fields)
+    def _send(kind, *fields, _audit=sys.audit):  # bound now: a replaced sys.audit never sees a record
+        _audit("wharf.record", kind, *fields)
 
     def _check(self):
         if self._modules is None:
