@@ -78,7 +78,9 @@ class SeaweedS3:
                f"-master.port={ports['master']}", f"-volume.port={ports['volume']}",
                f"-filer.port={ports['filer']}", "-s3", f"-s3.port={self.port}",
                f"-s3.config={self._identities()}", "-master.telemetry=false",
-               "-master.volumeSizeLimitMB=64", "-volume.max=16"]
+               "-master.volumeSizeLimitMB=64", "-volume.max=16",
+               # the Iceberg and Lance catalogs listen on fixed ports: two servers at once would collide
+               "-s3.port.iceberg=0", "-s3.port.lance=0"]
         self.log = self.dir / "weed.log"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
