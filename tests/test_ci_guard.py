@@ -31,3 +31,17 @@ def test_a_ci_run_with_an_unexpected_skip_fails(tmp_path):
     p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:]
+
+
+def test_every_group_has_a_budget_and_every_named_module_exists():
+    """The budget table of docs/development.md covers every group tests/suite_budget.py can give
+    a test, and the modules it names are test files (a renamed file would fall back to `unit`)."""
+    from tests import suite_budget
+
+    budgets = suite_budget.stated_budgets((REPO / "docs/development.md").read_text())
+    groups = {*suite_budget.MODULE_GROUPS.values(), *(g for _, g in suite_budget.FIXTURE_GROUPS),
+              suite_budget.DEFAULT_GROUP}
+    assert groups <= budgets.keys(), groups - budgets.keys()
+    missing = [m for m in suite_budget.MODULE_GROUPS if not (REPO / "tests" / f"{m}.py").is_file()]
+    assert not missing, missing
+    assert suite_budget.stated_budgets("| loop | 900 s | 1 s |\n| `engine` | 12 s |") == {"loop": 900.0, "engine": 12.0}
