@@ -17,11 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import threading
 import time
 import uuid
 
 from aiohttp import web
+
+from testing.app_thread import AppThread
 
 FENCE = "mswea_bash_command"
 SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -114,34 +115,11 @@ def app() -> web.Application:
     return a
 
 
-class ExpertServer:
+class ExpertServer(AppThread):
     """The expert on its own event loop in a daemon thread (tests): `url` once started."""
 
     def __init__(self, port: int = 0):
-        self.port, self.url = port, ""
-        self._runner: web.AppRunner | None = None
-
-    def start(self) -> "ExpertServer":
-        import asyncio
-
-        loop, ready = asyncio.new_event_loop(), threading.Event()
-
-        async def boot():
-            self._runner = web.AppRunner(app(), access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{self.port}"
-            ready.set()
-
-        def run():
-            loop.run_until_complete(boot())
-            loop.run_forever()
-
-        threading.Thread(target=run, daemon=True).start()
-        ready.wait(10)
-        return self
+        super().__init__(app, port, "scripted-expert")
 
 
 def main() -> None:

@@ -38,12 +38,13 @@ import collections
 import json
 import math
 import random
-import threading
 import time
 import uuid
 import zlib
 
 from aiohttp import web
+
+from testing.app_thread import AppThread
 
 from engine.auth import auth_middleware
 
@@ -352,55 +353,12 @@ class Stub:
         return app
 
 
-class StubServer:
+class StubServer(AppThread):
     """The stub on its own event loop in a daemon thread (tests): `url` once started."""
 
     def __init__(self, port: int = 0, **kwargs):
         self.stub = Stub(**kwargs)
-        self.port = port
-        self.url = ""
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "StubServer":
-        ready = threading.Event()
-
-        async def boot():
-            self._runner = web.AppRunner(self.stub.app(), access_log=None)
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]
-            self.url = f"http://127.0.0.1:{self.port}"
-            ready.set()
-
-        def run():
-            self._loop.run_until_complete(boot())
-            self._loop.run_forever()
-
-        self._thread = threading.Thread(target=run, daemon=True, name="vllm-stub")
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("vllm stub did not start within 10 s")
-        return self
-
-    def stop(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            return
-
-        async def down():
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-
-    def __enter__(self):
-        return self.start()
-
-    def __exit__(self, *exc):
-        self.stop()
+        super().__init__(self.stub.app, port, "vllm-stub")
 
 
 def main(argv: list[str] | None = None) -> None:
