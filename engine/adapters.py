@@ -83,6 +83,10 @@ class Adapters:
         self._hooks: list = []
         self._rows: list[tuple[LoraWeights, torch.Tensor]] = []  # the mixed pass's (adapter, row ids)
         self._current: object = None  # the selection in place: None (base), a name, or a tuple
+        # Each load's number: with the name, the identity of the weights (prefix cache keys).
+        self._loads: dict[str, int] = {}
+        self._load_count = 0
+        self.on_change = lambda name: None  # called after `name` is loaded, replaced or unloaded
         self.merged_passes = 0  # forward passes served on a merged weight set
         self.mixed_passes = 0  # ... and on the base weights with per-row hooks
 
@@ -106,13 +110,24 @@ class Adapters:
         self._reset()
         self._merged.pop(name, None)
         self._lora[name], self.paths[name] = weights, path
+        self._load_count += 1
+        self._loads[name] = self._load_count
+        self.on_change(name)
         if self.max_merged > 0:
             self._merged_set(name)  # now, while the load is awaited, not in the first batch's step
 
     def unload(self, name: str) -> None:
         self._reset()
-        del self.paths[name], self._lora[name]
+        del self.paths[name], self._lora[name], self._loads[name]
         self._merged.pop(name, None)
+        self.on_change(name)
+
+    def identity(self, name: str | None):
+        """What computed a KV under adapter `name` now: None for the base, else (name, load number)."""
+        if name is None:
+            return None
+        n = self._loads.get(name)
+        return ("not loaded", name) if n is None else (name, n)
 
     def select(self, adapters: list[str | None]):
         """Ready the model for a pass whose row i uses adapters[i] (None: the base); returns it."""

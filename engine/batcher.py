@@ -5,6 +5,11 @@ into the running batch's KV cache), runs one decode step for all running sequenc
 sampled token back to its request, and drops the sequences that finished. Requests therefore
 join and leave independently; nothing waits for a whole batch to end.
 
+With a prefix cache (prefix_cache.py), a prompt's stored leading tokens are not computed again:
+the prefill starts from their KV. Prompts admitted together that share more than the cache
+holds are prefilled in turn, the first alone, so the others find its KV. A finished sequence's
+KV (prompt and answer) is stored for the next call of its rollout.
+
 All model calls happen on this one thread; adapter loads run on it too, between steps.
 """
 from __future__ import annotations
@@ -19,11 +24,16 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
+from .kv import PrefillRow, prefill_batch, row_kv
+from .prefix_cache import PrefixCache, common_prefix
 from .sampling import GREEDY_EPS, SamplingParams, processed_logprobs, sample
 
 log = logging.getLogger("wharf.engine")
 
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
+# A prompt admitted beside another waits for that one's KV when they share more than this many
+# tokens beyond what the cache holds (fewer are cheaper to compute again than a pass to wait).
+MIN_SHARED = 32
 
 
 @dataclass
@@ -54,6 +64,12 @@ class Sequence:
     cancelled: bool = False
     generator: torch.Generator | None = None
     finished: bool = False
+    failed: bool = False
+    # Set at admission: the identity of the weights it runs on (prefix cache key), and the
+    # prompt tokens whose KV came from the cache.
+    cache_key: Any = None
+    hit: int = 0
+    past: Any = None  # the prefix cache entry it starts from, until prefilled
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -65,7 +81,9 @@ class Batcher:
     def __init__(self, model, tokenizer, *, max_model_len: int, max_batch: int,
                  eos_ids: set[int], prefill_tokens: int = 8192, seed: int = 0,
                  forward_model: Callable[[list[str | None]], Any] | None = None,
-                 adapter_ok: Callable[[str], bool] = lambda name: False):
+                 adapter_ok: Callable[[str], bool] = lambda name: False,
+                 prefix_cache: PrefixCache | None = None,
+                 cache_key: Callable[[str | None], Any] = lambda adapter: adapter):
         self.tok = tokenizer
         self.device = next(model.parameters()).device
         self._model = model
@@ -73,6 +91,10 @@ class Batcher:
         # weights for that pass and returns the model; asked before every forward pass.
         self._forward_model = forward_model or (lambda adapters: self._model)
         self._adapter_ok = adapter_ok
+        self.prefix = prefix_cache
+        # The identity of an adapter's weights now (None: the base): a prefix is reused only
+        # under the identity that computed it.
+        self._cache_key = cache_key
         self.max_model_len = max_model_len
         self.max_batch = max_batch
         self.eos_ids = set(eos_ids)
@@ -168,7 +190,7 @@ class Batcher:
 
     def _finish(self, s: Sequence, event: Done | Failed) -> None:
         if not s.finished:
-            s.finished = True
+            s.finished, s.failed = True, isinstance(event, Failed)
             s.emit(event)
 
     def _forward(self, input_ids, mask4d, position_ids, cache, adapters):
@@ -178,16 +200,41 @@ class Batcher:
         return out.logits[:, -1, :], out.past_key_values
 
     def _admit(self, new: list[Sequence]) -> None:
-        # Prefill in chunks so a burst of long prompts does not allocate a huge attention matrix.
-        chunk: list[Sequence] = []
-        for s in sorted(new, key=lambda s: len(s.prompt_ids)):
-            longest = max([len(s.prompt_ids)] + [len(c.prompt_ids) for c in chunk])
-            if chunk and longest * (len(chunk) + 1) > self.prefill_tokens:
-                self._prefill(chunk)
-                chunk = []
-            chunk.append(s)
-        if chunk:
-            self._prefill(chunk)
+        pending = sorted(new, key=lambda s: len(s.prompt_ids))
+        while pending:
+            now, pending = self._plan(pending)
+            # Prefill in chunks so a burst of long prompts does not allocate a huge attention matrix.
+            for group in ([s for s in now if not s.hit], [s for s in now if s.hit]):
+                chunk: list[Sequence] = []
+                for s in group:
+                    if chunk and self._prefill_cost(chunk + [s]) > self.prefill_tokens:
+                        self._prefill(chunk)
+                        chunk = []
+                    chunk.append(s)
+                if chunk:
+                    self._prefill(chunk)
+
+    @staticmethod
+    def _prefill_cost(seqs: list[Sequence]) -> int:
+        return len(seqs) * (max(s.hit for s in seqs) + max(len(s.prompt_ids) - s.hit for s in seqs))
+
+    def _plan(self, seqs: list[Sequence]) -> tuple[list[Sequence], list[Sequence]]:
+        """Those to prefill now (each with its cache hit), and those waiting for one of them."""
+        if self.prefix is None:
+            return seqs, []
+        now, later, now_ids = [], [], []
+        for s in seqs:
+            s.cache_key = self._cache_key(s.adapter)
+            ids = torch.tensor(s.prompt_ids, dtype=torch.long)
+            s.hit, s.past = self.prefix.match(s.cache_key, ids)
+            shared = max((common_prefix(t, ids) for t, o in zip(now_ids, now) if o.cache_key == s.cache_key),
+                         default=0)
+            if min(shared, len(ids) - 1) > s.hit + MIN_SHARED:
+                later.append(s)
+            else:
+                now.append(s)
+                now_ids.append(ids)
+        return now, later
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         for s in seqs:
@@ -195,21 +242,20 @@ class Batcher:
                 s.generator = torch.Generator().manual_seed(s.params.seed)
             elif s.generator is None:
                 s.generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,), generator=self._rng)))
-        T = max(len(s.prompt_ids) for s in seqs)
-        ids = torch.full((len(seqs), T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), T), dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            n = len(s.prompt_ids)
-            ids[i, T - n:] = torch.tensor(s.prompt_ids, dtype=torch.long)
-            mask[i, T - n:] = True
-        causal = torch.ones((T, T), dtype=torch.bool).tril()
-        # Pad rows attend to themselves so no attention row is empty (an empty row gives NaN).
-        mask4d = (causal[None] & mask[:, None, :]) | torch.eye(T, dtype=torch.bool)[None]
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        logits, cache = self._forward(ids.to(self.device), mask4d[:, None].to(self.device),
-                                      position_ids.to(self.device), DynamicCache(),
-                                      [s.adapter for s in seqs])
-        self._merge(seqs, cache, mask)
+        rows = [PrefillRow(s.prompt_ids, s.hit, s.past.kv if s.hit else None) for s in seqs]
+        for s in seqs:
+            s.past = None  # the batch holds its own copy
+        batch = prefill_batch(rows, self.pad_id)
+        past = DynamicCache() if batch.past is None else DynamicCache(
+            ddp_cache_data=[(k.to(self.device), v.to(self.device)) for k, v in batch.past])
+        logits, cache = self._forward(batch.ids.to(self.device), batch.mask4d.to(self.device),
+                                      batch.position_ids.to(self.device), past, [s.adapter for s in seqs])
+        if self.prefix is not None:
+            for i, s in enumerate(seqs):
+                self.prefix.count(len(s.prompt_ids), s.hit)
+                self.prefix.store(s.cache_key, torch.tensor(s.prompt_ids, dtype=torch.long),
+                                  row_kv(cache.layers, i, batch.mask[i].to(self.device)))
+        self._merge(seqs, cache, batch.mask)
         # Rows admitted here may finish at once (max_tokens=1, EOS first): _after_logits drops them.
         self._after_logits(seqs, logits)
 
@@ -311,6 +357,8 @@ class Batcher:
     def _drop_finished(self) -> None:
         if not any(s.finished for s in self.running):
             return
+        if self.prefix is not None:
+            self._store_finished()
         keep = [i for i, s in enumerate(self.running) if not s.finished]
         if not keep:
             self._reset_batch()
@@ -323,3 +371,12 @@ class Batcher:
         self._cache = DynamicCache(ddp_cache_data=layers)
         self._mask = mask[:, first:]
         self.running = [self.running[i] for i in keep]
+
+    def _store_finished(self) -> None:
+        """Keep each finished sequence's KV (prompt and answer but its last token, not yet fed)."""
+        for i, s in enumerate(self.running):
+            if s.finished and not s.failed and self._cache_key(s.adapter) == s.cache_key:
+                cols = self._mask[i]
+                n = int(cols.sum())
+                ids = torch.tensor((s.prompt_ids + s.output_ids)[:n], dtype=torch.long)
+                self.prefix.store(s.cache_key, ids, row_kv(self._cache.layers, i, cols.to(self.device)))

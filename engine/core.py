@@ -18,6 +18,7 @@ from .batcher import Batcher, Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
 from .adapters import Adapters
+from .prefix_cache import PrefixCache
 from .protocol import flag
 
 
@@ -40,9 +41,14 @@ class EngineCore:
         self.default_top_p = float(gen.top_p) if gen.do_sample and gen.top_p else 1.0
         self.vocab = len(self.tok)
         self.adapters = Adapters(model, cfg.max_loras, cfg.merged_loras)
+        self.prefix = PrefixCache(cfg.prefix_cache_mib << 20) if cfg.prefix_cache else None
+        if self.prefix is not None:
+            # A reloaded or unloaded adapter's entries can never match again: free them now.
+            self.adapters.on_change = lambda name: self.prefix.forget(lambda key: key is not None and key[0] == name)
         self.batcher = Batcher(model, self.tok, max_model_len=self.max_model_len, max_batch=cfg.max_batch,
                                eos_ids=eos_ids, seed=cfg.seed, forward_model=self.adapters.select,
-                               adapter_ok=lambda name: name in self.adapters.paths)
+                               adapter_ok=lambda name: name in self.adapters.paths,
+                               prefix_cache=self.prefix, cache_key=self.adapters.identity)
         self.created = int(time.time())
 
     # -- tokens -----------------------------------------------------------------------------------

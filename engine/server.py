@@ -1,7 +1,7 @@
 """The local engine's HTTP API, shaped like vLLM's OpenAI server.
 
 Routes: /v1/chat/completions (JSON and SSE, chat_api.py), /v1/completions (completions_api.py),
-/tokenize, /detokenize, /v1/models, /health, /v1/load_lora_adapter, /v1/unload_lora_adapter.
+/tokenize, /detokenize, /v1/models, /health, /metrics (Prometheus text, metrics.py), /stats, /v1/load_lora_adapter, /v1/unload_lora_adapter.
 The model side (model, tokenizer, adapters, batcher) is core.py's EngineCore. With
 engine.api_key set, /v1 routes need it as vLLM's --api-key does (auth_middleware).
 """
@@ -19,6 +19,7 @@ from . import chat_api, completions_api
 from .auth import auth_middleware
 from .chat_format import ChatError
 from .core import EngineCore
+from .metrics import metrics_text, prefix_stats
 from .errors import APIError, bad_request, internal, not_found, read_json
 from wharf.adapters import AdapterInvalid, AdapterNotFound
 from .protocol import flag
@@ -82,7 +83,13 @@ class Engine:
         """Not in vLLM: batching counters for tests and the benchmark."""
         b = self.core.batcher
         return web.json_response({"decode_steps": b.steps, "peak_batch": b.peak_batch, "running": len(b.running),
-                                  "generated_tokens": b.generated, "adapters": sorted(self.core.adapters.paths)})
+                                  "generated_tokens": b.generated, "adapters": sorted(self.core.adapters.paths),
+                                  "prefix_cache": prefix_stats(self.core.prefix)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """Prometheus text, with vLLM's names where vLLM has the figure."""
+        return web.Response(text=metrics_text(self.cfg.served_name, self.core.batcher, self.core.prefix),
+                            content_type="text/plain", charset="utf-8")
 
     # -- LoRA -------------------------------------------------------------------------------------
     async def load_lora(self, request: web.Request) -> web.Response:
@@ -141,7 +148,7 @@ async def errors_middleware(request: web.Request, handler):
 ROUTES = (  # method, path, Engine handler
     ("POST", "/v1/chat/completions", "chat"), ("POST", "/v1/completions", "completions"),
     ("POST", "/tokenize", "tokenize"), ("POST", "/detokenize", "detokenize"), ("GET", "/v1/models", "models"),
-    ("GET", "/health", "health"), ("GET", "/stats", "stats"),
+    ("GET", "/health", "health"), ("GET", "/stats", "stats"), ("GET", "/metrics", "metrics"),
     ("POST", "/v1/load_lora_adapter", "load_lora"), ("POST", "/v1/unload_lora_adapter", "unload_lora"),
 )
 

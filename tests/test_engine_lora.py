@@ -38,6 +38,12 @@ def gen(client, model, seed=0, max_tokens=12):
     return r.model_extra["prompt_token_ids"], c.model_extra["token_ids"], [e.logprob for e in c.logprobs.content]
 
 
+def same(a, b):
+    """The same prompt and tokens, log-probs equal to fp32's noise (a prefix-cache hit computes the
+    prompt's last token in another pass than a cold call does)."""
+    return a[:2] == b[:2] and a[2] == pytest.approx(b[2], abs=1e-4)
+
+
 def models(engine_url):
     with urllib.request.urlopen(f"{engine_url}/v1/models") as f:
         return [m["id"] for m in json.load(f)["data"]]
@@ -58,7 +64,7 @@ def test_adapter_load_changes_outputs_and_unload_restores_base(engine_url, adapt
         logits = peft_model(torch.tensor([prompt + ids])).logits[0]
     want = torch.log_softmax(logits, -1)[len(prompt) - 1:-1].gather(1, torch.tensor(ids)[:, None])[:, 0]
     assert lps == pytest.approx(want.tolist(), abs=1e-4)
-    assert gen(client, "smollm2-135m") == base_out  # the base name still serves the base model
+    assert same(gen(client, "smollm2-135m"), base_out)  # the base name still serves the base model
 
     # Base and adapter requests in flight together are each served by their own weights.
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
@@ -78,7 +84,7 @@ def test_adapter_load_changes_outputs_and_unload_restores_base(engine_url, adapt
     assert post(unload, {"lora_name": "policy-v2"}) == (200, "Success: LoRA adapter 'policy-v2' removed successfully.")
     assert post(unload, {"lora_name": "policy-v1"})[0] == 200
     assert models(engine_url) == ["smollm2-135m"]
-    assert gen(client, "smollm2-135m") == base_out
+    assert same(gen(client, "smollm2-135m"), base_out)
     status, body = post(f"{engine_url}/v1/chat/completions", {"model": "policy-v1", "messages": MSGS})
     assert_error(status, body, 404, "NotFoundError", "does not exist")
     assert_error(*post(unload, {"lora_name": "policy-v1"}), 404, "NotFoundError", "cannot be found")

@@ -59,6 +59,11 @@ class EngineConfig:
     merged_loras: NonNegative = 2
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
     seed: int = 0
+    # Reuse the KV of prompt prefixes already computed (other attempts of a task, the previous
+    # call of a rollout), per adapter, least recently used dropped beyond prefix_cache_mib.
+    # SmolLM2-135M's KV is ~45 KiB a token in fp32: 1024 MiB holds ~23k tokens.
+    prefix_cache: bool = True
+    prefix_cache_mib: NonNegative = 1024
     # Required as `Authorization: Bearer KEY` on every /v1 route (as vLLM's --api-key); /health,
     # /tokenize stay open. None: open, unless a run launches it (then a random key per run).
     api_key: Secret | None = None

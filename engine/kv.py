@@ -1,0 +1,68 @@
+"""The batch layout of prefill inputs and KV rows (pure tensor functions, no model).
+
+A batch row is [padding][stored prefix][padding][computed tokens]: every part right-aligned in
+its block, the padding masked out. Positions count only unmasked columns, so a row's tokens
+sit at 0..n-1 whatever padding its neighbours forced on it, as in a forward of that row alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillRow:
+    prompt_ids: list[int]
+    hit: int = 0  # leading prompt tokens whose KV is given
+    kv: torch.Tensor | None = None  # [layers, 2, kv_heads, >= hit, head_dim]
+
+
+@dataclass
+class PrefillBatch:
+    ids: torch.Tensor  # [B, S] the tokens to compute, left-padded
+    mask: torch.Tensor  # [B, P + S] bool, True where a real token (stored prefix, then computed)
+    mask4d: torch.Tensor  # [B, 1, S, P + S] bool: which keys each computed token attends to
+    position_ids: torch.Tensor  # [B, S]
+    past: list[tuple[torch.Tensor, torch.Tensor]] | None  # per layer (K, V) [B, H, P, D]; None when P = 0
+
+
+def right_aligned(lengths: list[int], width: int) -> torch.Tensor:
+    """[B, width] bool, row i True in its last lengths[i] columns."""
+    cols = torch.arange(width)[None, :]
+    return cols >= width - torch.tensor(lengths, dtype=torch.long)[:, None]
+
+
+def prefill_batch(rows: list[PrefillRow], pad_id: int) -> PrefillBatch:
+    hits = [r.hit for r in rows]
+    todo = [r.prompt_ids[r.hit:] for r in rows]
+    B, P, S = len(rows), max(hits), max(len(t) for t in todo)
+    ids = torch.full((B, S), pad_id, dtype=torch.long)
+    for i, t in enumerate(todo):
+        ids[i, S - len(t):] = torch.tensor(t, dtype=torch.long)
+    pmask, smask = right_aligned(hits, P), right_aligned([len(t) for t in todo], S)
+    causal = torch.ones((S, S), dtype=torch.bool).tril()
+    # Pad rows attend to themselves so no attention row is empty (an empty row gives NaN).
+    own = (causal[None] & smask[:, None, :]) | torch.eye(S, dtype=torch.bool)[None]
+    mask4d = torch.cat([pmask[:, None, :].expand(B, S, P), own], dim=-1)[:, None]
+    position_ids = (torch.tensor(hits)[:, None] + smask.long().cumsum(-1) - 1).clamp(min=0)
+    past = None
+    if P > 0:
+        kv0 = next(r.kv for r in rows if r.kv is not None)
+        L, _, H, _, D = kv0.shape
+        buf = kv0.new_zeros((L, 2, B, H, P, D))
+        for i, r in enumerate(rows):
+            if r.hit:
+                buf[:, :, i, :, P - r.hit:] = r.kv[:, :, :, :r.hit]
+        past = [(buf[l, 0], buf[l, 1]) for l in range(L)]
+    return PrefillBatch(ids, torch.cat([pmask, smask], 1), mask4d, position_ids, past)
+
+
+def row_kv(layers, row: int, cols: torch.Tensor) -> torch.Tensor:
+    """One batch row's KV at the columns `cols` (bool [L]) as [layers, 2, H, n, D], a new tensor."""
+    k0 = layers[0].keys
+    out = k0.new_empty((len(layers), 2, k0.shape[1], int(cols.sum()), k0.shape[3]))
+    for l, layer in enumerate(layers):
+        out[l, 0] = layer.keys[row][:, cols]
+        out[l, 1] = layer.values[row][:, cols]
+    return out
