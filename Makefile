@@ -193,7 +193,7 @@ report: setup
 # process, a server or a sandbox, so 3 workers beat 2 on 2 cores (docs/development.md: budget).
 # TEST_WORKERS=0 runs in this process, one test after another.
 TEST_WORKERS ?= 3
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 test: setup agents agents-py

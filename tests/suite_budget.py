@@ -13,8 +13,6 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-import pytest
-
 BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
 # What each module starts; the budget of each group is in docs/development.md.
 _GROUPS = {
@@ -60,14 +58,11 @@ def _budget_page() -> dict[str, float]:
         return {}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     budgets = _budget_page()
     for item in items:
         # user_properties travel with the reports from xdist workers to the controller.
         item.user_properties.append(("suite_group", group_of(item)))
-        # --dist loadgroup: a file runs whole on one worker, so its module fixtures start once
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     # The heaviest first (slow, then by their group's budget): workers that take files in this
     # order finish together instead of one starting the longest file last.
     items.sort(key=lambda it: (it.get_closest_marker("slow") is None,
