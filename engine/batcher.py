@@ -24,9 +24,9 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
-from .kv import PrefillRow, prefill_batch, row_kv
+from .kv import PrefillRow, prefill_batch, row_kv, slack_cache
 from .prefix_cache import PrefixCache, common_prefix
-from .sampling import GREEDY_EPS, SamplingParams, processed_logprobs, sample
+from .sampling import GREEDY_EPS, SamplingParams, processed_logprobs, sample_rows
 
 log = logging.getLogger("wharf.engine")
 
@@ -108,7 +108,7 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="engine-batcher", daemon=True)
         # Batch state (model thread only): rows of `running` match rows of the cache and mask.
         self.running: list[Sequence] = []
-        self._cache: DynamicCache | None = None
+        self._cache = None  # kv.slack_cache: the running rows' KV
         self._mask: torch.Tensor | None = None  # [B, L] bool, False where left padding
         self.steps = 0
         self.peak_batch = 0
@@ -259,9 +259,10 @@ class Batcher:
         # Rows admitted here may finish at once (max_tokens=1, EOS first): _after_logits drops them.
         self._after_logits(seqs, logits)
 
-    def _merge(self, seqs: list[Sequence], cache: DynamicCache, mask: torch.Tensor) -> None:
+    def _merge(self, seqs: list[Sequence], cache, mask: torch.Tensor) -> None:
         if self._cache is None:
-            self.running, self._cache, self._mask = list(seqs), cache, mask
+            self.running, self._mask = list(seqs), mask
+            self._cache = slack_cache((l.keys, l.values) for l in cache.layers)
             return
         L = max(self._mask.shape[1], mask.shape[1])
 
@@ -269,11 +270,9 @@ class Batcher:
             return t if n == 0 else torch.cat([t.new_zeros(*t.shape[:-2], n, t.shape[-1]), t], dim=-2)
 
         pa, pb = L - self._mask.shape[1], L - mask.shape[1]
-        layers = []
-        for la, lb in zip(self._cache.layers, cache.layers):
-            layers.append((torch.cat([left_pad(la.keys, pa), left_pad(lb.keys, pb)]),
-                           torch.cat([left_pad(la.values, pa), left_pad(lb.values, pb)])))
-        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._cache = slack_cache((torch.cat([left_pad(la.keys, pa), left_pad(lb.keys, pb)]),
+                                   torch.cat([left_pad(la.values, pa), left_pad(lb.values, pb)]))
+                                  for la, lb in zip(self._cache.layers, cache.layers))
         self._mask = torch.cat([
             torch.cat([self._mask.new_zeros(self._mask.shape[0], pa), self._mask], 1),
             torch.cat([mask.new_zeros(mask.shape[0], pb), mask], 1)])
@@ -299,24 +298,25 @@ class Batcher:
         # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.
         temps = torch.tensor([max(seqs[i].params.temperature, 0.0) for i in live])
         temps = torch.where(temps < GREEDY_EPS, torch.ones_like(temps), temps)
-        batched = torch.log_softmax(logits[live] / temps[:, None], dim=-1)
+        lp = torch.log_softmax(logits[live] / temps[:, None], dim=-1)
         for k, i in enumerate(live):
             s, p = seqs[i], seqs[i].params
             if len(s.output_ids) < p.min_tokens or p.top_p < 1.0:
                 row = logits[i].clone()
                 if len(s.output_ids) < p.min_tokens:
                     row[list(self.eos_ids | set(p.stop_token_ids))] = float("-inf")
-                lp = processed_logprobs(row, p.temperature, p.top_p)
-            else:
-                lp = batched[k]
-            tid = sample(lp, p.temperature, s.generator)
+                lp[k] = processed_logprobs(row, p.temperature, p.top_p)
+        tids = sample_rows(lp, [seqs[i].params.temperature for i in live], [seqs[i].generator for i in live])
+        chosen = lp.gather(1, tids[:, None])[:, 0].clamp(min=LOGPROB_FLOOR).tolist()
+        for k, (i, tid) in enumerate(zip(live, tids.tolist())):
+            s, p = seqs[i], seqs[i].params
             top: list[tuple[int, float]] = []
             if p.top_logprobs > 0:
-                vals, idx = torch.topk(lp, p.top_logprobs)
+                vals, idx = torch.topk(lp[k], p.top_logprobs)
                 top = [(int(j), max(float(v), LOGPROB_FLOOR)) for v, j in zip(vals, idx)]
             s.output_ids.append(tid)
             self.generated += 1
-            s.emit(Token(tid, max(float(lp[tid]), LOGPROB_FLOOR), top))
+            s.emit(Token(tid, chosen[k], top))
             done = self._stop_check(s, tid)
             if done is not None:
                 self._finish(s, done)
@@ -367,8 +367,7 @@ class Batcher:
         mask = self._mask[idx]
         # Columns that are padding in every remaining row carry nothing: cut them off.
         first = int(mask.any(0).long().argmax())
-        layers = [(l.keys[idx, :, first:], l.values[idx, :, first:]) for l in self._cache.layers]
-        self._cache = DynamicCache(ddp_cache_data=layers)
+        self._cache = slack_cache((l.keys[idx, :, first:], l.values[idx, :, first:]) for l in self._cache.layers)
         self._mask = mask[:, first:]
         self.running = [self.running[i] for i in keep]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers.cache_utils import Cache, DynamicLayer
 
 
 @dataclass
@@ -66,3 +67,36 @@ def row_kv(layers, row: int, cols: torch.Tensor) -> torch.Tensor:
         out[l, 0] = layer.keys[row][:, cols]
         out[l, 1] = layer.values[row][:, cols]
     return out
+
+
+SLACK = 128  # columns a running batch's KV grows by at a time
+
+
+class SlackLayer(DynamicLayer):
+    """A cache layer whose keys and values are views of buffers with room to grow: a decode step
+    writes its column in place, where DynamicLayer copies the whole cache (torch.cat) each step,
+    which at agent-length contexts moves as many bytes as the weights."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._n = 0
+        self._k = self._v = keys.new_empty((*keys.shape[:2], 0, keys.shape[3]))
+        self.update(keys, values)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n, s = self._n, key_states.shape[-2]
+        if n + s > self._k.shape[-2]:
+            k = self._k.new_empty((*key_states.shape[:2], n + s + SLACK, key_states.shape[3]))
+            v = torch.empty_like(k)
+            k[:, :, :n], v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
+            self._k, self._v = k, v
+        self._k[:, :, n:n + s], self._v[:, :, n:n + s] = key_states, value_states
+        self._n = n + s
+        self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
+        return self.keys, self.values
+
+
+def slack_cache(layers) -> Cache:
+    """A cache of SlackLayers holding copies of the given per-layer (keys, values)."""
+    return Cache(layers=[SlackLayer(k, v) for k, v in layers])

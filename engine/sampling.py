@@ -27,9 +27,15 @@ class SamplingParams:
     top_logprobs: int = 0  # top alternatives to report per position
 
 
-def sample(logprobs: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
-    if temperature < GREEDY_EPS:
-        return int(torch.argmax(logprobs))
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, one generator call per row.
-    noise = torch.empty_like(logprobs).exponential_(generator=generator)
-    return int(torch.argmax(logprobs.exp() / noise))
+def sample_rows(logprobs: torch.Tensor, temperatures: list[float],
+                generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of [B, V] log-probs (argmax where the temperature is ~0); returns [B] ids.
+
+    Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Each row's noise comes from its
+    own generator, so a seeded request draws the same tokens whatever shares its batch."""
+    greedy = torch.tensor([t < GREEDY_EPS for t in temperatures])
+    noise = torch.ones_like(logprobs)
+    for k, g in enumerate(generators):
+        if not greedy[k]:
+            noise[k].exponential_(generator=g)
+    return torch.where(greedy, logprobs.argmax(-1), (logprobs.exp() / noise).argmax(-1))

@@ -110,6 +110,13 @@ def check(reference, rows, outs):
         assert lps == pytest.approx(reference(adapter, prompt, ids), abs=TOL), adapter
 
 
+def alike(outs, others):
+    """The same prompts and tokens, log-probs within fp32's noise: a repeated prompt is served from
+    the prefix cache, its last token computed in another pass than the first time (the weights
+    themselves are compared bit for bit below)."""
+    return all(p == q and i == j and a == pytest.approx(b, abs=1e-5) for (p, i, a), (q, j, b) in zip(outs, others))
+
+
 def load_missing(core, adapters):
     for name, path in adapters.items():
         if name not in core.adapters.paths:
@@ -157,13 +164,12 @@ def test_base_weights_untouched_by_loading_serving_replacing_unloading(core, ada
     generate(core, [("a2", 0), ("a1", 1), (None, 2)])
     # Replacing a1 in place with a2's weights drops a1's merged set.
     on_thread(core, lambda: a.load("a1", adapters["a2"], True))
-    same = generate(core, [("a1", 5)])
-    assert same == generate(core, [("a2", 5)])
-    assert generate(core, base_rows) == base_before
+    assert alike(generate(core, [("a1", 5)]), generate(core, [("a2", 5)]))
+    assert alike(generate(core, base_rows), base_before)
     for name in list(a.paths):
         on_thread(core, lambda: a.unload(name))
     assert a.paths == {} and a.merged == []
-    assert generate(core, base_rows) == base_before
+    assert alike(generate(core, base_rows), base_before)
     model = core.adapters.base
     assert model.lm_head.weight is model.model.embed_tokens.weight  # still tied
     for n, p in model.named_parameters():
