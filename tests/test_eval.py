@@ -84,7 +84,10 @@ def test_both_forms_are_served_with_their_own_weights(adapters, engine_url):
             assert refused == []
             assert name in ep.models()
             seen[spec] = _logprobs(ep, name)
-            assert _logprobs(ep, name) == seen[spec]  # the same weights, the same seed: the same tokens
+            # the same weights, the same seed: the same tokens; the log-probs within fp32 noise (the
+            # second call reuses the first's prefix, so its last prompt token is computed in another pass)
+            again = _logprobs(ep, name)
+            assert again[0] == seen[spec][0] and max(abs(a - b) for a, b in zip(again[1], seen[spec][1])) < 1e-4
         assert name not in ep.models()  # unloaded after: the endpoint's adapter slots are few
     assert base != seen[str(adapter)] and base != seen[f"{run.root}:3"] and seen[str(adapter)] != seen[f"{run.root}:3"]
 

@@ -42,9 +42,9 @@ def _overrides(tmp_path: Path, name: str, engine_port: int) -> list[str]:
             "endpoint.launch=false"]
 
 
-def _engine(port: int, log: Path) -> subprocess.Popen:
+def _engine(port: int, log: Path, *overrides: str) -> subprocess.Popen:
     proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(REPO / "configs/learn.yaml"),
-                        f"engine.port={port}", "engine.threads=2"], log, cwd=REPO)
+                        f"engine.port={port}", "engine.threads=2", *overrides], log, cwd=REPO)
     Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)
     return proc
 
