@@ -114,7 +114,7 @@ def alike(outs, others):
     """The same prompts and tokens, log-probs within fp32's noise: a repeated prompt is served from
     the prefix cache, its last token computed in another pass than the first time (the weights
     themselves are compared bit for bit below)."""
-    return all(p == q and i == j and a == pytest.approx(b, abs=1e-5) for (p, i, a), (q, j, b) in zip(outs, others))
+    return all(p == q and i == j and a == pytest.approx(b, abs=1e-4) for (p, i, a), (q, j, b) in zip(outs, others))
 
 
 def load_missing(core, adapters):
@@ -187,5 +187,5 @@ def test_bad_adapters_refused_and_a_failed_replace_keeps_the_old(core, adapters,
     with pytest.raises(AdapterInvalid, match="alpha_pattern is not supported"):
         on_thread(core, lambda: a.load("keep", str(bad), True))
     assert a.paths["keep"] == adapters["a2"]
-    assert generate(core, [("keep", 0)]) == want
+    assert alike(generate(core, [("keep", 0)]), want)  # the old weights still serve
     on_thread(core, lambda: a.unload("keep"))
