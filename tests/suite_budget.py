@@ -4,8 +4,7 @@ each group took (setup + call + teardown, summed over its tests) beside the budg
 docs/development.md gives it. A group over its budget is named in red; it does not fail the run
 (CPU times on a shared 2-core machine move by +-30%), CI's own wall time is the hard limit.
 
-A test's group is its module's in MODULE_GROUPS (or the module's own `SUITE_GROUP`), else the
-first live fixture it uses, else `unit`. Adding a live test means giving it a group here and
+A test's group is its module's in MODULE_GROUPS, else the first live fixture it uses, else `unit`. Adding a live test means giving it a group here and
 saying in docs/development.md where its time came from."""
 from __future__ import annotations
 
@@ -36,11 +35,9 @@ DEFAULT_GROUP = "unit"
 
 
 def group_of(item) -> str:
-    module = getattr(item, "module", None)
-    name = getattr(module, "__name__", "").rpartition(".")[2]
-    module_group = MODULE_GROUPS.get(name) or getattr(module, "SUITE_GROUP", None)
-    if module_group:
-        return module_group
+    name = getattr(getattr(item, "module", None), "__name__", "").rpartition(".")[2]
+    if name in MODULE_GROUPS:
+        return MODULE_GROUPS[name]
     names = set(getattr(item, "fixturenames", ()))
     return next((g for fixture, g in FIXTURE_GROUPS if fixture in names), DEFAULT_GROUP)
 
@@ -60,13 +57,13 @@ def _budget_page() -> dict[str, float]:
 
 def pytest_collection_modifyitems(items):
     budgets = _budget_page()
-    for item in items:
+    groups = {item: group_of(item) for item in items}
+    for item, group in groups.items():
         # user_properties travel with the reports from xdist workers to the controller.
-        item.user_properties.append(("suite_group", group_of(item)))
+        item.user_properties.append(("suite_group", group))
     # The heaviest first (slow, then by their group's budget): workers that take files in this
     # order finish together instead of one starting the longest file last.
-    items.sort(key=lambda it: (it.get_closest_marker("slow") is None,
-                               -budgets.get(group_of(it), 0.0)))
+    items.sort(key=lambda it: (it.get_closest_marker("slow") is None, -budgets.get(groups[it], 0.0)))
 
 
 def _group(report) -> str:
