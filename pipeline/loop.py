@@ -154,18 +154,21 @@ def eval_due(every: int, k: int) -> bool:
 
 
 def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
-    """policy-v<k+1> and the base on loop.eval_dataset, eval.attempts trials a task with the same
-    seeds (the base's trials are run once, the first time, and reused: a finished job is kept)."""
+    """policy-v<k+1> and the start policy (the base, or loop.init_adapter: what the run's training
+    is measured against) on loop.eval_dataset, eval.attempts trials a task with the same seeds (the
+    start's trials are run once, the first time, and reused: a finished job is kept)."""
     k = cfg.round + 1
     run = RunLayout.of(cfg.runs_dir, cfg.name).root
+    start = cfg.loop.init_adapter or "base"
     ecfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, dataset=cfg.loop.eval_dataset, name=None,
-                                                             policies=["base", f"{run}:{k}"]))
+                                                             policies=[start, f"{run}:{k}"]))
     summary = evaluate(ecfg, [resolve(s) for s in ecfg.eval.policies], ep)
-    base, new = (summary["policies"][label] for label in summary["last"])
-    diff = summary["paired"][f"{new['label']} - {base['label']}"]
+    ref, new = (summary["policies"][label] for label in summary["last"])
+    diff = summary["paired"][f"{new['label']} - {ref['label']}"]
     keep = ("mean", "low", "high", "tasks")
     return {"policy": policy_name(k), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
-            **{key: new["reward"][key] for key in keep}, "base": {key: base["reward"][key] for key in keep},
+            **{key: new["reward"][key] for key in keep}, "start": start,
+            "base": {key: ref["reward"][key] for key in keep},  # policy-v0's: the base, or the init adapter
             "diff": {key: diff[key] for key in keep}}
 
 

@@ -76,3 +76,30 @@ def test_rounds_without_evaluation_keep_their_line_and_plot(tmp_path):
     rounds = gather(layout.root)
     assert heldout_points(rounds) == [] and "held-out" not in round_line(rounds[0])
     assert "Evaluations" not in write_report(layout.root).read_text()
+
+
+def test_a_warm_started_loop_is_measured_against_its_init_adapter(tmp_path, monkeypatch):
+    """With loop.init_adapter the reference is policy-v0 (the SFT adapter), not the base: the
+    difference is what the run's own rounds added (the warm-start experiment's measure)."""
+    sft = RunLayout(tmp_path / "sft")
+    sft.round(0).train.adapter.mkdir(parents=True)
+    (sft.round(0).train.adapter / "adapter_config.json").write_text("{}")
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=run", "loop.eval_every=1",
+                             "loop.eval_dataset=datasets/multiturn/heldout", "eval.attempts=2",
+                             f"loop.init_adapter={sft.root}:1"])
+    seen = []
+    def evaluate(ecfg, policies, ep):
+        seen.append([p.spec for p in policies])
+        scores = {"sft-policy-v1": {"a": [1, 0], "b": [0, 0]}, "run-policy-v1": {"a": [1, 1], "b": [1, 0]}}
+        ev = ecfg.layout.eval("heldout")
+        return write_summary(ev, ecfg, {p.label: (p, _trials(scores[p.label]), ev.policy(p.label)) for p in policies})
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    make_round(cfg.layout, 0, {"a": 1, "b": 2})
+    (cfg.layout.round(0).train.adapter / "adapter_config.json").parent.mkdir(parents=True, exist_ok=True)
+    (cfg.layout.round(0).train.adapter / "adapter_config.json").write_text("{}")
+    assert run_stage(cfg.layout.round(0), "eval", lambda: loop.eval_stage(loop.round_config(cfg, 0), ep=None))
+    assert seen == [[f"{sft.root}:1", f"{cfg.layout.root}:1"]]  # the base is not evaluated
+    marker = json.loads(cfg.layout.round(0).marker("eval").read_text())
+    assert marker["start"] == f"{sft.root}:1" and marker["base"]["mean"] == pytest.approx(1 / 4)
+    assert marker["mean"] == pytest.approx(3 / 4) and marker["diff"]["mean"] == pytest.approx(2 / 4)
+    assert "policy-v0 0.250" in round_line(gather(cfg.layout.root)[0])

@@ -287,5 +287,6 @@ def heldout_text(h: dict) -> str:
     def iv(d: dict) -> str:
         ok = _num(d.get("low")) and _num(d.get("high"))
         return f"{_f(d.get('mean'))}" + (f" [{_f(d['low'])}, {_f(d['high'])}]" if ok else "")
-    return (f"; held-out ({h.get('policy')}): {iv(h)}, base {iv(h.get('base') or {})}, "
+    start = "base" if h.get("start", "base") == "base" else "policy-v0"  # a warm start's init adapter
+    return (f"; held-out ({h.get('policy')}): {iv(h)}, {start} {iv(h.get('base') or {})}, "
             f"difference {iv(h.get('diff') or {})}")
