@@ -159,6 +159,7 @@ experiment-multiturn-figure: setup
 # MINI_DEMO_ARGS: which demonstrations (few, so that the SFT policy leaves room for GRPO).
 MINI_EXPERT_PORT ?= 8300
 MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines]
+MINI_SFT_ARGS ?= train.epochs=4
 MINI_SFT = runs/mini-sft-s$(SEED)
 experiment-mini: setup
 	$(if $(filter base sft sft-grpo,$(ARM)),,$(error ARM=$(ARM): use ARM=base, sft or sft-grpo))
@@ -176,7 +177,7 @@ mini-sft: setup
 		endpoint.url=http://127.0.0.1:$(MINI_EXPERT_PORT) endpoint.model=expert proxy.text_only=true $(MINI_DEMO_ARGS) && \
 	$(WHARF) convert --config configs/mini.yaml name=mini-sft-s$(SEED) convert.mode=sft \
 		convert.jobs=[runs/mini-expert-s$(SEED)/rounds/0/collect] && \
-	$(WHARF) train --config configs/mini.yaml name=mini-sft-s$(SEED) train.objective=sft train.seed=$(SEED) train.publish=false
+	$(WHARF) train --config configs/mini.yaml name=mini-sft-s$(SEED) train.objective=sft train.seed=$(SEED) train.publish=false $(MINI_SFT_ARGS)
 
 # Policies side by side on a task set, no training (docs/eval.md):
 #   make eval CONFIG=configs/multiturn.yaml eval.dataset=datasets/multiturn/heldout "eval.policies=[base,runs/multiturn:5]"

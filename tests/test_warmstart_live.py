@@ -1,0 +1,75 @@
+"""A warm-started loop round, live: an adapter trained beforehand (as `make mini-sft` trains one)
+is loop.init_adapter; round 0 samples it from the real engine as policy-v0 in real sandboxed
+trials, and round 0's train continues that LoRA (it does not start a fresh one)."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from wharf import schema
+from wharf.config import load_config
+from wharf.endpoint import Endpoint
+from wharf.layout import RunLayout
+from conftest import REPO, free_port
+from pipeline.loop import run_loop
+from pipeline.stages import read_marker
+from train.stage import train_round
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_util import convert_path, run_config, sample_rows, write_round  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
+
+LORA = ["train.lora_rank=4", "train.lora_alpha=8"]  # train_util's: the init adapter's shape
+
+
+def weights(adapter: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(adapter / "adapter_model.safetensors"))
+
+
+def first_logprobs(ep: Endpoint, model: str) -> list[float]:
+    r = ep._json("POST", "/v1/chat/completions", {
+        "model": model, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4,
+        "temperature": 0, "logprobs": True, "seed": 0})
+    return [e["logprob"] for e in r["choices"][0]["logprobs"]["content"]]
+
+
+def test_a_warm_started_round_samples_the_init_adapter_and_continues_it(tmp_path, engine_url):
+    sft = run_config(tmp_path, "name=sft", "train.lr=0.02")  # a stand-in for the SFT run: any trained LoRA
+    write_round(convert_path(sft), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)
+    init = Path(train_round(sft, progress=False).adapter)
+    cfg = load_config(REPO / "configs/learn.yaml", [
+        f"runs_dir={tmp_path}", "name=warm", "rounds=1", f"loop.init_adapter={tmp_path / 'sft'}:1", *LORA,
+        "collect.tasks=[sed-sub,echo-number]", "collect.attempts=3", "collect.concurrency=6",
+        f"endpoint.url={engine_url}", "endpoint.launch=false", f"proxy.port={free_port()}",
+        "train.rows_per_step=3", "convert.max_tokens_per_batch=512"])
+    ep = Endpoint(engine_url)
+    try:
+        assert run_loop(cfg) == [0]
+        run = RunLayout(tmp_path / "warm")
+        turns = schema.read_dir(run.round(0).collect.turns, "turns").to_pylist()
+        assert turns and {t["policy"] for t in turns} == {"policy-v0"}
+        # policy-v0 on the engine is the init adapter's weights, not the base model's
+        assert max(abs(a - b) for a, b in zip(first_logprobs(ep, "policy-v0"),
+                                              first_logprobs(ep, cfg.endpoint.model))) > 1e-3
+        assert read_marker(run.round(0), "publish")["policy"] == "policy-v1"
+        before, after = weights(init), weights(run.round(0).train.adapter)
+        assert before.keys() == after.keys()
+        moved = sum((after[k] - before[k]).norm() ** 2 for k in before) ** 0.5
+        size = sum(before[k].norm() ** 2 for k in before) ** 0.5
+        # continued: policy-v1 is the init adapter plus one round's update (a fresh LoRA would
+        # start from B = 0, as far from the init as the init is from nothing)
+        assert moved < 0.5 * size, (float(moved), float(size))
+        trained = read_marker(run.round(0), "train")
+        # these tasks give round 0 mixed rewards: it trains (a round without signal would carry the init on)
+        assert trained["steps"] > 0 and moved > 0, trained
+    finally:
+        for name in ("policy-v0", "policy-v1"):  # the engine is shared by the session's other tests
+            if name in ep.models():
+                ep.unload_adapter(name)
