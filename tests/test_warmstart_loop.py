@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from pipeline import loop
 from pipeline.overlap import allowed_policies, check_lag
@@ -75,3 +76,29 @@ def test_a_round_0_without_signal_carries_the_init_adapter(tmp_path):
 def test_init_adapter_forms_are_checked_at_load(tmp_path, spec):
     with pytest.raises(ConfigError, match="loop.init_adapter"):
         cfg_with(tmp_path, f"loop.init_adapter={spec}")
+
+
+@pytest.mark.slow
+def test_zero_advantage_rounds_leave_the_init_adapter_bit_for_bit(tmp_path):
+    """The warm-start experiment's SFT-only arm (convert.advantage=zero from the SFT adapter) keeps
+    policy-v0's weights in every round: kl_coef 0, weight_decay 0 and a fresh AdamW on zero
+    gradients take no step. So its held-out score is the init adapter's, which every eval of the
+    SFT+GRPO arm measures on the same trials (pipeline/loop.py: eval_stage)."""
+    import sys
+
+    from safetensors.torch import load_file
+
+    from train.stage import train_round
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from train_util import convert_path, run_config, sample_rows, write_round
+
+    sft = run_config(tmp_path, "name=sft", "train.lr=0.02")
+    write_round(convert_path(sft), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)
+    init = Path(train_round(sft, progress=False).adapter)
+    zero = run_config(tmp_path, "name=zero", f"loop.init_adapter={tmp_path / 'sft'}:1", "train.epochs=2")
+    write_round(convert_path(zero), sample_rows(4, 10, 1.0, seed=0), [0.0, 0.0, 0.0, 0.0], 1.0)
+    out = train_round(zero, progress=False)
+    assert out.steps > 0
+    a, b = (load_file(str(Path(d) / "adapter_model.safetensors")) for d in (init, out.adapter))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
