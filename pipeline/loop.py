@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
+from pathlib import Path
 
 from collect.runner import run as collect_round
 from engine.launch import launch
@@ -38,7 +39,7 @@ from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
 from wharf.model_store import release_memory
-from wharf.replicas import replica_urls
+from wharf.replicas import replica_urls, same_adapter
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
@@ -58,33 +59,34 @@ def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
-    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it (a
-    replica that restarted has forgotten its runtime adapters: load round k-1's again there;
-    policy-v0 is loop.init_adapter's)."""
+    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it,
+    from this run's adapter (a replica that restarted has forgotten its runtime adapters: load
+    round k-1's again there; policy-v0 is loop.init_adapter's; a replica serving another run's
+    policy-v<k> is refused by publish, recorded, and routed none of this round's calls)."""
     start = init_adapter_dir(cfg.loop.init_adapter)
     if (k == 0 and start is None) or ep is None:
         return
     name = policy_name(k)
-    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name)]
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    adapter = start if k == 0 else layout.round(k - 1).train.adapter
+    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name, adapter)]
     if not missing:
         return
     if k == 0:
         log.info("round 0 samples from loop.init_adapter %s as %s", start, name)
         publish(cfg, start, name, resume=True)
         return
-    layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    adapter = layout.round(k - 1).train.adapter
     storage.pull(adapter)  # a run in object storage resumed on another machine
     if not has_adapter(adapter):
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
                         f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
-    log.info("%s do(es) not serve %s (restarted?): loading %s", ", ".join(missing), name, adapter)
+    log.info("%s do(es) not serve %s from %s (restarted?): loading it", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
 
 
-def _serves(ep: Endpoint, url: str, name: str) -> bool:
+def _serves(ep: Endpoint, url: str, name: str, adapter: Path) -> bool:
     try:
-        return name in Endpoint(url, ep.api_key, ep.model).models()
+        return same_adapter(Endpoint(url, ep.api_key, ep.model).roots().get(name), adapter)
     except WharfError:
         return False  # unreachable: publish records it as refusing, and the round routes around it
 

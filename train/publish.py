@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 from wharf import storage
 from wharf.config import RunConfig, cli_config
 from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
 from wharf.errors import WharfError
-from wharf.layout import RunLayout, has_adapter, policy_name, policy_version
-from wharf.replicas import PublishRecord, ReplicaResult, replica_urls
+from wharf.layout import RunLayout, has_adapter, init_adapter_dir, policy_name, policy_version
+from wharf.replicas import PublishRecord, ReplicaResult, replica_urls, same_adapter
 
 log = logging.getLogger("wharf.train")
 
@@ -34,11 +35,17 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     already serving `name` (a loop killed mid-publish) is checked, not refused."""
     if not has_adapter(Path(adapter_dir)):
         raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    mine = [layout.root, *filter(None, [init_adapter_dir(cfg.loop.init_adapter)])]
+
+    def ours(root: str | None) -> bool:
+        return root is not None and any(_under(root, d) for d in mine)
+
     record = PublishRecord(name, str(adapter_dir), [
         _publish_one(Endpoint(url, cfg.endpoint.api_key, cfg.endpoint.model), adapter_dir, name, resume,
-                     max(1, cfg.loop.max_staleness))
+                     max(1, cfg.loop.max_staleness), ours)
         for url in replica_urls(cfg.endpoint.url, cfg.proxy.upstreams)])
-    record.write(RunLayout.of(cfg.runs_dir, cfg.name).published(name))
+    record.write(layout.published(name))
     if not record.serving:
         why = "; ".join(f"{url}: {e}" for url, e in record.refused.items())
         raise PublishError(f"publishing {adapter_dir} as {name!r} failed on every replica ({why}); the adapter "
@@ -48,20 +55,20 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     return record
 
 
-def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool, keep: int) -> ReplicaResult:
-    """`keep`: how many policies before `name` stay loaded (rounds still sampling from them)."""
+def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool, keep: int,
+                 ours: Callable[[str | None], bool]) -> ReplicaResult:
+    """`keep`: how many policies before `name` stay loaded (rounds still sampling from them).
+    `ours`: whether a served adapter's root is this run's (another run's is never unloaded)."""
     try:
-        served = ep.models()
-        if name in served and resume:
+        served = ep.roots()
+        if name in served:
+            _check_same(ep.url, name, served[name], adapter_dir, resume)
             verify(ep, name)
             return ReplicaResult(ep.url, True)
-        if name in served:
-            raise PublishError(f"the endpoint at {ep.url} already serves {name!r}; a name is never reloaded in place "
-                               "(stale prefix cache): restart the endpoint or train the next round")
         oldest = policy_version(name) - keep  # the policies that may still be sampling stay
-        for old in served:
+        for old, root in served.items():
             v = policy_version(old)
-            if v is not None and v < oldest:
+            if v is not None and v < oldest and ours(root):
                 try:
                     ep.unload_adapter(old)
                 except EndpointError as e:
@@ -71,6 +78,23 @@ def _publish_one(ep: Endpoint, adapter_dir: Path, name: str, resume: bool, keep:
     except (PublishError, EndpointError) as e:
         return ReplicaResult(ep.url, False, str(e))
     return ReplicaResult(ep.url, True)
+
+
+def _under(root: str, d: Path) -> bool:
+    return same_adapter(root, d) or any(same_adapter(str(p), d) for p in Path(root).parents)
+
+
+def _check_same(url: str, name: str, root: str | None, adapter_dir: Path, resume: bool) -> None:
+    """A replica already serving `name`: only this very adapter (a resumed publish) is accepted.
+    Another path is another run's policy of the same name (two runs sharing a fleet): its weights
+    would be sampled as ours, and unloading it would break that run mid-collect."""
+    if not same_adapter(root, adapter_dir):
+        raise PublishError(f"{url} already serves {name!r} from {root}, not from {adapter_dir}: another run "
+                           "(or an endpoint started with it) holds that name there; give each run its own "
+                           f"replicas, or unload {name!r} from this one once its run is done")
+    if not resume:
+        raise PublishError(f"the endpoint at {url} already serves {name!r}; a name is never reloaded in place "
+                           "(stale prefix cache): restart the endpoint or train the next round")
 
 
 def verify(ep: Endpoint, name: str) -> list[str]:

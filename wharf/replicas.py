@@ -4,6 +4,7 @@ check names such a replica. A JSON file per policy: runs/<run>/published/<policy
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,22 @@ def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
         if u:
             seen.setdefault(u.rstrip("/"), None)
     return list(seen)
+
+
+def same_adapter(root: str | None, adapter_dir: str | Path) -> bool:
+    """Whether a replica's `root` for a name (/v1/models) is `adapter_dir`: the same path, or, for
+    a run in object storage, the same object under another machine's mirror (<mirror>/<scheme>/
+    <bucket>/<key>: a loop resumed elsewhere finds the replicas its first machine loaded)."""
+    if not root:
+        return False
+    here = os.path.realpath(adapter_dir)
+    if os.path.realpath(root) == here:
+        return True
+    url = storage.url_of(here)
+    if url is None:
+        return False
+    scheme, _, rest = url.partition("://")
+    return Path(root).as_posix().rstrip("/").endswith(f"/{scheme}/{rest.rstrip('/')}")
 
 
 @dataclass(frozen=True)
