@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from pathlib import Path
 
 from collect.runner import run as collect_round
 from engine.launch import launch
@@ -39,7 +38,7 @@ from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
 from wharf.model_store import release_memory
-from wharf.replicas import replica_urls, same_adapter
+from wharf.replicas import not_serving, replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
@@ -69,7 +68,7 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
     name = policy_name(k)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     adapter = start if k == 0 else layout.round(k - 1).train.adapter
-    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name, adapter)]
+    missing = list(not_serving(replica_urls(ep.url, cfg.proxy.upstreams), name, adapter, ep.api_key))
     if not missing:
         return
     if k == 0:
@@ -82,13 +81,6 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
                         f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
     log.info("%s do(es) not serve %s from %s (restarted?): loading it", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
-
-
-def _serves(ep: Endpoint, url: str, name: str, adapter: Path) -> bool:
-    try:
-        return same_adapter(Endpoint(url, ep.api_key, ep.model).roots().get(name), adapter)
-    except WharfError:
-        return False  # unreachable: publish records it as refusing, and the round routes around it
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -127,12 +119,17 @@ def health_inputs(rnd) -> tuple[str, ...]:
             f"{rnd.marker('collect').parent.relative_to(rnd.root).as_posix()}/*.json")
 
 
-def check_health(cfg: RunConfig) -> list:
-    """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
+def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
+    """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json.
+    With an endpoint, `replicas_serve` asks every replica what it serves now."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     storage.pull(rnd.root, health_inputs(rnd))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
-    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
+    live = None
+    if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):
+        live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), policy_name(cfg.round + 1),
+                           rnd.train.adapter, ep.api_key)
+    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed, live)
     for c in checks:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
                 "ok" if c.ok else "FAILED", c.seen)
@@ -202,10 +199,10 @@ def eval_round(cfg: RunConfig, ep: Endpoint | None) -> None:
         run_stage(cfg.round_layout, "eval", lambda: eval_stage(cfg, ep))
 
 
-def close_round(cfg: RunConfig, t0: float) -> None:
+def close_round(cfg: RunConfig, t0: float, ep: Endpoint | None = None) -> None:
     """Round cfg.round's health checks, its line, the report; stops the loop when a check failed."""
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    checks = check_health(cfg)
+    checks = check_health(cfg, ep)
     storage.push_file(cfg.round_layout.health)
     print_round(layout, cfg.round)
     write_report(layout.root)  # before stopping: the report's table shows what failed
@@ -222,7 +219,7 @@ def sync_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
         run_stage(rcfg.round_layout, "collect", lambda: collect_stage(rcfg, ep))
         learn_round(rcfg, ep)
         eval_round(rcfg, ep)
-        close_round(rcfg, t0)
+        close_round(rcfg, t0, ep)
     return list(range(cfg.rounds))
 
 
@@ -237,7 +234,7 @@ def overlapped_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
             learn_round(rcfg, ep, waited)
             collector.published.set(k + 1)  # the next collects may sample from it now
             eval_round(rcfg, ep)
-            close_round(rcfg, t0)
+            close_round(rcfg, t0, ep)
     return list(range(cfg.rounds))
 
 

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from wharf import storage
+from wharf.endpoint import Endpoint
+from wharf.errors import WharfError
 
 
 def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
@@ -34,6 +36,23 @@ def same_adapter(root: str | None, adapter_dir: str | Path) -> bool:
         return False
     scheme, _, rest = url.partition("://")
     return Path(root).as_posix().rstrip("/").endswith(f"/{scheme}/{rest.rstrip('/')}")
+
+
+def not_serving(urls: list[str], name: str, adapter_dir: str | Path, api_key: str | None = None) -> dict[str, str]:
+    """{url: why} of the replicas that do not serve `name` from `adapter_dir` now, asked one by
+    one (/v1/models): what they hold, not what publish recorded (a restart forgets runtime LoRAs)."""
+    out = {}
+    for url in urls:
+        try:
+            root = Endpoint(url, api_key).roots().get(name)
+        except WharfError as e:
+            out[url] = f"unreachable: {e}"
+            continue
+        if root is None:
+            out[url] = f"does not serve {name} now (restarted? runtime LoRAs are lost with a restart)"
+        elif not same_adapter(root, adapter_dir):
+            out[url] = f"serves {name} from {root}, not from {adapter_dir}"
+    return out
 
 
 @dataclass(frozen=True)
