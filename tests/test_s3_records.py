@@ -1,8 +1,11 @@
 """The records a later step reads reach the bucket (a real S3 server): publish's record of which
-replicas serve a policy, and an eval's summary.json; a machine with an empty mirror reads them."""
+replicas serve a policy, and an eval's summary.json; a machine with an empty mirror reads them,
+and an overlapped loop resumed there goes on where the bucket says it stands."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from pipeline.eval import Policy, eval_name, write_summary
 from pipeline.eval_stats import Trial
@@ -68,3 +71,47 @@ def test_the_health_checks_of_a_finished_round_read_its_files_from_the_bucket(s3
     assert storage.pull(rnd2.root, health_inputs(rnd2)) == len(made)
     assert all((rnd2.root / f.relative_to(rnd.root)).is_file() for f in made)
     assert not (rnd2.collect.root / "harbor").exists()
+
+
+def _stored_overlapped_run(s3, monkeypatch, tmp_path) -> tuple[list[str], RunLayout]:
+    """Rounds 0 and 1 of a max_staleness=1 loop, finished, and round 2's collect killed after it
+    started from policy-v1 (its manifest says so): in the bucket, written from a first machine;
+    the caller goes on from an empty mirror, as on another machine."""
+    from test_health import write_round
+    from test_overlap import BASE, _overlapped_round
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first-machine"))
+    layout = RunLayout.of(f"{s3}/runs", "run")
+    write_round(layout.round(0), BASE, {"a": 1, "b": 2})
+    _overlapped_round(layout, 1, BASE, 1)
+    layout.round(2).collect.root.mkdir(parents=True)
+    layout.round(2).collect.manifest.write_text(json.dumps({"policy": "policy-v1", "state": "running"}))
+    storage.push(layout.root)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second-machine"))
+    return [f"runs_dir={s3}/runs", "name=run", "loop.max_staleness=1", "endpoint.launch=false"], RunLayout.of(
+        f"{s3}/runs", "run")
+
+
+def test_an_overlapped_loop_resumed_on_another_machine_takes_its_rounds_from_the_bucket(s3, stub, monkeypatch, tmp_path):
+    """Finished rounds are not run again (their markers, then health's inputs, come from the
+    bucket, and every check passes on them); the killed collect resumes with the policy it
+    started with (was: the empty mirror had no manifest, so it took the newest policy)."""
+    from pipeline.loop import round_config, run_loop
+    from pipeline.overlap import Collector
+
+    over, layout = _stored_overlapped_run(s3, monkeypatch, tmp_path)
+    storage.pull(layout.root, ("rounds/*/done/*.json",))  # where each round stands, as run_loop starts
+    cfg, policies, served = load_config(None, [*over, "rounds=3"]), [], []
+    monkeypatch.setattr(Collector, "_child_collect", lambda self, rcfg: policies.append(rcfg.collect.policy) or True)
+    with Collector(cfg, lambda j, p: round_config(cfg, j, p), lambda c, v: served.append(v)) as c:
+        c.published.set(2)  # policy-v2 is out by now: a fresh collect would take it
+        got, _ = c.wait(2)
+    assert (got.policy, got.lag) == ("policy-v1", 1) and policies == ["policy-v1"] and served == [1]
+    served.clear()  # the stub loads no adapter: record what the loop asks to serve
+    monkeypatch.setattr("pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
+    for stage in ("convert_stage", "train_checked", "publish_stage"):
+        monkeypatch.setattr(f"pipeline.loop.{stage}", lambda *a, **k: pytest.fail("a finished round ran again"))
+    assert run_loop(load_config(None, [*over, "rounds=2", f"endpoint.url={stub.url}"])) == [0, 1]
+    assert served == [2]
+    for k in (0, 1):  # checked on the bucket's files, and the passing health.json pushed
+        assert all(c["ok"] for c in json.loads(storage.get(f"{s3}/runs/run/rounds/{k}/health.json"))), k
