@@ -8,6 +8,7 @@ collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-
 dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
 trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
 the abandoned tries stay orphans that convert ignores (the resume rules of collect/runner.py).
+A node that is merely unavailable (its actor did not answer one call) rests and comes back.
 """
 from __future__ import annotations
 
@@ -94,57 +95,109 @@ def trial_nodes(nodes: list[dict]) -> dict[str, str]:
 Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
 
 
+class _Nodes:
+    """The dispatch loop's view of the nodes: free slots, rests after an unavailable answer, the
+    calls in flight (with their start times, for the straggler bound) and why a node was taken out."""
+
+    def __init__(self, submit: dict[str, Submit], slots: int, timeout_s: float | None, rest_s: float):
+        self.submit, self.timeout_s, self.rest_s = submit, timeout_s, rest_s
+        self.free = dict.fromkeys(submit, slots)  # free slots per node still in the round
+        self.strikes = dict.fromkeys(submit, 0)  # unavailable answers in a row
+        self.back_at: dict[str, float] = {}  # a resting node takes work again from then
+        self.inflight: dict[asyncio.Future, tuple[str, PlannedRollout, float]] = {}
+        self.why: dict[str, str] = {}
+        self.loop = asyncio.get_running_loop()
+
+    def start(self, queue: list[PlannedRollout]) -> None:
+        """Hand out work, one at a time per node in turn (spread, not fill)."""
+        while queue:
+            now = self.loop.time()
+            self.back_at = {n: t for n, t in self.back_at.items() if t > now and n in self.free}
+            nodes = [n for n, f in self.free.items() if f > 0 and n not in self.back_at][:len(queue)]
+            if not nodes:
+                return
+            for node in nodes:
+                p = queue.pop(0)
+                self.inflight[asyncio.ensure_future(self.submit[node](p))] = (node, p, now)
+                self.free[node] -= 1
+
+    async def finished(self) -> list[tuple[asyncio.Future, str, PlannedRollout]]:
+        """The calls that ended next, and those past the straggler bound (cancelled); none when a
+        resting node is due back first."""
+        due = [t for t in self.back_at.values()]
+        if self.timeout_s is not None:
+            due += [t0 + self.timeout_s for _, _, t0 in self.inflight.values()]
+        wait = max(0.0, min(due) - self.loop.time()) if due else None
+        if not self.inflight:
+            await asyncio.sleep(wait or 0)
+            return []
+        done, _ = await asyncio.wait(self.inflight, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+        now = self.loop.time()
+        for fut, (_, _, t0) in self.inflight.items():
+            if fut not in done and self.timeout_s is not None and now - t0 >= self.timeout_s:
+                fut.cancel()  # the straggler's node is taken out, like a failed one
+                done.add(fut)
+        return [(fut, *self.inflight.pop(fut)[:2]) for fut in done]
+
+    def ok(self, node: str) -> None:
+        if node in self.free:
+            self.free[node] += 1
+            self.strikes[node] = 0
+
+    def failed(self, node: str, e: BaseException, lost: tuple, unavailable: tuple, max_strikes: int) -> None:
+        if node not in self.free:
+            return  # taken out already
+        if isinstance(e, unavailable) and self.strikes[node] < max_strikes:
+            self.strikes[node] += 1
+            self.free[node] += 1
+            self.back_at[node] = self.loop.time() + self.rest_s * self.strikes[node]
+            log.warning("node %s unavailable (%s): its trial runs again; the node rests %g s", node,
+                        _first_line(e), self.rest_s * self.strikes[node])
+            return
+        kind = ("unavailable" if isinstance(e, unavailable) else "lost" if isinstance(e, lost) else
+                "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
+        reason = (f"no answer within {self.timeout_s:g} s" if kind == "stalled" else
+                  f"{max_strikes + 1} times in a row: {_first_line(e)}" if kind == "unavailable" else _first_line(e))
+        log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
+        del self.free[node]
+        self.why[node] = f"{kind}: {reason}"
+
+    def resting(self) -> bool:
+        return any(n in self.free for n in self.back_at)
+
+
 async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
-                   lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None) -> list[str]:
+                   lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None,
+                   unavailable_errors: tuple[type[BaseException], ...] = (), rest_s: float = 2.0,
+                   max_strikes: int = 3) -> list[str]:
     """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
     on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
     is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
     full), and so does a call not answered within `trial_timeout_s` (a straggler: a hung node):
-    the node gets no more work and the rollout goes back in the queue for the others.
-    Returns the nodes taken out, in order; when none is left, the error names each one's failure."""
+    the node gets no more work and the rollout goes back in the queue for the others. One of
+    `unavailable_errors` (the node is there but did not answer this time) puts the rollout back
+    and rests the node (rest_s, longer each time) instead; only `max_strikes` + 1 of them in a row
+    take it out. Returns the nodes taken out, in order; when none is left, the error names each
+    one's failure."""
     queue = list(todo)
-    alive = dict.fromkeys(submit, slots)  # free slots per node still up
-    inflight: dict[asyncio.Future, tuple[str, PlannedRollout]] = {}
-    started: dict[asyncio.Future, float] = {}
-    why: dict[str, str] = {}
-    loop = asyncio.get_running_loop()
-    while queue or inflight:
-        while queue and any(alive.values()):  # one at a time per node in turn: spread, not fill
-            for node in [n for n, free in alive.items() if free > 0][:len(queue)]:
-                p = queue.pop(0)
-                fut = asyncio.ensure_future(submit[node](p))
-                inflight[fut], started[fut] = (node, p), loop.time()
-                alive[node] -= 1
-        if not inflight:
+    nodes = _Nodes(submit, slots, trial_timeout_s, rest_s)
+    while queue or nodes.inflight:
+        nodes.start(queue)
+        if not nodes.inflight and not nodes.resting():
             raise RayExecutorError(f"every node of the cluster was lost or failed ("
-                                   + "; ".join(f"{n}: {w}" for n, w in why.items())
+                                   + "; ".join(f"{n}: {w}" for n, w in nodes.why.items())
                                    + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
                                    "again (it resumes)")
-        wait = None if trial_timeout_s is None else max(0.0, min(started.values()) + trial_timeout_s - loop.time())
-        finished, _ = await asyncio.wait(inflight, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        for fut in [f for f in inflight if f not in finished and trial_timeout_s is not None
-                    and loop.time() - started[f] >= trial_timeout_s]:
-            fut.cancel()  # the straggler's node is taken out below, like a failed one
-            finished.add(fut)
-        for fut in finished:
-            started.pop(fut, None)
-            node, p = inflight.pop(fut)
+        for fut, node, p in await nodes.finished():
             try:
                 row = fut.result()
             except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the node is taken out, not the round
-                if node in alive:
-                    kind = ("lost" if isinstance(e, lost_errors) else
-                            "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
-                    reason = f"no answer within {trial_timeout_s:g} s" if kind == "stalled" else _first_line(e)
-                    log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
-                    del alive[node]
-                    why[node] = f"{kind}: {reason}"
                 queue.append(p)
+                nodes.failed(node, e, lost_errors, unavailable_errors, max_strikes)
                 continue
             on_row(row, node)
-            if node in alive:
-                alive[node] += 1
-    return list(why)
+            nodes.ok(node)
+    return list(nodes.why)
 
 
 def _first_line(e: BaseException) -> str:
@@ -176,7 +229,7 @@ class RayExecutor:
 
     async def run(self, todo: list[PlannedRollout], job_id: str, on_row: OnRow) -> dict:
         ray = require_ray()
-        from ray.exceptions import ActorUnschedulableError, NodeDiedError, RayActorError
+        from ray.exceptions import ActorUnavailableError, ActorUnschedulableError, NodeDiedError, RayActorError
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray.init(address=self.cfg.collect.ray_address, log_to_driver=False, configure_logging=False)
@@ -203,7 +256,7 @@ class RayExecutor:
             submit = {name: _submitter(a, job_id) for name, a in actors.items()}
             lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
                                   (RayActorError, NodeDiedError, ActorUnschedulableError),
-                                  self.cfg.collect.ray_trial_timeout_s)
+                                  self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,))
             left = {name: a for name, a in actors.items() if name not in lost}
             # A node lost now costs nothing: each closed rollout's shard was published at its close.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),

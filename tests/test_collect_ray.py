@@ -150,13 +150,11 @@ def test_a_node_lost_mid_round_still_yields_every_rollout_once(rounds):
 
 def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
     from collect.ray_executor import RayExecutorError, dispatch
-    from collect.tasksets import PlannedRollout, Task
 
     class Lost(Exception):
         pass
 
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(8)]
-    ran: list[tuple[str, str]] = []
+    todo = _todo(8)
 
     def node(name: str, dies_after: int | None):
         calls = []
@@ -169,8 +167,7 @@ def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
             return p.task.task_id
         return submit
 
-    lost = asyncio.run(dispatch({"a": node("a", None), "b": node("b", 2)}, 2, todo,
-                                lambda row, n: ran.append((row, n)), (Lost,)))
+    lost, ran = _dispatch({"a": node("a", None), "b": node("b", 2)}, 2, todo, (Lost,))
     assert lost == ["b"]
     assert sorted(r for r, _ in ran) == [f"t{i}" for i in range(8)]  # each once
     assert {n for _, n in ran} == {"a", "b"}
@@ -205,19 +202,12 @@ def test_dispatch_takes_out_a_node_that_fails_in_any_way_not_the_round():
     catch: before, that error ended the whole round in 0.2 s, the healthy node's trials abandoned."""
     from collect.proxy_client import ServiceError
     from collect.ray_executor import RayExecutorError, dispatch
-    from collect.tasksets import PlannedRollout, Task
-
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(6)]
-    ran: list[tuple[str, str]] = []
-
-    async def healthy(p):
-        await asyncio.sleep(0.01)
-        return p.task.task_id
 
     async def proxy_died(p):
         raise ServiceError("proxy at http://10.0.0.2:41000 is not answering")
 
-    out = asyncio.run(dispatch({"a": healthy, "b": proxy_died}, 2, todo, lambda row, n: ran.append((row, n)), ()))
+    todo = _todo(6)
+    out, ran = _dispatch({"a": _healthy, "b": proxy_died}, 2, todo, ())
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(6)] and {n for _, n in ran} == {"a"}
     with pytest.raises(RayExecutorError, match=r"b: failed: ServiceError: proxy at .* is not answering"):
         asyncio.run(dispatch({"b": proxy_died}, 1, todo, lambda *a: None, ()))
@@ -243,18 +233,52 @@ def test_a_node_whose_actor_never_starts_is_left_out_not_waited_for():
 
 def test_dispatch_takes_out_a_node_that_stops_answering():
     """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
-    from collect.ray_executor import dispatch
-    from collect.tasksets import PlannedRollout, Task
-
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(4)]
-    ran: list[tuple[str, str]] = []
-
-    async def healthy(p):
-        await asyncio.sleep(0.01)
-        return p.task.task_id
-
     async def hung(p):
         await asyncio.Event().wait()
 
-    out = asyncio.run(dispatch({"a": healthy, "b": hung}, 1, todo, lambda row, n: ran.append((row, n)), (), 0.3))
+    out, ran = _dispatch({"a": _healthy, "b": hung}, 1, _todo(4), (), 0.3)
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}
+
+
+class Unavailable(Exception):
+    """Stands for Ray's ActorUnavailableError: the actor is there but did not answer this call."""
+
+
+def test_dispatch_rests_a_node_that_is_merely_unavailable_and_uses_it_again():
+    """Before, any actor error took the node out for good; an unavailable one now rests it."""
+    misses = []
+
+    async def flaky(p):  # unavailable twice, then fine
+        if len(misses) < 2:
+            misses.append(p.task.task_id)
+            raise Unavailable("actor unavailable: connection reset")
+        return await _healthy(p)
+
+    out, ran = _dispatch({"a": _healthy, "b": flaky}, 1, _todo(16), (Unavailable,), None, (Unavailable,), 0.01)
+    assert out == [] and len(misses) == 2 and sorted(r for r, _ in ran) == sorted(f"t{i}" for i in range(16))
+    assert sum(n == "b" for _, n in ran) >= 1  # b came back and ran trials after resting
+
+    async def gone(p):
+        raise Unavailable("actor unavailable: node unreachable")
+
+    out, ran = _dispatch({"a": _healthy, "b": gone}, 1, _todo(8), (Unavailable,), None, (Unavailable,), 0.01)
+    assert out == ["b"] and {n for _, n in ran} == {"a"} and len(ran) == 8  # 4 in a row: out
+
+
+def _todo(n: int) -> list:
+    from collect.tasksets import PlannedRollout, Task
+
+    return [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(n)]
+
+
+async def _healthy(p):
+    await asyncio.sleep(0.01)
+    return p.task.task_id
+
+
+def _dispatch(submit: dict, slots: int, todo: list, *args) -> tuple[list[str], list[tuple[str, str]]]:
+    """dispatch(...) over `submit`; (the nodes taken out, [(row, node)] recorded)."""
+    from collect.ray_executor import dispatch
+
+    ran: list[tuple[str, str]] = []
+    return asyncio.run(dispatch(submit, slots, todo, lambda row, n: ran.append((row, n)), *args)), ran
