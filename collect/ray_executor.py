@@ -3,7 +3,8 @@
 Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
 its own harbor trials (collect/node.py) and writes its shards into the round's turns dir. The
 driver hands each node up to collect.concurrency trials at a time and records each row as it
-comes back, exactly as the local executor does. A node whose actor does not start within
+comes back, exactly as the local executor does. The round starts as soon as one node's actor
+is up; a node whose actor starts later joins it, and one not started within
 collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-round (its actor
 dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
 trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
@@ -17,20 +18,16 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from collect.node import NodeTrials, OnRow, node_proxy
+from collect.ray_dispatch import RayExecutorError, Submit, dispatch, first_ready
 from collect.records import RolloutRow
+from collect.ship import TaskCache, pack
 from collect.tasksets import PlannedRollout
 from wharf import storage
 from wharf.config import RunConfig
-from wharf.errors import WharfError
 
 log = logging.getLogger("wharf.collect")
-
-
-class RayExecutorError(WharfError, RuntimeError):
-    """The Ray cluster could not run the round (not installed, no node to run on, all nodes lost)."""
 
 
 def require_ray():
@@ -52,6 +49,11 @@ class NodeActor:
 
         cfg = node_proxy(cfg, node, ray.util.get_node_ip_address())
         paths = cfg.round_layout.collect
+        if not storage.is_remote(cfg.runs_dir) and not paths.root.is_dir():
+            raise RayExecutorError(f"node {node} does not see the run dir {paths.root} (the driver made it): it "
+                                   "shares no filesystem with the driver; put the run in object storage "
+                                   "(runs_dir=s3://bucket/prefix), or runs_dir on a filesystem every node mounts")
+        self.tasks = TaskCache()  # the round's task dirs, as the driver shipped them
         self.node = NodeTrials(cfg, policy, paths.proxy_config.with_name(f"proxy-{node}.yaml"),
                                paths.logs / f"proxy-{node}.log")
         self._up: asyncio.Future | None = None
@@ -61,7 +63,11 @@ class NodeActor:
         """Answers once the actor runs on its node (the driver's readiness probe)."""
         return True
 
-    async def trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
+    async def trial(self, p: PlannedRollout, job_id: str, digest: str, archive: list) -> RolloutRow:
+        """`archive`: [ObjectRef of the task dir's tar] (in a list, so that Ray hands over the ref and
+        the node fetches the archive only the first time it sees `digest`)."""
+        data = None if self.tasks.has(digest) else await archive[0]
+        p = dataclasses.replace(p, task=dataclasses.replace(p.task, path=self.tasks.dir(digest, p.task.task_id, data)))
         if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
             self._up = asyncio.ensure_future(self.node.__aenter__())
         await asyncio.shield(self._up)
@@ -92,137 +98,6 @@ def trial_nodes(nodes: list[dict]) -> dict[str, str]:
             if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1}
 
 
-Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
-
-
-class _Nodes:
-    """The dispatch loop's view of the nodes: free slots, rests after an unavailable answer, the
-    calls in flight (with their start times, for the straggler bound) and why a node was taken out."""
-
-    def __init__(self, submit: dict[str, Submit], slots: int, timeout_s: float | None, rest_s: float):
-        self.submit, self.timeout_s, self.rest_s = submit, timeout_s, rest_s
-        self.free = dict.fromkeys(submit, slots)  # free slots per node still in the round
-        self.strikes = dict.fromkeys(submit, 0)  # unavailable answers in a row
-        self.back_at: dict[str, float] = {}  # a resting node takes work again from then
-        self.inflight: dict[asyncio.Future, tuple[str, PlannedRollout, float]] = {}
-        self.why: dict[str, str] = {}
-        self.loop = asyncio.get_running_loop()
-
-    def start(self, queue: list[PlannedRollout]) -> None:
-        """Hand out work, one at a time per node in turn (spread, not fill)."""
-        while queue:
-            now = self.loop.time()
-            self.back_at = {n: t for n, t in self.back_at.items() if t > now and n in self.free}
-            nodes = [n for n, f in self.free.items() if f > 0 and n not in self.back_at][:len(queue)]
-            if not nodes:
-                return
-            for node in nodes:
-                p = queue.pop(0)
-                self.inflight[asyncio.ensure_future(self.submit[node](p))] = (node, p, now)
-                self.free[node] -= 1
-
-    async def finished(self) -> list[tuple[asyncio.Future, str, PlannedRollout]]:
-        """The calls that ended next, and those past the straggler bound (cancelled); none when a
-        resting node is due back first."""
-        due = [t for t in self.back_at.values()]
-        if self.timeout_s is not None:
-            due += [t0 + self.timeout_s for _, _, t0 in self.inflight.values()]
-        wait = max(0.0, min(due) - self.loop.time()) if due else None
-        if not self.inflight:
-            await asyncio.sleep(wait or 0)
-            return []
-        done, _ = await asyncio.wait(self.inflight, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        now = self.loop.time()
-        for fut, (_, _, t0) in self.inflight.items():
-            if fut not in done and self.timeout_s is not None and now - t0 >= self.timeout_s:
-                fut.cancel()  # the straggler's node is taken out, like a failed one
-                done.add(fut)
-        return [(fut, *self.inflight.pop(fut)[:2]) for fut in done]
-
-    def ok(self, node: str) -> None:
-        if node in self.free:
-            self.free[node] += 1
-            self.strikes[node] = 0
-
-    def failed(self, node: str, e: BaseException, lost: tuple, unavailable: tuple, max_strikes: int) -> None:
-        if node not in self.free:
-            return  # taken out already
-        if isinstance(e, unavailable) and self.strikes[node] < max_strikes:
-            self.strikes[node] += 1
-            self.free[node] += 1
-            self.back_at[node] = self.loop.time() + self.rest_s * self.strikes[node]
-            log.warning("node %s unavailable (%s): its trial runs again; the node rests %g s", node,
-                        _first_line(e), self.rest_s * self.strikes[node])
-            return
-        kind = ("unavailable" if isinstance(e, unavailable) else "lost" if isinstance(e, lost) else
-                "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
-        reason = (f"no answer within {self.timeout_s:g} s" if kind == "stalled" else
-                  f"{max_strikes + 1} times in a row: {_first_line(e)}" if kind == "unavailable" else _first_line(e))
-        log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
-        del self.free[node]
-        self.why[node] = f"{kind}: {reason}"
-
-    def resting(self) -> bool:
-        return any(n in self.free for n in self.back_at)
-
-
-async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
-                   lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None,
-                   unavailable_errors: tuple[type[BaseException], ...] = (), rest_s: float = 2.0,
-                   max_strikes: int = 3) -> list[str]:
-    """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
-    on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
-    is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
-    full), and so does a call not answered within `trial_timeout_s` (a straggler: a hung node):
-    the node gets no more work and the rollout goes back in the queue for the others. One of
-    `unavailable_errors` (the node is there but did not answer this time) puts the rollout back
-    and rests the node (rest_s, longer each time) instead; only `max_strikes` + 1 of them in a row
-    take it out. Returns the nodes taken out, in order; when none is left, the error names each
-    one's failure."""
-    queue = list(todo)
-    nodes = _Nodes(submit, slots, trial_timeout_s, rest_s)
-    while queue or nodes.inflight:
-        nodes.start(queue)
-        if not nodes.inflight and not nodes.resting():
-            raise RayExecutorError(f"every node of the cluster was lost or failed ("
-                                   + "; ".join(f"{n}: {w}" for n, w in nodes.why.items())
-                                   + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
-                                   "again (it resumes)")
-        for fut, node, p in await nodes.finished():
-            try:
-                row = fut.result()
-            except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the node is taken out, not the round
-                queue.append(p)
-                nodes.failed(node, e, lost_errors, unavailable_errors, max_strikes)
-                continue
-            on_row(row, node)
-            nodes.ok(node)
-    return list(nodes.why)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1][:300] if text else ''}"
-
-
-async def ready_nodes(probes: dict[str, Awaitable], timeout_s: float) -> tuple[list[str], dict[str, str]]:
-    """The nodes whose actor answered `probes[node]` within `timeout_s` (a node whose CPUs other
-    Ray work holds never starts its pinned actor: waiting for it would wait forever), and why each
-    other one is left out."""
-    futs = {asyncio.ensure_future(probe): node for node, probe in probes.items()}
-    done, pending = await asyncio.wait(futs, timeout=timeout_s) if futs else (set(), set())
-    for f in pending:
-        f.cancel()
-    ready, out = [], {futs[f]: f"its actor did not start within {timeout_s:g} s (CPUs held by other work?)"
-                      for f in pending}
-    for f in done:
-        if f.exception() is None:
-            ready.append(futs[f])
-        else:
-            out[futs[f]] = f"its actor failed to start: {_first_line(f.exception())}"
-    return sorted(ready), out
-
-
 class RayExecutor:
     def __init__(self, cfg: RunConfig, policy: str):
         self.cfg, self.policy = cfg, policy
@@ -245,18 +120,25 @@ class RayExecutor:
                 actors[name] = remote.options(
                     num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(cfg, self.policy, name, os.getcwd())
-            ready, unavailable = await ready_nodes({name: a.ready.remote() for name, a in actors.items()},
-                                                   self.cfg.collect.ray_ready_timeout_s)
-            for name, reason in unavailable.items():
-                log.warning("node %s left out of this round: %s", name, reason)
-                ray.kill(actors.pop(name))
+            ready, unavailable, joining, join_by = await first_ready(
+                {name: a.ready.remote() for name, a in actors.items()}, self.cfg.collect.ray_ready_timeout_s)
+            self._leave_out(ray, actors, unavailable)
             if not actors:
                 raise RayExecutorError("no node of the Ray cluster could start a trial actor: "
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
-            submit = {name: _submitter(a, job_id) for name, a in actors.items()}
-            lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
-                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
-                                  self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,))
+            shipped = {}  # task dir -> (digest, [ref]): each packed once, fetched once per node
+            for p in todo:
+                if p.task.path not in shipped:
+                    digest, data = pack(Path(p.task.path))
+                    shipped[p.task.path] = (digest, [ray.put(data)])
+            submit = {name: _submitter(a, job_id, shipped) for name, a in actors.items()}
+            out = await dispatch(submit, self.cfg.collect.concurrency, todo, on_row,
+                                 (RayActorError, NodeDiedError, ActorUnschedulableError),
+                                 self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,),
+                                 joining=joining, join_by=join_by)
+            lost = out.lost
+            self._leave_out(ray, actors, out.unstarted)
+            unavailable.update(out.unstarted)
             left = {name: a for name, a in actors.items() if name not in lost}
             # A node lost now costs nothing: each closed rollout's shard was published at its close.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
@@ -270,19 +152,23 @@ class RayExecutor:
             ray.shutdown()
 
 
-def _submitter(actor, job_id: str) -> Submit:
+    @staticmethod
+    def _leave_out(ray, actors: dict, unstarted: dict[str, str]) -> None:
+        for name, reason in unstarted.items():
+            log.warning("node %s left out of this round: %s", name, reason)
+            ray.kill(actors.pop(name))
+
+
+def _submitter(actor, job_id: str, shipped: dict) -> Submit:
     async def submit(p: PlannedRollout) -> RolloutRow:
-        return await actor.trial.remote(p, job_id)
+        return await actor.trial.remote(p, job_id, *shipped[p.task.path])
     return submit
 
 
 def _absolute(cfg: RunConfig) -> RunConfig:
-    """Nodes do not share the driver's working directory: paths go to them absolute. A URL goes as
-    it is: each node works in its own mirror of it (its WHARF_MIRROR) and uploads its shards."""
+    """Nodes do not share the driver's working directory: a local run dir goes to them absolute
+    (it must be on a filesystem they mount: NodeActor checks). A URL goes as it is: each node works
+    in its own mirror of it (its WHARF_MIRROR) and uploads its shards and trial logs."""
     if storage.is_remote(cfg.runs_dir):
         return cfg
     return dataclasses.replace(cfg, runs_dir=str(Path(cfg.runs_dir).resolve()))
-
-
-def _absolute_task(p: PlannedRollout) -> PlannedRollout:
-    return dataclasses.replace(p, task=dataclasses.replace(p.task, path=Path(p.task.path).resolve()))
