@@ -359,3 +359,15 @@ def test_a_task_dir_travels_to_a_node_as_an_archive_unpacked_once(tmp_path):
     assert cache.has(digest) and cache.dir(digest, "sed-add") == here  # unpacked once
     with pytest.raises(ShipError, match="did not arrive whole"):
         TaskCache(tmp_path / "other").dir(digest, "sed-add", data[:-1])
+
+
+def test_a_node_that_does_not_see_a_local_run_dir_refuses_naming_the_fix(tmp_path):
+    """No shared filesystem and a local runs_dir: the node's actor fails to start (so the round
+    leaves it out, naming why) instead of writing shards the driver never sees."""
+    pytest.importorskip("ray")
+    from collect.ray_executor import NodeActor, RayExecutorError
+    from wharf.config import load_config
+
+    cfg = load_config(None, [f"runs_dir={tmp_path / 'driver-only'}", "name=t", "endpoint.url=http://127.0.0.1:9"])
+    with pytest.raises(RayExecutorError, match=r"does not see the run dir .*runs_dir=s3://"):
+        NodeActor(cfg, "p", "node-a", str(tmp_path / "not-here"))

@@ -96,7 +96,7 @@ def test_an_overlapped_loop_resumed_on_another_machine_takes_its_rounds_from_the
     """Finished rounds are not run again (their markers, then health's inputs, come from the
     bucket, and every check passes on them); the killed collect resumes with the policy it
     started with (was: the empty mirror had no manifest, so it took the newest policy)."""
-    from pipeline.loop import round_config, run_loop
+    from pipeline.loop import round_config
     from pipeline.overlap import Collector
 
     over, layout = _stored_overlapped_run(s3, monkeypatch, tmp_path)
@@ -107,9 +107,31 @@ def test_an_overlapped_loop_resumed_on_another_machine_takes_its_rounds_from_the
         c.published.set(2)  # policy-v2 is out by now: a fresh collect would take it
         got, _ = c.wait(2)
     assert (got.policy, got.lag) == ("policy-v1", 1) and policies == ["policy-v1"] and served == [1]
-    served.clear()  # the stub loads no adapter: record what the loop asks to serve
+    _resume_finished(s3, stub, monkeypatch, over)
+
+
+def test_a_loop_resumed_on_another_machine_runs_no_finished_round_again(s3, stub, monkeypatch, tmp_path):
+    """The same for the synchronous loop (loop.max_staleness=0): rounds 0 and 1 by the base model
+    and policy-v1, every stage marked done, in the bucket only."""
+    from test_health import write_round
+    from test_overlap import BASE
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first-machine"))
+    layout = RunLayout.of(f"{s3}/runs", "run")
+    for k, policy in enumerate((BASE, "policy-v1")):
+        write_round(layout.round(k), policy, {"a": 1, "b": 2})
+    storage.push(layout.root)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second-machine"))
+    _resume_finished(s3, stub, monkeypatch, [f"runs_dir={s3}/runs", "name=run", "endpoint.launch=false"])
+
+
+def _resume_finished(s3, stub, monkeypatch, over: list[str]) -> None:
+    """run_loop for rounds 0-1, all finished in the bucket: nothing runs again, health passes."""
+    from pipeline.loop import run_loop
+
+    served = []  # the stub loads no adapter: record what the loop asks to serve
     monkeypatch.setattr("pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
-    for stage in ("convert_stage", "train_checked", "publish_stage"):
+    for stage in ("collect_stage", "convert_stage", "train_checked", "publish_stage"):
         monkeypatch.setattr(f"pipeline.loop.{stage}", lambda *a, **k: pytest.fail("a finished round ran again"))
     assert run_loop(load_config(None, [*over, "rounds=2", f"endpoint.url={stub.url}"])) == [0, 1]
     assert served == [2]
