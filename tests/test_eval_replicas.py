@@ -118,7 +118,7 @@ def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, t
 
 def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tmp_path, monkeypatch):
     from wharf import storage
-    from wharf.replicas import same_adapter
+    from wharf.replicas import same_adapter, serves_ours
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "b"))
     here = storage.local_path("s3://bkt/runs/r/rounds/0/train/adapter")
@@ -126,3 +126,5 @@ def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tm
     assert same_adapter("/elsewhere/mirror/s3/bkt/runs/r/rounds/0/train/adapter", here)  # machine A's mirror
     assert not same_adapter("/elsewhere/mirror/s3/bkt/runs/other/rounds/0/train/adapter", here)
     assert not same_adapter(None, here) and not same_adapter("/x/adapter", tmp_path / "adapter")
+    # vLLM's LoRA resolver loads <its dir>/<name>: a copy the user synced, taken as this run's
+    assert serves_ours("/lora-cache/policy-v1", "policy-v1", here) and not serves_ours("/x/adapter", "policy-v1", here)

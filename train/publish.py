@@ -18,7 +18,7 @@ from wharf.endpoint import Endpoint, EndpointError
 from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import RunLayout, has_adapter, init_adapter_dir, policy_name, policy_version
-from wharf.replicas import PublishRecord, ReplicaResult, replica_urls, same_adapter
+from wharf.replicas import PublishRecord, ReplicaResult, replica_urls, same_adapter, serves_ours
 
 log = logging.getLogger("wharf.train")
 
@@ -88,7 +88,7 @@ def _check_same(url: str, name: str, root: str | None, adapter_dir: Path, resume
     """A replica already serving `name`: only this very adapter (a resumed publish) is accepted.
     Another path is another run's policy of the same name (two runs sharing a fleet): its weights
     would be sampled as ours, and unloading it would break that run mid-collect."""
-    if not same_adapter(root, adapter_dir):
+    if not serves_ours(root, name, adapter_dir):
         raise PublishError(f"{url} already serves {name!r} from {root}, not from {adapter_dir}: another run "
                            "(or an endpoint started with it) holds that name there; give each run its own "
                            f"replicas, or unload {name!r} from this one once its run is done")

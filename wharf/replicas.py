@@ -38,6 +38,13 @@ def same_adapter(root: str | None, adapter_dir: str | Path) -> bool:
     return Path(root).as_posix().rstrip("/").endswith(f"/{scheme}/{rest.rstrip('/')}")
 
 
+def serves_ours(root: str | None, name: str, adapter_dir: str | Path) -> bool:
+    """Whether a replica serving `name` from `root` serves this run's adapter: loaded from it, or
+    by vLLM's LoRA resolver from `<resolver dir>/<name>` (a copy the user synced; publish never
+    loads from a dir so named, so another run's load cannot look like it)."""
+    return same_adapter(root, adapter_dir) or (root is not None and Path(root).name == name)
+
+
 def not_serving(urls: list[str], name: str, adapter_dir: str | Path, api_key: str | None = None) -> dict[str, str]:
     """{url: why} of the replicas that do not serve `name` from `adapter_dir` now, asked one by
     one (/v1/models): what they hold, not what publish recorded (a restart forgets runtime LoRAs)."""
@@ -50,7 +57,7 @@ def not_serving(urls: list[str], name: str, adapter_dir: str | Path, api_key: st
             continue
         if root is None:
             out[url] = f"does not serve {name} now (restarted? runtime LoRAs are lost with a restart)"
-        elif not same_adapter(root, adapter_dir):
+        elif not serves_ours(root, name, adapter_dir):
             out[url] = f"serves {name} from {root}, not from {adapter_dir}"
     return out
 
