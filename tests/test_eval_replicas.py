@@ -128,3 +128,24 @@ def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tm
     assert not same_adapter(None, here) and not same_adapter("/x/adapter", tmp_path / "adapter")
     # vLLM's LoRA resolver loads <its dir>/<name>: a copy the user synced, taken as this run's
     assert serves_ours("/lora-cache/policy-v1", "policy-v1", here) and not serves_ours("/x/adapter", "policy-v1", here)
+
+
+def test_a_round_trained_again_is_not_taken_as_served_with_its_old_weights(fleet, tmp_path):
+    """Same name, same dir, other weights: the replicas still hold the first training's. The loop's
+    resumed publish refuses them (naming both digests) until the name is unloaded there."""
+    from train.publish import PublishError, publish
+
+    a, b = fleet
+    cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")
+    adapter = _adapter(tmp_path, "r", 1)
+    (adapter / "adapter_model.safetensors").write_bytes(b"first training")
+    publish(cfg, adapter, "policy-v1", resume=True)
+    publish(cfg, adapter, "policy-v1", resume=True)  # killed mid-publish and resumed: accepted
+    (adapter / "adapter_model.safetensors").write_bytes(b"trained again")
+    for _ in range(2):  # and again on a retry: the record keeps what each replica holds
+        with pytest.raises(PublishError, match="loaded before .* was trained again"):
+            publish(cfg, adapter, "policy-v1", resume=True)
+    for s in (a, b):
+        s.stub.adapters.pop("policy-v1")  # the user unloads it
+    record = publish(cfg, adapter, "policy-v1", resume=True)
+    assert record.serving == [a.url, b.url] and len({r.weights for r in record.replicas}) == 1

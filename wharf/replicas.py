@@ -67,6 +67,7 @@ class ReplicaResult:
     url: str
     ok: bool
     error: str | None = None
+    weights: str | None = None  # sha256 of the adapter weights this replica loaded under the name
 
 
 @dataclass
