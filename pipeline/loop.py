@@ -44,7 +44,7 @@ from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
-from .stages import LoopError, convert_stage, read_marker, run_stage, train_stage, write_report
+from .stages import LoopError, convert_stage, drop_marker, read_marker, run_stage, train_stage, write_report
 
 log = logging.getLogger("wharf.loop")
 
@@ -188,7 +188,8 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
-    run_stage(rnd, "train", lambda: train_checked(cfg))
+    if run_stage(rnd, "train", lambda: train_checked(cfg)):
+        drop_marker(rnd, "publish")  # a round trained again has new weights: published (and checked) again
     measure_shift(cfg)
     release_memory()  # the models train and the measurement loaded, before the loop samples again
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))

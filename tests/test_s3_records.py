@@ -137,3 +137,24 @@ def _resume_finished(s3, stub, monkeypatch, over: list[str]) -> None:
     assert served == [2]
     for k in (0, 1):  # checked on the bucket's files, and the passing health.json pushed
         assert all(c["ok"] for c in json.loads(storage.get(f"{s3}/runs/run/rounds/{k}/health.json"))), k
+
+
+def test_a_round_trained_again_is_published_again(s3, monkeypatch, tmp_path):
+    """Its train marker removed (the way to train a round again), the round's publish marker is
+    dropped too, here and in the bucket: publish runs, and checks the replicas' weights (was:
+    skipped, the replicas kept the first training's weights under the same name)."""
+    from pipeline import loop
+    from pipeline.stages import write_marker
+
+    cfg = load_config(None, [f"runs_dir={s3}/runs", "name=r", "round=0"])
+    rnd = cfg.layout.round(0)
+    for stage in ("convert", "publish"):
+        write_marker(rnd, stage, 1.0)
+    published = []
+    monkeypatch.setattr(loop, "train_checked", lambda c: {"steps": 1})
+    monkeypatch.setattr(loop, "measure_shift", lambda c: None)
+    monkeypatch.setattr(loop, "publish_stage", lambda c, ep: published.append(c.round) or {"published": True})
+    loop.learn_round(cfg, None)
+    assert published == [0] and "rounds/0/done/publish.json" in storage.listing(f"{s3}/runs/r")
+    loop.learn_round(cfg, None)  # nothing trained this time: nothing published again
+    assert published == [0]
