@@ -126,11 +126,7 @@ class RayExecutor:
             if not actors:
                 raise RayExecutorError("no node of the Ray cluster could start a trial actor: "
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
-            shipped = {}  # task dir -> (digest, [ref]): each packed once, fetched once per node
-            for p in todo:
-                if p.task.path not in shipped:
-                    digest, data = pack(Path(p.task.path))
-                    shipped[p.task.path] = (digest, [ray.put(data)])
+            shipped = _ship(ray, todo)
             submit = {name: _submitter(a, job_id, shipped) for name, a in actors.items()}
             out = await dispatch(submit, self.cfg.collect.concurrency, todo, on_row,
                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
@@ -157,6 +153,17 @@ class RayExecutor:
         for name, reason in unstarted.items():
             log.warning("node %s left out of this round: %s", name, reason)
             ray.kill(actors.pop(name))
+
+
+def _ship(ray, todo: list[PlannedRollout]) -> dict:
+    """{task dir: (digest, [ref])}: each task dir packed once into Ray's object store (a node
+    fetches an archive the first time it runs that task: no path is shared with the nodes)."""
+    shipped = {}
+    for p in todo:
+        if p.task.path not in shipped:
+            digest, data = pack(Path(p.task.path))
+            shipped[p.task.path] = (digest, [ray.put(data)])
+    return shipped
 
 
 def _submitter(actor, job_id: str, shipped: dict) -> Submit:
