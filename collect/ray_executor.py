@@ -3,11 +3,13 @@
 Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
 its own harbor trials (collect/node.py) and writes its shards into the round's turns dir. The
 driver hands each node up to collect.concurrency trials at a time and records each row as it
-comes back, exactly as the local executor does. A node whose actor does not start within
+comes back, exactly as the local executor does. The round starts as soon as one node's actor
+is up; a node whose actor starts later joins it, and one not started within
 collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-round (its actor
 dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
 trials it had not returned run again on the nodes left, under fresh rollout ids, so turns of
 the abandoned tries stay orphans that convert ignores (the resume rules of collect/runner.py).
+A node that is merely unavailable (its actor did not answer one call) rests and comes back.
 """
 from __future__ import annotations
 
@@ -16,20 +18,16 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from collect.node import NodeTrials, OnRow, node_proxy
+from collect.ray_dispatch import RayExecutorError, Submit, dispatch, first_ready
 from collect.records import RolloutRow
+from collect.ship import TaskCache, pack
 from collect.tasksets import PlannedRollout
 from wharf import storage
 from wharf.config import RunConfig
-from wharf.errors import WharfError
 
 log = logging.getLogger("wharf.collect")
-
-
-class RayExecutorError(WharfError, RuntimeError):
-    """The Ray cluster could not run the round (not installed, no node to run on, all nodes lost)."""
 
 
 def require_ray():
@@ -51,6 +49,11 @@ class NodeActor:
 
         cfg = node_proxy(cfg, node, ray.util.get_node_ip_address())
         paths = cfg.round_layout.collect
+        if not storage.is_remote(cfg.runs_dir) and not paths.root.is_dir():
+            raise RayExecutorError(f"node {node} does not see the run dir {paths.root} (the driver made it): it "
+                                   "shares no filesystem with the driver; put the run in object storage "
+                                   "(runs_dir=s3://bucket/prefix), or runs_dir on a filesystem every node mounts")
+        self.tasks = TaskCache()  # the round's task dirs, as the driver shipped them
         self.node = NodeTrials(cfg, policy, paths.proxy_config.with_name(f"proxy-{node}.yaml"),
                                paths.logs / f"proxy-{node}.log")
         self._up: asyncio.Future | None = None
@@ -60,7 +63,11 @@ class NodeActor:
         """Answers once the actor runs on its node (the driver's readiness probe)."""
         return True
 
-    async def trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
+    async def trial(self, p: PlannedRollout, job_id: str, digest: str, archive: list) -> RolloutRow:
+        """`archive`: [ObjectRef of the task dir's tar] (in a list, so that Ray hands over the ref and
+        the node fetches the archive only the first time it sees `digest`)."""
+        data = None if self.tasks.has(digest) else await archive[0]
+        p = dataclasses.replace(p, task=dataclasses.replace(p.task, path=self.tasks.dir(digest, p.task.task_id, data)))
         if self._up is None:  # the proxy starts with the first trial, on the actor's event loop
             self._up = asyncio.ensure_future(self.node.__aenter__())
         await asyncio.shield(self._up)
@@ -91,92 +98,13 @@ def trial_nodes(nodes: list[dict]) -> dict[str, str]:
             if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) >= 1}
 
 
-Submit = Callable[[PlannedRollout], Awaitable[RolloutRow]]
-
-
-async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
-                   lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None) -> list[str]:
-    """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
-    on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
-    is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
-    full), and so does a call not answered within `trial_timeout_s` (a straggler: a hung node):
-    the node gets no more work and the rollout goes back in the queue for the others.
-    Returns the nodes taken out, in order; when none is left, the error names each one's failure."""
-    queue = list(todo)
-    alive = dict.fromkeys(submit, slots)  # free slots per node still up
-    inflight: dict[asyncio.Future, tuple[str, PlannedRollout]] = {}
-    started: dict[asyncio.Future, float] = {}
-    why: dict[str, str] = {}
-    loop = asyncio.get_running_loop()
-    while queue or inflight:
-        while queue and any(alive.values()):  # one at a time per node in turn: spread, not fill
-            for node in [n for n, free in alive.items() if free > 0][:len(queue)]:
-                p = queue.pop(0)
-                fut = asyncio.ensure_future(submit[node](p))
-                inflight[fut], started[fut] = (node, p), loop.time()
-                alive[node] -= 1
-        if not inflight:
-            raise RayExecutorError(f"every node of the cluster was lost or failed ("
-                                   + "; ".join(f"{n}: {w}" for n, w in why.items())
-                                   + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
-                                   "again (it resumes)")
-        wait = None if trial_timeout_s is None else max(0.0, min(started.values()) + trial_timeout_s - loop.time())
-        finished, _ = await asyncio.wait(inflight, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
-        for fut in [f for f in inflight if f not in finished and trial_timeout_s is not None
-                    and loop.time() - started[f] >= trial_timeout_s]:
-            fut.cancel()  # the straggler's node is taken out below, like a failed one
-            finished.add(fut)
-        for fut in finished:
-            started.pop(fut, None)
-            node, p = inflight.pop(fut)
-            try:
-                row = fut.result()
-            except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the node is taken out, not the round
-                if node in alive:
-                    kind = ("lost" if isinstance(e, lost_errors) else
-                            "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
-                    reason = f"no answer within {trial_timeout_s:g} s" if kind == "stalled" else _first_line(e)
-                    log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
-                    del alive[node]
-                    why[node] = f"{kind}: {reason}"
-                queue.append(p)
-                continue
-            on_row(row, node)
-            if node in alive:
-                alive[node] += 1
-    return list(why)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[-1][:300] if text else ''}"
-
-
-async def ready_nodes(probes: dict[str, Awaitable], timeout_s: float) -> tuple[list[str], dict[str, str]]:
-    """The nodes whose actor answered `probes[node]` within `timeout_s` (a node whose CPUs other
-    Ray work holds never starts its pinned actor: waiting for it would wait forever), and why each
-    other one is left out."""
-    futs = {asyncio.ensure_future(probe): node for node, probe in probes.items()}
-    done, pending = await asyncio.wait(futs, timeout=timeout_s) if futs else (set(), set())
-    for f in pending:
-        f.cancel()
-    ready, out = [], {futs[f]: f"its actor did not start within {timeout_s:g} s (CPUs held by other work?)"
-                      for f in pending}
-    for f in done:
-        if f.exception() is None:
-            ready.append(futs[f])
-        else:
-            out[futs[f]] = f"its actor failed to start: {_first_line(f.exception())}"
-    return sorted(ready), out
-
-
 class RayExecutor:
     def __init__(self, cfg: RunConfig, policy: str):
         self.cfg, self.policy = cfg, policy
 
     async def run(self, todo: list[PlannedRollout], job_id: str, on_row: OnRow) -> dict:
         ray = require_ray()
-        from ray.exceptions import ActorUnschedulableError, NodeDiedError, RayActorError
+        from ray.exceptions import ActorUnavailableError, ActorUnschedulableError, NodeDiedError, RayActorError
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray.init(address=self.cfg.collect.ray_address, log_to_driver=False, configure_logging=False)
@@ -192,18 +120,21 @@ class RayExecutor:
                 actors[name] = remote.options(
                     num_cpus=1, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
                 ).remote(cfg, self.policy, name, os.getcwd())
-            ready, unavailable = await ready_nodes({name: a.ready.remote() for name, a in actors.items()},
-                                                   self.cfg.collect.ray_ready_timeout_s)
-            for name, reason in unavailable.items():
-                log.warning("node %s left out of this round: %s", name, reason)
-                ray.kill(actors.pop(name))
+            ready, unavailable, joining, join_by = await first_ready(
+                {name: a.ready.remote() for name, a in actors.items()}, self.cfg.collect.ray_ready_timeout_s)
+            self._leave_out(ray, actors, unavailable)
             if not actors:
                 raise RayExecutorError("no node of the Ray cluster could start a trial actor: "
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
-            submit = {name: _submitter(a, job_id) for name, a in actors.items()}
-            lost = await dispatch(submit, self.cfg.collect.concurrency, [_absolute_task(p) for p in todo], on_row,
-                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
-                                  self.cfg.collect.ray_trial_timeout_s)
+            shipped = _ship(ray, todo)
+            submit = {name: _submitter(a, job_id, shipped) for name, a in actors.items()}
+            out = await dispatch(submit, self.cfg.collect.concurrency, todo, on_row,
+                                 (RayActorError, NodeDiedError, ActorUnschedulableError),
+                                 self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,),
+                                 joining=joining, join_by=join_by)
+            lost = out.lost
+            self._leave_out(ray, actors, out.unstarted)
+            unavailable.update(out.unstarted)
             left = {name: a for name, a in actors.items() if name not in lost}
             # A node lost now costs nothing: each closed rollout's shard was published at its close.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
@@ -217,19 +148,34 @@ class RayExecutor:
             ray.shutdown()
 
 
-def _submitter(actor, job_id: str) -> Submit:
+    @staticmethod
+    def _leave_out(ray, actors: dict, unstarted: dict[str, str]) -> None:
+        for name, reason in unstarted.items():
+            log.warning("node %s left out of this round: %s", name, reason)
+            ray.kill(actors.pop(name))
+
+
+def _ship(ray, todo: list[PlannedRollout]) -> dict:
+    """{task dir: (digest, [ref])}: each task dir packed once into Ray's object store (a node
+    fetches an archive the first time it runs that task: no path is shared with the nodes)."""
+    shipped = {}
+    for p in todo:
+        if p.task.path not in shipped:
+            digest, data = pack(Path(p.task.path))
+            shipped[p.task.path] = (digest, [ray.put(data)])
+    return shipped
+
+
+def _submitter(actor, job_id: str, shipped: dict) -> Submit:
     async def submit(p: PlannedRollout) -> RolloutRow:
-        return await actor.trial.remote(p, job_id)
+        return await actor.trial.remote(p, job_id, *shipped[p.task.path])
     return submit
 
 
 def _absolute(cfg: RunConfig) -> RunConfig:
-    """Nodes do not share the driver's working directory: paths go to them absolute. A URL goes as
-    it is: each node works in its own mirror of it (its WHARF_MIRROR) and uploads its shards."""
+    """Nodes do not share the driver's working directory: a local run dir goes to them absolute
+    (it must be on a filesystem they mount: NodeActor checks). A URL goes as it is: each node works
+    in its own mirror of it (its WHARF_MIRROR) and uploads its shards and trial logs."""
     if storage.is_remote(cfg.runs_dir):
         return cfg
     return dataclasses.replace(cfg, runs_dir=str(Path(cfg.runs_dir).resolve()))
-
-
-def _absolute_task(p: PlannedRollout) -> PlannedRollout:
-    return dataclasses.replace(p, task=dataclasses.replace(p.task, path=Path(p.task.path).resolve()))

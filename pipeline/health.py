@@ -179,9 +179,11 @@ def _turns(f: RoundFacts, rnd: RoundLayout) -> None:
     f.files["turns"] = str(rnd.collect.turns)
 
 
-def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = ()) -> RoundFacts:
+def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
+           live: dict[str, str] | None = None) -> RoundFacts:
     """The facts of round `rnd`, which `policy` should have sampled (missing files leave None),
-    or any of `allowed`."""
+    or any of `allowed`. `live`: {url: why} of the replicas found not serving the published policy
+    when asked just now (None: not asked; the publish record answers)."""
     lag = (_json(rnd.marker("collect")) or {}).get("lag")
     f = RoundFacts(rnd.k, policy, allowed, lag if isinstance(lag, int) else 0)
     _turns(f, rnd)
@@ -205,11 +207,11 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = ()) -> Roun
             continue  # a line cut by a kill
         f.rows_trained += int(step.get("rows") or 0)
         f.rows_masked += int(step.get("masked_rows") or 0)
-    _published(f, rnd)
+    _published(f, rnd, live)
     return f
 
 
-def _published(f: RoundFacts, rnd: RoundLayout) -> None:
+def _published(f: RoundFacts, rnd: RoundLayout, live: dict[str, str] | None) -> None:
     path = RunLayout(rnd.root.parents[1]).published(policy_name(rnd.k + 1))
     f.files["published"] = str(path)
     try:
@@ -217,14 +219,21 @@ def _published(f: RoundFacts, rnd: RoundLayout) -> None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         f.published, f.refused = policy_name(rnd.k + 1), {"?": f"unreadable record: {e}"}
         return
-    if record is not None:
+    if live is not None:  # what the replicas serve now wins over what publish once recorded
+        f.published, f.refused = policy_name(rnd.k + 1), dict(live)
+        f.files["published"] = f"GET /v1/models on every replica; {path}"
+        for url, why in (record.refused if record else {}).items():
+            if url in f.refused:
+                f.refused[url] += f"; at publish: {why}"
+    elif record is not None:
         f.published, f.refused = record.policy, record.refused
 
 
-def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig, allowed: tuple[str, ...] = ()) -> list[HealthCheck]:
+def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig, allowed: tuple[str, ...] = (),
+                live: dict[str, str] | None = None) -> list[HealthCheck]:
     """Gather, check, and write rounds/<k>/health.json (atomically); returns the checks. `allowed`:
-    the other policies that may have sampled the round (overlapping rounds)."""
-    checks = run_checks(gather(rnd, policy, allowed), cfg)
+    the other policies that may have sampled the round (overlapping rounds); `live`: see gather."""
+    checks = run_checks(gather(rnd, policy, allowed, live), cfg)
     rnd.health.parent.mkdir(parents=True, exist_ok=True)
     tmp = rnd.health.with_suffix(".tmp")
     tmp.write_text(json.dumps([asdict(c) for c in checks], indent=1))

@@ -38,13 +38,13 @@ from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
 from wharf.model_store import release_memory
-from wharf.replicas import replica_urls
+from wharf.replicas import not_serving, replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
-from .stages import LoopError, convert_stage, read_marker, run_stage, train_stage, write_report
+from .stages import LoopError, convert_stage, drop_marker, read_marker, run_stage, train_stage, write_report
 
 log = logging.getLogger("wharf.loop")
 
@@ -58,35 +58,29 @@ def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
-    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it (a
-    replica that restarted has forgotten its runtime adapters: load round k-1's again there;
-    policy-v0 is loop.init_adapter's)."""
+    """Before a round samples from policy-v<k>: every replica the proxy routes to must serve it,
+    from this run's adapter (a replica that restarted has forgotten its runtime adapters: load
+    round k-1's again there; policy-v0 is loop.init_adapter's; a replica serving another run's
+    policy-v<k> is refused by publish, recorded, and routed none of this round's calls)."""
     start = init_adapter_dir(cfg.loop.init_adapter)
     if (k == 0 and start is None) or ep is None:
         return
     name = policy_name(k)
-    missing = [url for url in replica_urls(ep.url, cfg.proxy.upstreams) if not _serves(ep, url, name)]
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    adapter = start if k == 0 else layout.round(k - 1).train.adapter
+    missing = list(not_serving(replica_urls(ep.url, cfg.proxy.upstreams), name, adapter, ep.api_key))
     if not missing:
         return
     if k == 0:
         log.info("round 0 samples from loop.init_adapter %s as %s", start, name)
         publish(cfg, start, name, resume=True)
         return
-    layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    adapter = layout.round(k - 1).train.adapter
     storage.pull(adapter)  # a run in object storage resumed on another machine
     if not has_adapter(adapter):
         raise LoopError(f"round {k} samples from {name}, but {adapter} holds no adapter: remove "
                         f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
-    log.info("%s do(es) not serve %s (restarted?): loading %s", ", ".join(missing), name, adapter)
+    log.info("%s do(es) not serve %s from %s (restarted?): loading it", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
-
-
-def _serves(ep: Endpoint, url: str, name: str) -> bool:
-    try:
-        return name in Endpoint(url, ep.api_key, ep.model).models()
-    except WharfError:
-        return False  # unreachable: publish records it as refusing, and the round routes around it
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -125,12 +119,17 @@ def health_inputs(rnd) -> tuple[str, ...]:
             f"{rnd.marker('collect').parent.relative_to(rnd.root).as_posix()}/*.json")
 
 
-def check_health(cfg: RunConfig) -> list:
-    """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json."""
+def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
+    """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json.
+    With an endpoint, `replicas_serve` asks every replica what it serves now."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     storage.pull(rnd.root, health_inputs(rnd))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
-    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed)
+    live = None
+    if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):
+        live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), policy_name(cfg.round + 1),
+                           rnd.train.adapter, ep.api_key)
+    checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed, live)
     for c in checks:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
                 "ok" if c.ok else "FAILED", c.seen)
@@ -189,7 +188,8 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
-    run_stage(rnd, "train", lambda: train_checked(cfg))
+    if run_stage(rnd, "train", lambda: train_checked(cfg)):
+        drop_marker(rnd, "publish")  # a round trained again has new weights: published (and checked) again
     measure_shift(cfg)
     release_memory()  # the models train and the measurement loaded, before the loop samples again
     run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
@@ -200,10 +200,10 @@ def eval_round(cfg: RunConfig, ep: Endpoint | None) -> None:
         run_stage(cfg.round_layout, "eval", lambda: eval_stage(cfg, ep))
 
 
-def close_round(cfg: RunConfig, t0: float) -> None:
+def close_round(cfg: RunConfig, t0: float, ep: Endpoint | None = None) -> None:
     """Round cfg.round's health checks, its line, the report; stops the loop when a check failed."""
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    checks = check_health(cfg)
+    checks = check_health(cfg, ep)
     storage.push_file(cfg.round_layout.health)
     print_round(layout, cfg.round)
     write_report(layout.root)  # before stopping: the report's table shows what failed
@@ -220,7 +220,7 @@ def sync_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
         run_stage(rcfg.round_layout, "collect", lambda: collect_stage(rcfg, ep))
         learn_round(rcfg, ep)
         eval_round(rcfg, ep)
-        close_round(rcfg, t0)
+        close_round(rcfg, t0, ep)
     return list(range(cfg.rounds))
 
 
@@ -235,7 +235,7 @@ def overlapped_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
             learn_round(rcfg, ep, waited)
             collector.published.set(k + 1)  # the next collects may sample from it now
             eval_round(rcfg, ep)
-            close_round(rcfg, t0)
+            close_round(rcfg, t0, ep)
     return list(range(cfg.rounds))
 
 

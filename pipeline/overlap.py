@@ -30,7 +30,7 @@ from collections import Counter
 from typing import Callable
 
 from collect.node import free_port
-from wharf import procs
+from wharf import procs, storage
 from wharf.config import RunConfig
 from wharf.errors import WharfError
 from wharf.layout import RoundLayout, policy_name, policy_version
@@ -109,7 +109,9 @@ class Collected:
 
 
 def _manifest(rnd: RoundLayout) -> dict:
-    """Round rnd's collect manifest ({} before the collect wrote one)."""
+    """Round rnd's collect manifest ({} before the collect wrote one); in a run in object storage
+    the bucket's (a loop resumed on another machine: its collect's policy is there)."""
+    storage.pull_file(rnd.collect.manifest)
     try:
         return json.loads(rnd.collect.manifest.read_text())
     except (OSError, ValueError):

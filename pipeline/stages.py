@@ -47,6 +47,16 @@ def write_marker(rnd: RoundLayout, stage: str, wall_s: float, **info) -> None:
     storage.push_file(path)  # a run in object storage: the marker after what the stage pushed
 
 
+def drop_marker(rnd: RoundLayout, stage: str) -> None:
+    """The stage runs again on the next pass (here and, in object storage, in the bucket)."""
+    path = rnd.marker(stage)
+    if read_marker(rnd, stage) is None:
+        return
+    path.unlink(missing_ok=True)
+    if (url := storage.url_of(path)) is not None:
+        storage.delete(url)
+
+
 def run_stage(rnd: RoundLayout, stage: str, fn: Callable[[], dict | None]) -> bool:
     """Run `fn` unless the stage's marker says it is done; True when it ran."""
     if read_marker(rnd, stage) is not None:

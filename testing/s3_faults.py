@@ -21,6 +21,64 @@ _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</C
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
 
 
+class _Relay(BaseHTTPRequestHandler):
+    """Each request: recorded, delayed, answered 503 when the owner's rule says so, else relayed."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def _relay(self):
+        owner: FaultyS3 = self.server.owner
+        body = self._body()
+        owner.seen.append((self.command, self.path))
+        if owner.delay_s:
+            time.sleep(owner.delay_s)
+        rule = owner.fail
+        if rule is not None and rule(self.command, self.path):
+            owner.failed.append((self.command, self.path))
+            self._send(503, "Slow Down", [("Content-Type", "application/xml")], _SLOW_DOWN, len(_SLOW_DOWN))
+            return
+        conn = http.client.HTTPConnection(*owner.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP and k.lower() != "content-length"]
+            self._send(resp.status, resp.reason, kept, data, resp.getheader("Content-Length") or 0)
+        finally:
+            conn.close()
+
+    def _send(self, status: int, reason: str, headers: list, data: bytes, head_length) -> None:
+        """A HEAD answer carries the length a GET would have, and no body."""
+        self.send_response(status, reason)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(head_length if self.command == "HEAD" else len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        """The request's body, HTTP chunked framing undone (the relay sends a Content-Length)."""
+        if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+            n = int(self.headers.get("Content-Length") or 0)
+            return self.rfile.read(n) if n else b""
+        parts = []
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
+
+
 class FaultyS3:
     def __init__(self, upstream: str):
         u = urlsplit(upstream)
@@ -29,65 +87,8 @@ class FaultyS3:
         self.failed: list[tuple[str, str]] = []  # the requests answered 503
         self.seen: list[tuple[str, str]] = []  # every request, in order
         self.delay_s = 0.0  # each request waits this long first: a slow bucket
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _relay(self):
-                body = self._body()
-                owner.seen.append((self.command, self.path))
-                if owner.delay_s:
-                    time.sleep(owner.delay_s)
-                rule = owner.fail
-                if rule is not None and rule(self.command, self.path):
-                    owner.failed.append((self.command, self.path))
-                    self.send_response(503, "Slow Down")
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(_SLOW_DOWN)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(_SLOW_DOWN)
-                    return
-                conn = http.client.HTTPConnection(*owner.upstream, timeout=60)
-                try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                    self.send_response(resp.status, resp.reason)
-                    for k, v in resp.getheaders():
-                        if k.lower() not in _HOP and k.lower() != "content-length":
-                            self.send_header(k, v)
-                    self.send_header("Content-Length", str(len(data) if self.command != "HEAD"
-                                                           else resp.getheader("Content-Length") or 0))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(data)
-                finally:
-                    conn.close()
-
-            def _body(self) -> bytes:
-                """The request's body, HTTP chunked framing undone (the relay sends a Content-Length)."""
-                if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
-                    n = int(self.headers.get("Content-Length") or 0)
-                    return self.rfile.read(n) if n else b""
-                parts = []
-                while True:
-                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                    if size == 0:
-                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                            pass  # trailers
-                        return b"".join(parts)
-                    parts.append(self.rfile.read(size))
-                    self.rfile.readline()
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _relay
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Relay)
+        self.server.owner = self
         self.server.daemon_threads = True
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -1,7 +1,9 @@
 """collect.executor=ray on a real Ray cluster: a head and two worker nodes (separate raylets) in a
 network and pid namespace of their own (tests/fixtures/ray_rounds.sh), real harbor trials in the
 bubblewrap sandbox, a proxy per node, the vLLM-format stub as the endpoint. The same round runs
-locally, on the cluster, and on the cluster with a worker node killed while it runs a trial."""
+locally, on the cluster, in object storage, with one worker's CPU held by other work, and with a
+worker node killed while it runs a trial. The workers see an empty datasets/ (a mount namespace
+of their own): every task dir reaches them through Ray's object store."""
 from __future__ import annotations
 
 import asyncio
@@ -45,7 +47,8 @@ def rounds():
                            capture_output=True, text=True)
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
         assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
-        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "kill")}
+        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "busy", "kill")}
+        got["held"] = json.loads((out / "held.json").read_text())
         run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
         conv = run / "rounds" / "0" / "convert"
         got["s3"] = {**_round(run / "rounds" / "0" / "collect"), "objects": json.loads((out / "bucket.json").read_text()),
@@ -129,6 +132,27 @@ def test_a_ray_round_in_s3_is_whole_in_the_bucket_and_converts_from_there(rounds
 
 
 @pytest.mark.slow
+def test_nodes_that_see_no_dataset_run_the_tasks_the_driver_ships(rounds):
+    """The workers' datasets/ is an empty mount: every trial above ran from a shipped task dir."""
+    assert rounds["held"]["datasets"] == []
+    assert all(r["status"] == "ok" for name in ("ray", "s3", "kill") for r in rounds[name]["rollouts"])
+
+
+@pytest.mark.slow
+def test_a_node_whose_cpu_other_work_holds_is_left_out_not_waited_for(rounds):
+    """The live cluster with worker 2's one CPU held by another driver's actor: the round's actor
+    there never starts; the round starts as soon as worker 1's is up and runs there (it does not
+    wait collect.ray_ready_timeout_s=60 for worker 2), and names worker 2 as unavailable."""
+    busy, held = rounds["busy"], rounds["held"]["node"]
+    ex = busy["manifest"]["executor"]
+    assert ex["unavailable_nodes"] == [held] and held in ex["nodes"] and ex["lost_nodes"] == []
+    assert list(ex["trials_by_node"]) == [n for n in ex["nodes"] if n != held]
+    assert sorted(_by_key(busy)) == sorted(_by_key(rounds["local"]))  # every rollout once
+    assert busy["manifest"]["counts"]["by_status"] == {"ok": 4}
+    assert busy["manifest"]["wall_s"] < 60  # never waited out the readiness bound
+
+
+@pytest.mark.slow
 def test_a_node_lost_mid_round_still_yields_every_rollout_once(rounds):
     kill = rounds["kill"]
     got = _by_key(kill)  # each (task, attempt) once, with all its turns
@@ -149,14 +173,12 @@ def test_a_node_lost_mid_round_still_yields_every_rollout_once(rounds):
 
 
 def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
-    from collect.ray_executor import RayExecutorError, dispatch
-    from collect.tasksets import PlannedRollout, Task
+    from collect.ray_dispatch import RayExecutorError, dispatch
 
     class Lost(Exception):
         pass
 
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(8)]
-    ran: list[tuple[str, str]] = []
+    todo = _todo(8)
 
     def node(name: str, dies_after: int | None):
         calls = []
@@ -169,8 +191,7 @@ def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
             return p.task.task_id
         return submit
 
-    lost = asyncio.run(dispatch({"a": node("a", None), "b": node("b", 2)}, 2, todo,
-                                lambda row, n: ran.append((row, n)), (Lost,)))
+    lost, ran = _dispatch({"a": node("a", None), "b": node("b", 2)}, 2, todo, (Lost,))
     assert lost == ["b"]
     assert sorted(r for r, _ in ran) == [f"t{i}" for i in range(8)]  # each once
     assert {n for _, n in ran} == {"a", "b"}
@@ -204,57 +225,149 @@ def test_dispatch_takes_out_a_node_that_fails_in_any_way_not_the_round():
     """A node whose proxy died answers every trial with an error its trial handling does not
     catch: before, that error ended the whole round in 0.2 s, the healthy node's trials abandoned."""
     from collect.proxy_client import ServiceError
-    from collect.ray_executor import RayExecutorError, dispatch
-    from collect.tasksets import PlannedRollout, Task
-
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(6)]
-    ran: list[tuple[str, str]] = []
-
-    async def healthy(p):
-        await asyncio.sleep(0.01)
-        return p.task.task_id
+    from collect.ray_dispatch import RayExecutorError, dispatch
 
     async def proxy_died(p):
         raise ServiceError("proxy at http://10.0.0.2:41000 is not answering")
 
-    out = asyncio.run(dispatch({"a": healthy, "b": proxy_died}, 2, todo, lambda row, n: ran.append((row, n)), ()))
+    todo = _todo(6)
+    out, ran = _dispatch({"a": _healthy, "b": proxy_died}, 2, todo, ())
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(6)] and {n for _, n in ran} == {"a"}
     with pytest.raises(RayExecutorError, match=r"b: failed: ServiceError: proxy at .* is not answering"):
         asyncio.run(dispatch({"b": proxy_died}, 1, todo, lambda *a: None, ()))
 
 
-def test_a_node_whose_actor_never_starts_is_left_out_not_waited_for():
-    from collect.ray_executor import ready_nodes
+def test_a_round_starts_with_the_first_node_up_and_a_late_one_joins_or_is_left_out():
+    """collect.ray_ready_timeout_s bounds the wait for the first node only: the others join when
+    their actor starts (was: the round waited the whole timeout for each, then dropped them)."""
+    from collect.ray_dispatch import first_ready
 
-    async def scenario():
+    async def scenario(late_after: float | None):
+        loop = asyncio.get_running_loop()
+
         async def up():
             return True
 
         async def failed():
             raise RuntimeError("no such resource")
 
-        never = asyncio.get_running_loop().create_future()  # a pinned actor whose node's CPUs are all taken
-        return await ready_nodes({"a": up(), "b": never, "c": failed()}, 0.2)
+        late = loop.create_future()  # a pinned actor whose node's CPUs are taken (for a while)
+        if late_after is not None:
+            loop.call_later(late_after, late.set_result, True)
+        t0 = loop.time()
+        ready, out, joining, join_by = await first_ready({"a": up(), "b": late, "c": failed()}, 5)
+        waited = loop.time() - t0
+        ran: list[tuple[str, str]] = []
+        done = await dispatch({"a": _slow, "b": _slow}, 1, _todo(10), lambda r, n: ran.append((r, n)),
+                              (), joining=joining, join_by=min(join_by, loop.time() + 0.5))
+        return ready, out, waited, done, ran
 
-    ready, out = asyncio.run(scenario())
-    assert ready == ["a"] and set(out) == {"b", "c"}
-    assert "did not start within 0.2 s" in out["b"] and "RuntimeError: no such resource" in out["c"]
+    from collect.ray_dispatch import dispatch
+
+    ready, out, waited, done, ran = asyncio.run(scenario(0.05))
+    assert ready == ["a"] and waited < 1 and "RuntimeError: no such resource" in out["c"]
+    assert done.lost == [] and done.unstarted == {} and {n for _, n in ran} == {"a", "b"}  # b joined
+    assert sorted(r for r, _ in ran) == sorted(f"t{i}" for i in range(10))
+    ready, out, waited, done, ran = asyncio.run(scenario(None))
+    assert {n for _, n in ran} == {"a"} and list(done.unstarted) == ["b"]
+    assert "did not start within collect.ray_ready_timeout_s" in done.unstarted["b"]
+
+    async def none_up():
+        return await first_ready({"b": asyncio.get_running_loop().create_future()}, 0.2)
+
+    ready, out, joining, _ = asyncio.run(none_up())
+    assert ready == [] and joining == {} and "did not start within 0.2 s" in out["b"]
+
+
+async def _slow(p):
+    await asyncio.sleep(0.05)
+    return p.task.task_id
 
 
 def test_dispatch_takes_out_a_node_that_stops_answering():
     """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
-    from collect.ray_executor import dispatch
-    from collect.tasksets import PlannedRollout, Task
-
-    todo = [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(4)]
-    ran: list[tuple[str, str]] = []
-
-    async def healthy(p):
-        await asyncio.sleep(0.01)
-        return p.task.task_id
-
     async def hung(p):
         await asyncio.Event().wait()
 
-    out = asyncio.run(dispatch({"a": healthy, "b": hung}, 1, todo, lambda row, n: ran.append((row, n)), (), 0.3))
+    out, ran = _dispatch({"a": _healthy, "b": hung}, 1, _todo(4), (), 0.3)
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}
+
+
+class Unavailable(Exception):
+    """Stands for Ray's ActorUnavailableError: the actor is there but did not answer this call."""
+
+
+def test_dispatch_rests_a_node_that_is_merely_unavailable_and_uses_it_again():
+    """Before, any actor error took the node out for good; an unavailable one now rests it."""
+    misses = []
+
+    async def flaky(p):  # unavailable twice, then fine
+        if len(misses) < 2:
+            misses.append(p.task.task_id)
+            raise Unavailable("actor unavailable: connection reset")
+        return await _healthy(p)
+
+    out, ran = _dispatch({"a": _healthy, "b": flaky}, 1, _todo(16), (Unavailable,), None, (Unavailable,), 0.01)
+    assert out == [] and len(misses) == 2 and sorted(r for r, _ in ran) == sorted(f"t{i}" for i in range(16))
+
+    assert sum(n == "b" for _, n in ran) >= 1  # b came back and ran trials after resting
+
+    async def gone(p):
+        raise Unavailable("actor unavailable: node unreachable")
+
+    out, ran = _dispatch({"a": _healthy, "b": gone}, 1, _todo(8), (Unavailable,), None, (Unavailable,), 0.01)
+    assert out == ["b"] and {n for _, n in ran} == {"a"} and len(ran) == 8  # 4 in a row: out
+    # still resting when the work is done: named too (a raylet that dies answers 'unavailable' first)
+    out, ran = _dispatch({"a": _healthy, "b": gone}, 1, _todo(2), (Unavailable,), None, (Unavailable,), 5)
+    assert out == ["b"] and {n for _, n in ran} == {"a"}
+
+
+def _todo(n: int) -> list:
+    from collect.tasksets import PlannedRollout, Task
+
+    return [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(n)]
+
+
+async def _healthy(p):
+    await asyncio.sleep(0.01)
+    return p.task.task_id
+
+
+def _dispatch(submit: dict, slots: int, todo: list, *args) -> tuple[list[str], list[tuple[str, str]]]:
+    """dispatch(...) over `submit`; (the nodes taken out mid-round, [(row, node)] recorded)."""
+    from collect.ray_dispatch import dispatch
+
+    ran: list[tuple[str, str]] = []
+    return asyncio.run(dispatch(submit, slots, todo, lambda row, n: ran.append((row, n)), *args)).lost, ran
+
+
+def test_a_task_dir_travels_to_a_node_as_an_archive_unpacked_once(tmp_path):
+    """No shared filesystem: a node runs the task from its own copy, files and modes as packed."""
+    from collect.ship import ShipError, TaskCache, pack
+
+    task = tmp_path / "datasets" / "sed-add"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text("[verifier]\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/sh\nexit 0\n")
+    (task / "tests" / "test.sh").chmod(0o755)
+    digest, data = pack(task)
+    assert pack(task)[0] == digest  # the same dir, the same archive: fetched once per node
+    cache = TaskCache(tmp_path / "node")
+    here = cache.dir(digest, "sed-add", data)
+    assert here != task and (here / "task.toml").read_text() == "[verifier]\n"
+    assert (here / "tests" / "test.sh").stat().st_mode & 0o111  # still executable
+    assert cache.has(digest) and cache.dir(digest, "sed-add") == here  # unpacked once
+    with pytest.raises(ShipError, match="did not arrive whole"):
+        TaskCache(tmp_path / "other").dir(digest, "sed-add", data[:-1])
+
+
+def test_a_node_that_does_not_see_a_local_run_dir_refuses_naming_the_fix(tmp_path):
+    """No shared filesystem and a local runs_dir: the node's actor fails to start (so the round
+    leaves it out, naming why) instead of writing shards the driver never sees."""
+    pytest.importorskip("ray")
+    from collect.ray_executor import NodeActor, RayExecutorError
+    from wharf.config import load_config
+
+    cfg = load_config(None, [f"runs_dir={tmp_path / 'driver-only'}", "name=t", "endpoint.url=http://127.0.0.1:9"])
+    with pytest.raises(RayExecutorError, match=r"does not see the run dir .*runs_dir=s3://"):
+        NodeActor(cfg, "p", "node-a", str(tmp_path / "not-here"))

@@ -80,3 +80,72 @@ def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path)
     assert b.stub.adapters == {"policy-v1": str(adapter.resolve())} and a.stub.adapters["policy-v1"] == str(adapter)
     record = PublishRecord.read(cfg.layout.published("policy-v1"))
     assert record is not None and record.serving == [a.url, b.url] and record.refused == {}
+
+
+def _adapter(root, run: str, k: int):
+    from wharf.layout import RunLayout
+
+    path = RunLayout.of(str(root), run).round(k - 1).train.adapter
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text("{}")
+    return path
+
+
+def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, tmp_path):
+    """An arm and its control share the replicas: each policy-v<k> is checked by its root (the
+    adapter dir /v1/models gives), so run B neither samples nor unloads run A's policy-v1."""
+    from pipeline.loop import ensure_served
+    from train.publish import PublishError, publish
+    from wharf.replicas import PublishRecord
+
+    a, b = fleet
+    run_a, run_b = (_cfg(a, b, f"runs_dir={tmp_path}", f"name={n}") for n in ("arm", "control"))
+    mine = _adapter(tmp_path, "arm", 1)
+    publish(run_a, mine, "policy-v1")
+    theirs = _adapter(tmp_path, "control", 1)
+    with pytest.raises(PublishError, match="another run"):
+        publish(run_b, theirs, "policy-v1")
+    with pytest.raises(PublishError, match="another run"):  # the loop's check asks by root, not by name
+        ensure_served(Endpoint(a.url, model="stub-model"), run_b, 1)
+    record = PublishRecord.read(run_b.layout.published("policy-v1"))
+    assert sorted(record.refused) == sorted([a.url, b.url]) and record.serving == []
+    assert {s.stub.adapters["policy-v1"] for s in (a, b)} == {str(mine.resolve())}  # A's, untouched
+    # B's own old policy is unloaded when it publishes policy-v3 (keep 1); A's policy-v1 stays
+    b.stub.adapters["policy-v1"] = str(theirs)
+    publish(run_b, _adapter(tmp_path, "control", 3), "policy-v3")
+    assert set(a.stub.adapters) == {"policy-v1", "policy-v3"} and set(b.stub.adapters) == {"policy-v3"}
+
+
+def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tmp_path, monkeypatch):
+    from wharf import storage
+    from wharf.replicas import same_adapter, serves_ours
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "b"))
+    here = storage.local_path("s3://bkt/runs/r/rounds/0/train/adapter")
+    assert same_adapter(str(here), here)
+    assert same_adapter("/elsewhere/mirror/s3/bkt/runs/r/rounds/0/train/adapter", here)  # machine A's mirror
+    assert not same_adapter("/elsewhere/mirror/s3/bkt/runs/other/rounds/0/train/adapter", here)
+    assert not same_adapter(None, here) and not same_adapter("/x/adapter", tmp_path / "adapter")
+    # vLLM's LoRA resolver loads <its dir>/<name>: a copy the user synced, taken as this run's
+    assert serves_ours("/lora-cache/policy-v1", "policy-v1", here) and not serves_ours("/x/adapter", "policy-v1", here)
+
+
+def test_a_round_trained_again_is_not_taken_as_served_with_its_old_weights(fleet, tmp_path):
+    """Same name, same dir, other weights: the replicas still hold the first training's. The loop's
+    resumed publish refuses them (naming both digests) until the name is unloaded there."""
+    from train.publish import PublishError, publish
+
+    a, b = fleet
+    cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")
+    adapter = _adapter(tmp_path, "r", 1)
+    (adapter / "adapter_model.safetensors").write_bytes(b"first training")
+    publish(cfg, adapter, "policy-v1", resume=True)
+    publish(cfg, adapter, "policy-v1", resume=True)  # killed mid-publish and resumed: accepted
+    (adapter / "adapter_model.safetensors").write_bytes(b"trained again")
+    for _ in range(2):  # and again on a retry: the record keeps what each replica holds
+        with pytest.raises(PublishError, match="loaded before .* was trained again"):
+            publish(cfg, adapter, "policy-v1", resume=True)
+    for s in (a, b):
+        s.stub.adapters.pop("policy-v1")  # the user unloads it
+    record = publish(cfg, adapter, "policy-v1", resume=True)
+    assert record.serving == [a.url, b.url] and len({r.weights for r in record.replicas}) == 1

@@ -238,3 +238,33 @@ def test_a_replica_that_refused_the_published_policy_is_named(tmp_path):
     msg = bad["replicas_serve"].message()
     assert "http://127.0.0.1:2 refused policy-v2 (HTTP 500: no)" in msg and "all_replicas_serve=false" in msg
     assert failed(check_round(rnd, "policy-v1", HealthConfig(all_replicas_serve=False))) == {}
+
+
+def test_replicas_serve_asks_the_replicas_not_the_publish_record(tmp_path):
+    """A replica that restarted after publish holds no policy-v2 although the record says it took
+    it: the loop's check asks each replica (/v1/models) and names it; one that refused at publish
+    but serves it now (reloaded before the round) passes."""
+    from pipeline.loop import check_health
+    from testing.vllm_stub import StubServer
+    from wharf.endpoint import Endpoint
+    from wharf.replicas import PublishRecord, ReplicaResult
+
+    with StubServer(loras=True) as a, StubServer(loras=True) as b:
+        cfg = load_config(None, [f"runs_dir={tmp_path}", "name=run", f"endpoint.url={a.url}", "round=1",
+                                 f"proxy.upstreams=[{b.url}]", "endpoint.model=stub-model", "collect.policy=policy-v1"])
+        rnd = cfg.layout.round(1)
+        write_round(rnd, "policy-v1", {"a": 1, "b": 3})
+        write_marker(rnd, "publish", 0.1, policy="policy-v2", published=True)
+        PublishRecord("policy-v2", str(rnd.train.adapter), [ReplicaResult(a.url, True), ReplicaResult(b.url, True)]
+                      ).write(cfg.layout.published("policy-v2"))
+        a.stub.adapters["policy-v2"] = str(rnd.train.adapter)  # b restarted since: it lost policy-v2
+        ep = Endpoint(a.url, model="stub-model")
+        bad = failed(check_health(cfg, ep))
+        assert list(bad) == ["replicas_serve"] and f"{b.url} refused policy-v2" in bad["replicas_serve"].seen
+        assert "does not serve policy-v2 now" in bad["replicas_serve"].seen and a.url not in bad["replicas_serve"].seen
+        assert failed(check_round(rnd, "policy-v1", HealthConfig())) == {}  # the record alone misses it
+        PublishRecord("policy-v2", str(rnd.train.adapter), [ReplicaResult(a.url, True),
+                                                             ReplicaResult(b.url, False, "HTTP 500")]
+                      ).write(cfg.layout.published("policy-v2"))
+        b.stub.adapters["policy-v2"] = str(rnd.train.adapter)  # reloaded on b since
+        assert failed(check_health(cfg, ep)) == {}

@@ -20,7 +20,7 @@ from train.publish import PublishError, publish
 from wharf import model_store, procs
 from wharf.config import load_config
 from wharf.endpoint import Endpoint
-from wharf.replicas import PublishRecord
+from wharf.replicas import PublishRecord, not_serving
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -100,6 +100,9 @@ def test_publish_loads_the_policy_on_every_replica_and_names_the_one_that_refuse
             assert "policy-v1" in ep.models()
             assert ep.request("POST", "/v1/completions", {"model": "policy-v1", "prompt": "Hi", "max_tokens": 2})[0] == 200
         assert PublishRecord.read(cfg.layout.published("policy-v1")) == record
+        # what the loop's health check and per-round check ask: each engine's /v1/models root is this adapter
+        assert list(not_serving([engine_url, second_engine, refusing], "policy-v1", adapter)) == [refusing]
+        assert list(not_serving([engine_url], "policy-v1", adapter.parent / "another-run")) == [engine_url]
         # the next round, sampling policy-v1, routes none of its calls to the refusing replica
         round_cfg = with_refusals(load_config(REPO / "configs/default.yaml", [
             f"runs_dir={tmp_path}", "name=t", f"endpoint.url={engine_url}",

@@ -25,6 +25,13 @@ def _shard_rollouts(url: str) -> set[str]:
     return {r["rollout_id"] for f in schema.shard_files(d) for r in schema.read_table(f, "turns").to_pylist()}
 
 
+def _rows(n: int) -> list[RolloutRow]:
+    now = time.time()
+    return [RolloutRow(rollout_id=f"r{i}", job_id="j", round=0, task_id="t", group_id="g", attempt=i, policy="p",
+                       reward=1.0, rewards="{}", status="ok", n_turns=1, started_at=now, ended_at=now,
+                       trial_dir=f"harbor/r{i}", error=None) for i in range(n)]
+
+
 def test_a_close_whose_upload_fails_keeps_the_rollout_and_the_next_flush_publishes_it(s3_faults, stub, tmp_path):
     s3, faults = s3_faults
     turns = storage.local_path(f"{s3}/collect/turns")
@@ -46,10 +53,7 @@ def test_finished_rows_stay_on_disk_until_the_bucket_takes_them(s3_faults):
     s3, faults = s3_faults
     paths = CollectPaths(storage.local_path(f"{s3}/collect"))
     paths.root.mkdir(parents=True)
-    now = time.time()
-    rows = [RolloutRow(rollout_id=f"r{i}", job_id="j", round=0, task_id="t", group_id="g", attempt=i, policy="p",
-                       reward=1.0, rewards="{}", status="ok", n_turns=1, started_at=now, ended_at=now,
-                       trial_dir=f"harbor/r{i}", error=None) for i in range(2)]
+    rows = _rows(2)
     faults.fail = lambda method, path: method == "PUT"
     assert save_rollouts(paths, rows[:1]) is False
     assert [r["rollout_id"] for r in schema.read_table(paths.rollouts, "rollouts").to_pylist()] == ["r0"]
@@ -69,10 +73,7 @@ def test_rows_are_written_off_the_dispatch_loop_newest_first_and_all_at_the_end(
     s3, faults = s3_faults
     paths = CollectPaths(storage.local_path(f"{s3}/collect"))
     paths.root.mkdir(parents=True)
-    now = time.time()
-    rows = [RolloutRow(rollout_id=f"r{i}", job_id="j", round=0, task_id="t", group_id="g", attempt=i, policy="p",
-                       reward=1.0, rewards="{}", status="ok", n_turns=1, started_at=now, ended_at=now,
-                       trial_dir=f"harbor/r{i}", error=None) for i in range(10)]
+    rows = _rows(10)
     faults.delay_s = 0.2
     writer = RowsWriter(paths)
     t0 = time.monotonic()

@@ -1,8 +1,11 @@
 """The records a later step reads reach the bucket (a real S3 server): publish's record of which
-replicas serve a policy, and an eval's summary.json; a machine with an empty mirror reads them."""
+replicas serve a policy, and an eval's summary.json; a machine with an empty mirror reads them,
+and an overlapped loop resumed there goes on where the bucket says it stands."""
 from __future__ import annotations
 
 import json
+
+import pytest
 
 from pipeline.eval import Policy, eval_name, write_summary
 from pipeline.eval_stats import Trial
@@ -68,3 +71,90 @@ def test_the_health_checks_of_a_finished_round_read_its_files_from_the_bucket(s3
     assert storage.pull(rnd2.root, health_inputs(rnd2)) == len(made)
     assert all((rnd2.root / f.relative_to(rnd.root)).is_file() for f in made)
     assert not (rnd2.collect.root / "harbor").exists()
+
+
+def _stored_overlapped_run(s3, monkeypatch, tmp_path) -> tuple[list[str], RunLayout]:
+    """Rounds 0 and 1 of a max_staleness=1 loop, finished, and round 2's collect killed after it
+    started from policy-v1 (its manifest says so): in the bucket, written from a first machine;
+    the caller goes on from an empty mirror, as on another machine."""
+    from test_health import write_round
+    from test_overlap import BASE, _overlapped_round
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first-machine"))
+    layout = RunLayout.of(f"{s3}/runs", "run")
+    write_round(layout.round(0), BASE, {"a": 1, "b": 2})
+    _overlapped_round(layout, 1, BASE, 1)
+    layout.round(2).collect.root.mkdir(parents=True)
+    layout.round(2).collect.manifest.write_text(json.dumps({"policy": "policy-v1", "state": "running"}))
+    storage.push(layout.root)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second-machine"))
+    return [f"runs_dir={s3}/runs", "name=run", "loop.max_staleness=1", "endpoint.launch=false"], RunLayout.of(
+        f"{s3}/runs", "run")
+
+
+def test_an_overlapped_loop_resumed_on_another_machine_takes_its_rounds_from_the_bucket(s3, stub, monkeypatch, tmp_path):
+    """Finished rounds are not run again (their markers, then health's inputs, come from the
+    bucket, and every check passes on them); the killed collect resumes with the policy it
+    started with (was: the empty mirror had no manifest, so it took the newest policy)."""
+    from pipeline.loop import round_config
+    from pipeline.overlap import Collector
+
+    over, layout = _stored_overlapped_run(s3, monkeypatch, tmp_path)
+    storage.pull(layout.root, ("rounds/*/done/*.json",))  # where each round stands, as run_loop starts
+    cfg, policies, served = load_config(None, [*over, "rounds=3"]), [], []
+    monkeypatch.setattr(Collector, "_child_collect", lambda self, rcfg: policies.append(rcfg.collect.policy) or True)
+    with Collector(cfg, lambda j, p: round_config(cfg, j, p), lambda c, v: served.append(v)) as c:
+        c.published.set(2)  # policy-v2 is out by now: a fresh collect would take it
+        got, _ = c.wait(2)
+    assert (got.policy, got.lag) == ("policy-v1", 1) and policies == ["policy-v1"] and served == [1]
+    _resume_finished(s3, stub, monkeypatch, over)
+
+
+def test_a_loop_resumed_on_another_machine_runs_no_finished_round_again(s3, stub, monkeypatch, tmp_path):
+    """The same for the synchronous loop (loop.max_staleness=0): rounds 0 and 1 by the base model
+    and policy-v1, every stage marked done, in the bucket only."""
+    from test_health import write_round
+    from test_overlap import BASE
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first-machine"))
+    layout = RunLayout.of(f"{s3}/runs", "run")
+    for k, policy in enumerate((BASE, "policy-v1")):
+        write_round(layout.round(k), policy, {"a": 1, "b": 2})
+    storage.push(layout.root)
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second-machine"))
+    _resume_finished(s3, stub, monkeypatch, [f"runs_dir={s3}/runs", "name=run", "endpoint.launch=false"])
+
+
+def _resume_finished(s3, stub, monkeypatch, over: list[str]) -> None:
+    """run_loop for rounds 0-1, all finished in the bucket: nothing runs again, health passes."""
+    from pipeline.loop import run_loop
+
+    served = []  # the stub loads no adapter: record what the loop asks to serve
+    monkeypatch.setattr("pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
+    for stage in ("collect_stage", "convert_stage", "train_checked", "publish_stage"):
+        monkeypatch.setattr(f"pipeline.loop.{stage}", lambda *a, **k: pytest.fail("a finished round ran again"))
+    assert run_loop(load_config(None, [*over, "rounds=2", f"endpoint.url={stub.url}"])) == [0, 1]
+    assert served == [2]
+    for k in (0, 1):  # checked on the bucket's files, and the passing health.json pushed
+        assert all(c["ok"] for c in json.loads(storage.get(f"{s3}/runs/run/rounds/{k}/health.json"))), k
+
+
+def test_a_round_trained_again_is_published_again(s3, monkeypatch, tmp_path):
+    """Its train marker removed (the way to train a round again), the round's publish marker is
+    dropped too, here and in the bucket: publish runs, and checks the replicas' weights (was:
+    skipped, the replicas kept the first training's weights under the same name)."""
+    from pipeline import loop
+    from pipeline.stages import write_marker
+
+    cfg = load_config(None, [f"runs_dir={s3}/runs", "name=r", "round=0"])
+    rnd = cfg.layout.round(0)
+    for stage in ("convert", "publish"):
+        write_marker(rnd, stage, 1.0)
+    published = []
+    monkeypatch.setattr(loop, "train_checked", lambda c: {"steps": 1})
+    monkeypatch.setattr(loop, "measure_shift", lambda c: None)
+    monkeypatch.setattr(loop, "publish_stage", lambda c, ep: published.append(c.round) or {"published": True})
+    loop.learn_round(cfg, None)
+    assert published == [0] and "rounds/0/done/publish.json" in storage.listing(f"{s3}/runs/r")
+    loop.learn_round(cfg, None)  # nothing trained this time: nothing published again
+    assert published == [0]

@@ -11,22 +11,13 @@ import torch
 
 from pipeline import loop
 from pipeline.overlap import allowed_policies, check_lag
+from testing.vllm_stub import StubServer
 from wharf.config import ConfigError, load_config
+from wharf.endpoint import Endpoint
 
 
 def cfg_with(tmp_path: Path, *extra):
     return load_config(None, [f"runs_dir={tmp_path}", "name=warm", "endpoint.model=base-model", *extra])
-
-
-class FakeEndpoint:
-    """One replica; the loop asks each replica through `loop._serves`, patched to ask this one."""
-    url = "http://127.0.0.1:9"
-
-    def __init__(self, served=()):
-        self.served = list(served)
-
-    def models(self):
-        return self.served
 
 
 def adapter(d: Path) -> Path:
@@ -41,12 +32,17 @@ def test_round_0_samples_the_init_adapter_as_policy_v0(tmp_path, monkeypatch):
     assert loop.round_config(cfg, 0).collect.policy == "policy-v0"
     assert loop.round_config(cfg, 1).collect.policy == "policy-v1"
     published = []
-    monkeypatch.setattr(loop, "_serves", lambda ep, url, name: name in ep.models())
     monkeypatch.setattr(loop, "publish", lambda c, path, name, resume: published.append((path, name)))
-    loop.ensure_served(FakeEndpoint(), cfg, 0)
-    assert published == [(start, "policy-v0")]
-    loop.ensure_served(FakeEndpoint(["policy-v0"]), cfg, 0)  # served already: not again
-    assert len(published) == 1
+    with StubServer(loras=True) as replica:  # one replica, asked what it serves (/v1/models)
+        ep = Endpoint(replica.url, model="base-model")
+        loop.ensure_served(ep, cfg, 0)
+        assert published == [(start, "policy-v0")]
+        replica.stub.adapters["policy-v0"] = str(start)
+        loop.ensure_served(ep, cfg, 0)  # served already: not again
+        assert len(published) == 1
+        replica.stub.adapters["policy-v0"] = "/other-run/adapter"  # another run's policy-v0
+        loop.ensure_served(ep, cfg, 0)
+        assert published == [(start, "policy-v0")] * 2
     # round 0's rows by policy-v0 are on-policy; the base model's would be another policy's
     assert allowed_policies(0, 0, cfg.start_policy) == ("policy-v0",)
     check_lag({"policy-v0": 3}, 0, 0, cfg.start_policy, "index.json")
@@ -57,9 +53,8 @@ def test_round_0_samples_the_init_adapter_as_policy_v0(tmp_path, monkeypatch):
 def test_without_init_adapter_round_0_is_the_base(tmp_path, monkeypatch):
     cfg = cfg_with(tmp_path)
     assert loop.round_config(cfg, 0).collect.policy == "base-model" == cfg.start_policy
-    monkeypatch.setattr(loop, "_serves", lambda ep, url, name: name in ep.models())
     monkeypatch.setattr(loop, "publish", lambda *a, **k: pytest.fail("nothing to publish for round 0"))
-    loop.ensure_served(FakeEndpoint(), cfg, 0)
+    loop.ensure_served(Endpoint("http://127.0.0.1:9", model="base-model"), cfg, 0)  # never asked
 
 
 def test_a_round_0_without_signal_carries_the_init_adapter(tmp_path):

@@ -170,8 +170,9 @@ class CollectConfig:
     executor: Literal["local", "ray"] = "local"
     # What ray.init takes (e.g. 10.0.0.5:6379 or auto); None: RAY_ADDRESS, else a local cluster.
     ray_address: str | None = None
-    # Seconds a node's trial actor may take to start; a node whose actor has not started by then
-    # (its CPUs held by other Ray work) is left out of the round and named.
+    # Seconds a node's trial actor may take to start. The round starts with the first node up and
+    # others join as they start; one not started by then (its CPUs held by other Ray work) is left
+    # out of the round and named. The round waits this long only when no node is up at all.
     ray_ready_timeout_s: PositiveFloat = 120.0
     # Seconds a trial may take on a node before the node counts as hung: it is taken out and its
     # trials run on the others (None: no bound; harbor's own agent and verifier timeouts apply).

@@ -75,7 +75,12 @@ class Endpoint:
 
     # -- models and adapters ------------------------------------------------------------------------
     def models(self) -> list[str]:
-        return [m["id"] for m in self._json("GET", "/v1/models")["data"]]
+        return list(self.roots())
+
+    def roots(self) -> dict[str, str | None]:
+        """{served name: the path it was loaded from} (vLLM's `root`; a LoRA's is its adapter dir):
+        what tells one run's policy-v<k> from another's of the same name."""
+        return {m["id"]: m.get("root") for m in self._json("GET", "/v1/models")["data"]}
 
     def load_adapter(self, name: str, path: str | Path, inplace: bool = False) -> str:
         status, text = self.request("POST", "/v1/load_lora_adapter", {

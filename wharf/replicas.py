@@ -4,10 +4,13 @@ check names such a replica. A JSON file per policy: runs/<run>/published/<policy
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from wharf import storage
+from wharf.endpoint import Endpoint
+from wharf.errors import WharfError
 
 
 def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
@@ -19,11 +22,52 @@ def replica_urls(endpoint_url: str, upstreams: list[str]) -> list[str]:
     return list(seen)
 
 
+def same_adapter(root: str | None, adapter_dir: str | Path) -> bool:
+    """Whether a replica's `root` for a name (/v1/models) is `adapter_dir`: the same path, or, for
+    a run in object storage, the same object under another machine's mirror (<mirror>/<scheme>/
+    <bucket>/<key>: a loop resumed elsewhere finds the replicas its first machine loaded)."""
+    if not root:
+        return False
+    here = os.path.realpath(adapter_dir)
+    if os.path.realpath(root) == here:
+        return True
+    url = storage.url_of(here)
+    if url is None:
+        return False
+    scheme, _, rest = url.partition("://")
+    return Path(root).as_posix().rstrip("/").endswith(f"/{scheme}/{rest.rstrip('/')}")
+
+
+def serves_ours(root: str | None, name: str, adapter_dir: str | Path) -> bool:
+    """Whether a replica serving `name` from `root` serves this run's adapter: loaded from it, or
+    by vLLM's LoRA resolver from `<resolver dir>/<name>` (a copy the user synced; publish never
+    loads from a dir so named, so another run's load cannot look like it)."""
+    return same_adapter(root, adapter_dir) or (root is not None and Path(root).name == name)
+
+
+def not_serving(urls: list[str], name: str, adapter_dir: str | Path, api_key: str | None = None) -> dict[str, str]:
+    """{url: why} of the replicas that do not serve `name` from `adapter_dir` now, asked one by
+    one (/v1/models): what they hold, not what publish recorded (a restart forgets runtime LoRAs)."""
+    out = {}
+    for url in urls:
+        try:
+            root = Endpoint(url, api_key).roots().get(name)
+        except WharfError as e:
+            out[url] = f"unreachable: {e}"
+            continue
+        if root is None:
+            out[url] = f"does not serve {name} now (restarted? runtime LoRAs are lost with a restart)"
+        elif not serves_ours(root, name, adapter_dir):
+            out[url] = f"serves {name} from {root}, not from {adapter_dir}"
+    return out
+
+
 @dataclass(frozen=True)
 class ReplicaResult:
     url: str
     ok: bool
     error: str | None = None
+    weights: str | None = None  # sha256 of the adapter weights this replica loaded under the name
 
 
 @dataclass
