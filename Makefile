@@ -158,8 +158,8 @@ experiment-multiturn-figure: setup
 # (proxy.text_only), the rewarded rollouts become supervised rows, one SFT round trains them.
 # MINI_DEMO_ARGS: which demonstrations (few, so that the SFT policy leaves room for GRPO).
 MINI_EXPERT_PORT ?= 8300
-MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines]
-MINI_SFT_ARGS ?= train.epochs=4
+MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines,grep-log,run-script]
+MINI_SFT_ARGS ?= train.epochs=8
 MINI_SFT = runs/mini-sft-s$(SEED)
 experiment-mini: setup
 	$(if $(filter base sft sft-grpo,$(ARM)),,$(error ARM=$(ARM): use ARM=base, sft or sft-grpo))
