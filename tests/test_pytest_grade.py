@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS, RESIDUAL_ATTACKS
+from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
@@ -48,7 +48,7 @@ def _stream(*recs: tuple, key: bytes = KEY) -> bytes:
     return b"".join(_line(i, *r, key=key) for i, r in enumerate(recs))
 
 
-GOOD = (("start", "7"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
+GOOD = (("start", "7", "c"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
         ("test", "t.py::a", "teardown", "passed", "0"), ("finish", "0"))
 
 
@@ -92,8 +92,9 @@ def test_statuses_follow_swebench_log_semantics():
         "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
 
 
-def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None) -> dict:
-    """grade_pytest.sh on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None,
+           tools: Path = TOOLS) -> dict:
+    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
@@ -105,7 +106,7 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
     env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
            "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
     # the marker stops forged_report_files' walk up the process tree below this test's own shell
-    cmd = f"bash {TOOLS}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
+    cmd = f"bash {tools}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
     # cwd: the forged-report attacker writes into its processes' cwds; keep the repo root clean
     p = subprocess.run(["bash", "-c", cmd], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout + 120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -123,7 +124,8 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
         hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
-                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1}
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1,
+                     "sealed": 1}
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -176,11 +178,17 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
 
 
 @pytest.mark.slow
-def test_what_is_left_a_signal_handler_in_the_hooks_extent_still_reaches_the_signer(tmp_path):
-    """The limit docs/judges.md states: while the audit hook runs, a Python signal handler is handed
-    its frame, and the signer is in its locals. Only a signer out of Python (not built) closes it."""
-    r = _grade(tmp_path, RESIDUAL_ATTACKS["signal_in_hook"] + "\n" + BUGGY, timeout=30)
-    assert (r["reward"], r["recheck"], r["confined"]) == (1.0, 1, 1), r
+def test_code_run_inside_the_signers_extent_finds_no_signer_but_did_under_the_python_sealer(tmp_path):
+    """A signal handler, a gc callback and a finalizer that run inside the audit hook walk its frames
+    for the signer: with the key in C (wharf_seal) they find none; with the fallback sealer in Python
+    (the tools without the built module), the one every grading used before, they sign passes."""
+    attack = FIGHT_ATTACKS["interrupt_the_hook"] + "\n" + BUGGY
+    r = _grade(tmp_path / "c", attack, timeout=20)
+    assert (r["reward"], r["records_ok"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0, 1), r
+    tools = tmp_path / "python-sealer"
+    shutil.copytree(TOOLS, tools, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
+    r = _grade(tmp_path / "python", attack, timeout=20, tools=tools)
+    assert (r["reward"], r["recheck"], r["sealed"]) == (1.0, 1, 0), r
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
