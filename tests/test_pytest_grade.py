@@ -57,6 +57,66 @@ def test_the_plugins_signer_is_hmac_sha256():
     assert _signer(KEY)(msg) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
 
 
+def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_refused_event():
+    """What runs inside the sealer's hook binds every name when defined (a replaced builtin or module
+    attribute is never called from there), and the C hook hands decide every event it refuses."""
+    import dis
+
+    guard = _load("pytest_guard")
+    for fn in guard.SEALED:
+        looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+        assert looked_up == [], (fn.__name__, looked_up)
+    seal = _sealer()
+    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__"}
+
+
+def _sealer():
+    """collect/tasks/wharf_seal, built by make setup (build_seal.sh)."""
+    import importlib.machinery
+    import importlib.util
+    import sysconfig
+
+    path = TOOLS / f"wharf_seal{sysconfig.get_config_var('EXT_SUFFIX')}"
+    assert path.exists(), f"{path}: not built; run make setup (collect/tasks/build_seal.sh)"
+    spec = importlib.util.spec_from_file_location("wharf_seal", path, loader=importlib.machinery.ExtensionFileLoader(
+        "wharf_seal", str(path)))
+    return importlib.util.module_from_spec(spec)
+
+
+SEALER_PROBE = """import os, sys
+sys.path.insert(0, sys.argv[1])
+import wharf_seal
+r, w = os.pipe()
+def decide(ctx, state, event, args, frame):
+    if event == "wharf.record":
+        return (("kept",), ("test", *args[1:], "\u00e9", ""), None)
+    return (None, ("tamper", "refused: " + event), event) if event == "gc.get_objects" else None
+wharf_seal.install(bytes(range(32)), w, decide, (), ())
+try:
+    wharf_seal.install(b"k" * 32, 1, decide, (), ())
+except RuntimeError as e:
+    print(e)
+sys.audit("wharf.record", "test", "a.py::t", "call")
+try:
+    import gc; gc.get_objects()
+except RuntimeError as e:
+    print(e)
+os.close(w)
+sys.stdout.write(os.read(r, 4096).decode())
+"""
+
+
+def test_the_c_sealer_installs_once_and_signs_what_decide_answers_with_hmac_sha256():
+    p = subprocess.run([sys.executable, "-I", "-c", SEALER_PROBE, str(TOOLS)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[:2] == ["wharf_seal: installed already", "wharf: gc.get_objects is refused while the tests are graded"]
+    v = report_records.verify(("\n".join(lines[2:]) + "\n").encode(), KEY)
+    assert v["records"] == [("test", ["a.py::t", "call", "\u00e9", ""]), ("tamper", ["refused: gc.get_objects"])], v
+    assert v["problems"][0] == "no start record: the report plugin never ran"  # the MACs and sequence verify
+
+
 def test_a_complete_verified_stream_has_no_problem():
     v = report_records.verify(_stream(*GOOD), KEY)
     assert (v["problems"], v["finished"], v["exitstatus"]) == ([], True, 0)

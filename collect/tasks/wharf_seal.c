@@ -94,7 +94,7 @@ static long long seq = 0;
 static PyObject *decide = NULL, *ctx = NULL, *state = NULL;
 
 /* The events decide looks at: the record requests and the introspection it may refuse (the
- * same names as pytest_guard.REFUSED, checked by tests/test_pytest_guard.py). */
+ * same names as pytest_guard.REFUSED, checked by tests/test_pytest_grade.py). */
 static const char *const EVENTS[] = {
     "wharf.record", "open", "ctypes.dlsym", "object.__setattr__",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
