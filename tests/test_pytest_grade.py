@@ -222,11 +222,13 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     assert r["reward"] == 0.0, r
     if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    elif attack == "clone_the_call_site":  # its call_and_report runs with its own globals: not pytest's site
+        assert (r["records_ok"], r["confined"]) == (0, 1), r
     elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
         assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
     else:
         assert r["records_ok"] == 0, r
-    if attack in PLUGIN_ATTACKS:  # the signer refused them (each scored 1.0 before the audit hook)
+    if attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
         detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
         assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
     if attack == "forged_output_exit":  # (patch_reporting did too, until the audit hook refused its gc walk)

@@ -79,7 +79,7 @@ def _classes(prefixes, extra):
 
 # ---- decide and its helpers: everything they use is a parameter bound here, at definition ----
 # ctx (built by install, a tuple, nothing in it mutable):
-#   0 mine, 1 relay, 2 sites, 3 protected: code objects (frozensets; sites: kind -> call sites)
+#   0 mine, 1 relay, 3 protected: code objects (frozensets); 2 sites: kind -> {call site's code: its globals}
 #   4 TestReport, 5 CallInfo, 6 Session: pytest's classes; 7 node_slots: Node's slot readers
 #   8 (NodeId, its text reader) on pytest >= 9, else (None, None); 9 the plugin's class; 10 the sealer
 # state (kept by the sealer, replaced only by what decide returns): (session, items, classes)
@@ -145,9 +145,11 @@ def _nodeid_of(item, d, c, _type=type, _str=str, dget=dict.get, node_attr=_node_
     return old if _type(old) is _str else id_text(node_attr(item, d, "_id", c[7]), c[8])
 
 
-def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK):
+def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK, pget=types.MappingProxyType.get):
     """The pytest frame that called pluggy, which called the plugin's `frame`; None when the
-    plugin did not ask, or was not called from one of the `allowed` code objects (None: any)."""
+    plugin did not ask, or was not called from one of the `allowed` code objects (None: any) run
+    with its own module's globals (the same code in a function made with other globals, whose
+    CallInfo never runs the test, is not pytest's call site)."""
     if frame is None or frame.f_code not in mine:
         return None
     frame = frame.f_back
@@ -157,7 +159,9 @@ def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK):
         if frame is None or frame.f_code not in relay:
             break
         frame = frame.f_back
-    return frame if frame is not None and (allowed is None or frame.f_code in allowed) else None
+    if frame is None or (allowed is not None and pget(allowed, frame.f_code) is not frame.f_globals):
+        return None
+    return frame
 
 
 def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dict, dget=dict.get,
@@ -328,10 +332,14 @@ def _context(recorder_cls, sealer):
 
     mine = _codes(recorder_cls)
     relay = _codes(pluggy._callers, pluggy._hooks, pluggy._manager)
-    session_site = frozenset((_pytest.main.wrap_session.__code__,))
+    def run_by(module, codes):  # {code: the globals it must run with}, read-only
+        return types.MappingProxyType({code: vars(module) for code in codes})
+    session_site = run_by(_pytest.main, (_pytest.main.wrap_session.__code__,))
+    collect = {**run_by(_pytest.main, _codes(_pytest.main)), **run_by(_pytest.runner, _codes(_pytest.runner))}
     sites = types.MappingProxyType({
-        "start": session_site, "finish": session_site, "test": frozenset((_pytest.runner.call_and_report.__code__,)),
-        "collect": _codes(_pytest.main, _pytest.runner), "items": _codes(_pytest.main), "tamper": None})
+        "start": session_site, "finish": session_site,
+        "test": run_by(_pytest.runner, (_pytest.runner.call_and_report.__code__,)),
+        "collect": types.MappingProxyType(collect), "items": run_by(_pytest.main, _codes(_pytest.main)), "tamper": None})
     ours = frozenset(f.__code__ for f in SEALED)
     protected = mine | relay | ours | _codes(_pytest.main, _pytest.runner)
     node_id = getattr(_pytest.nodes, "NodeId", None)
