@@ -8,9 +8,9 @@
  * (pytest_guard.py) found at pytest's own call site, and the state decide keeps (the session,
  * its items, pytest's classes) is kept here and handed back read-only.
  *
- * While decide runs, no Python signal handler and no gc pass can start in its extent: signals
- * are blocked and the tripped ones run first, outside it; gc is off. What Python code still
- * runs inside it (a __eq__ of a hostile dict key) sees only decide's read-only tables.
+ * While decide runs, gc is off and signals are blocked in its thread (the handlers already due
+ * run first, outside it). What Python code still runs inside it (a handler tripped through
+ * another thread, a __eq__ of a hostile dict key) finds no signer: only decide's read-only tables.
  * Native code in the tests' process (ctypes, an extension it builds) can read this memory:
  * docs/judges.md says so.
  */
