@@ -25,7 +25,12 @@ DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(fil
 .PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed collect/tasks/.seal-built
+
+# The pytest records' sealer (collect/tasks/wharf_seal.c), an audit hook in C, for the venv's Python.
+collect/tasks/.seal-built: collect/tasks/wharf_seal.c collect/tasks/build_seal.sh $(VENV)/.installed
+	bash collect/tasks/build_seal.sh $(PY)
+	touch $@
 
 $(VENV)/.installed: pyproject.toml
 	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }

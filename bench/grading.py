@@ -4,7 +4,9 @@ one fixed task graded N times each way, interleaved, on the host (no sandbox: th
   * log             `python -I -m pytest` teed into a SWE-bench log (testlog.sh), graded by grading.py
   * pytest-plain    the report plugin as it was before the audit hook (commit PLAIN_REV, taken
                     from git; skipped outside a git checkout), no second run
-  * pytest-guard    today's plugin under its audit hook (pytest_guard.py), no second run
+  * pytest-guard    today's plugin, its records sealed by the audit hook in C (wharf_seal.c), no second run
+  * pytest-guard-pyseal  the same sealed in Python (pytest_guard's fallback: the tools without
+                    the built wharf_seal), what the sealer in C costs or saves
   * pytest          today's grade_pytest.sh: audit hook + the second, out-of-process run of the
                     FAIL_TO_PASS tests
   * pytest-guard-bare  the same with the test process unconfined (jail.py's fallback): what
@@ -14,7 +16,7 @@ one fixed task graded N times each way, interleaved, on the host (no sandbox: th
   * checker-calls   judge.sh checker on tests/fixtures/tasks/checker-sum-to (3 calls, 3 children)
   * checker-files   judge.sh checker on datasets/learn/echo-color (reads two files, no child)
 
-`python -m bench.grading [--n 5]`: wall and CPU (user+sys of every process of the grading: a
+`python -m bench.grading [--n 5] [--ways pytest-guard,pytest-guard-pyseal]`: wall and CPU (user+sys of every process of the grading: a
 cpuacct cgroup where one can be made, else the waited children's rusage) seconds per grading,
 p50 and mean; CPU is the figure that holds on a shared, loaded machine.
 """
@@ -41,12 +43,14 @@ FIX = "sed -i 's/range(1, n)/range(1, n + 1)/' \"$W/mathutil.py\""
 # A grader run with jail.py told that no namespaces can be had: the fallback, for comparison only.
 BARE = ("'import runpy, sys; sys.path.insert(0, \"{tools}\"); import jail; jail._PROBE[\"why\"] = \"bench\"; "
         "f = \"{tools}/{script}\"; sys.argv[0] = f; runpy.run_path(f, run_name=\"__main__\")'")
-WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier dir, $P python, $X plain tools)
+WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier dir, $P python, $X plain tools,
+    # $Y the tools without the sealer in C)
     "log": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && . {TOOLS}/testlog.sh && '
             f'wharf_run_tests "$V/test_output.log" "$P {PYTEST} --rootdir $W test_task.py" >/dev/null; '
             f'"$P" {TOOLS}/grading.py --spec "$T/spec.json" --log "$V/test_output.log" --out "$V" >/dev/null'),
     "pytest-plain": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I "$X/pytest_grade.py" {OPTS} >/dev/null'),
     "pytest-guard": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I {TOOLS}/pytest_grade.py {OPTS} >/dev/null'),
+    "pytest-guard-pyseal": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I "$Y/pytest_grade.py" {OPTS} >/dev/null'),
     "pytest-guard-bare": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I -c '
                           + BARE.format(tools=TOOLS, script="pytest_grade.py") + f' {OPTS} >/dev/null'),
     "pytest": (PYTEST_TASK, f'{FIX} && bash {TOOLS}/grade_pytest.sh "$W" test_task.py >/dev/null'),
@@ -103,13 +107,19 @@ def plain_tools(dest: Path) -> Path | None:
     return dest / "collect" / "tasks"
 
 
-def one(name: str, tmp: Path, plain: Path | None) -> tuple[float, float]:
+def python_sealer_tools(dest: Path) -> Path:
+    """collect/tasks without the built wharf_seal: pytest_guard falls back to its sealer in Python."""
+    shutil.copytree(TOOLS, dest, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
+    return dest
+
+
+def one(name: str, tmp: Path, plain: Path | None, pyseal: Path) -> tuple[float, float]:
     task, way = WAYS[name]
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(task / "environment", tmp / "app")
     (tmp / "v").mkdir()
     env = {**os.environ, "W": str(tmp / "app"), "T": str(task / "tests"), "V": str(tmp / "v"), "P": sys.executable,
-           "X": str(plain or ""), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
+           "X": str(plain or ""), "Y": str(pyseal), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
            "WHARF_VERIFIER_DIR": str(tmp / "v")}
     account = Account(tmp.name)
     t0 = time.perf_counter()
@@ -123,20 +133,25 @@ def one(name: str, tmp: Path, plain: Path | None) -> tuple[float, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=5)
+    ap.add_argument("--ways", default=",".join(WAYS), help="comma-separated ways to run (default: all)")
     args = ap.parse_args()
+    wanted = args.ways.split(",")
+    unknown = sorted(set(wanted) - set(WAYS))
+    if unknown:
+        ap.error(f"--ways: unknown {unknown}; known: {', '.join(WAYS)}")
     with tempfile.TemporaryDirectory() as d:
-        plain = plain_tools(Path(d))
-        names = [n for n in WAYS if plain is not None or n != "pytest-plain"]
+        plain, pyseal = plain_tools(Path(d)), python_sealer_tools(Path(d) / "pyseal-tools")
+        names = [n for n in WAYS if n in wanted and (plain is not None or n != "pytest-plain")]
         if plain is None:
             print(f"pytest-plain skipped: commit {PLAIN_REV} is not in a git checkout here")
         times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for i in range(args.n):
             for name in names:
-                times[name].append(one(name, Path(d) / f"{name}{i}", plain))
-    print(f"{'way':14s} {'wall p50':>9s} {'wall mean':>9s} {'cpu p50':>8s} {'cpu mean':>8s}   (seconds per grading, n={args.n})")
+                times[name].append(one(name, Path(d) / f"{name}{i}", plain, pyseal))
+    print(f"{'way':19s} {'wall p50':>9s} {'wall mean':>9s} {'cpu p50':>8s} {'cpu mean':>8s}   (seconds per grading, n={args.n})")
     for name, ts in times.items():
         walls, cpus = [t[0] for t in ts], [t[1] for t in ts]
-        print(f"{name:14s} {statistics.median(walls):9.3f} {statistics.mean(walls):9.3f} "
+        print(f"{name:19s} {statistics.median(walls):9.3f} {statistics.mean(walls):9.3f} "
               f"{statistics.median(cpus):8.3f} {statistics.mean(cpus):8.3f}")
 
 

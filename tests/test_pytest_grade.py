@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS, RESIDUAL_ATTACKS
+from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "collect" / "tasks"
@@ -48,13 +48,73 @@ def _stream(*recs: tuple, key: bytes = KEY) -> bytes:
     return b"".join(_line(i, *r, key=key) for i, r in enumerate(recs))
 
 
-GOOD = (("start", "7"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
+GOOD = (("start", "7", "c"), ("test", "t.py::a", "setup", "passed", "0"), ("test", "t.py::a", "call", "passed", "0"),
         ("test", "t.py::a", "teardown", "passed", "0"), ("finish", "0"))
 
 
 def test_the_plugins_signer_is_hmac_sha256():
     msg = b"3 test 74 63 61 30"
     assert _signer(KEY)(msg) == hmac.new(KEY, msg, hashlib.sha256).hexdigest()
+
+
+def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_refused_event():
+    """What runs inside the sealer's hook binds every name when defined (a replaced builtin or module
+    attribute is never called from there), and the C hook hands decide every event it refuses."""
+    import dis
+
+    guard = _load("pytest_guard")
+    for fn in guard.SEALED:
+        looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
+        assert looked_up == [], (fn.__name__, looked_up)
+    seal = _sealer()
+    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__"}
+
+
+def _sealer():
+    """collect/tasks/wharf_seal, built by make setup (build_seal.sh)."""
+    import importlib.machinery
+    import importlib.util
+    import sysconfig
+
+    path = TOOLS / f"wharf_seal{sysconfig.get_config_var('EXT_SUFFIX')}"
+    assert path.exists(), f"{path}: not built; run make setup (collect/tasks/build_seal.sh)"
+    spec = importlib.util.spec_from_file_location("wharf_seal", path, loader=importlib.machinery.ExtensionFileLoader(
+        "wharf_seal", str(path)))
+    return importlib.util.module_from_spec(spec)
+
+
+SEALER_PROBE = """import os, sys
+sys.path.insert(0, sys.argv[1])
+import wharf_seal
+r, w = os.pipe()
+def decide(ctx, state, event, args, frame):
+    if event == "wharf.record":
+        return (("kept",), ("test", *args[1:], "\u00e9", ""), None)
+    return (None, ("tamper", "refused: " + event), event) if event == "gc.get_objects" else None
+wharf_seal.install(bytes(range(32)), w, decide, (), ())
+try:
+    wharf_seal.install(b"k" * 32, 1, decide, (), ())
+except RuntimeError as e:
+    print(e)
+sys.audit("wharf.record", "test", "a.py::t", "call")
+try:
+    import gc; gc.get_objects()
+except RuntimeError as e:
+    print(e)
+os.close(w)
+sys.stdout.write(os.read(r, 4096).decode())
+"""
+
+
+def test_the_c_sealer_installs_once_and_signs_what_decide_answers_with_hmac_sha256():
+    p = subprocess.run([sys.executable, "-I", "-c", SEALER_PROBE, str(TOOLS)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[:2] == ["wharf_seal: installed already", "wharf: gc.get_objects is refused while the tests are graded"]
+    v = report_records.verify(("\n".join(lines[2:]) + "\n").encode(), KEY)
+    assert v["records"] == [("test", ["a.py::t", "call", "\u00e9", ""]), ("tamper", ["refused: gc.get_objects"])], v
+    assert v["problems"][0] == "no start record: the report plugin never ran"  # the MACs and sequence verify
 
 
 def test_a_complete_verified_stream_has_no_problem():
@@ -92,8 +152,9 @@ def test_statuses_follow_swebench_log_semantics():
         "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
 
 
-def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None) -> dict:
-    """grade_pytest.sh on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None,
+           tools: Path = TOOLS) -> dict:
+    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
@@ -105,7 +166,7 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
     env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
            "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
     # the marker stops forged_report_files' walk up the process tree below this test's own shell
-    cmd = f"bash {TOOLS}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
+    cmd = f"bash {tools}/grade_pytest.sh {work} test_task.py; exit $?  # wharf-redteam-top"
     # cwd: the forged-report attacker writes into its processes' cwds; keep the repo root clean
     p = subprocess.run(["bash", "-c", cmd], cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout + 120)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -123,7 +184,8 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
         hmac.new(key, signed, hashlib.sha256).hexdigest()
     assert fixed == {"reward": 1.0, "resolved": 1, "log_ok": 1, "f2p_passed": 1, "f2p_total": 1, "p2p_passed": 1,
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
-                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1}
+                     "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1,
+                     "sealed": 1}
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -160,11 +222,13 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     assert r["reward"] == 0.0, r
     if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
+    elif attack == "clone_the_call_site":  # its call_and_report runs with its own globals: not pytest's site
+        assert (r["records_ok"], r["confined"]) == (0, 1), r
     elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
         assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
     else:
         assert r["records_ok"] == 0, r
-    if attack in PLUGIN_ATTACKS:  # the signer refused them (each scored 1.0 before the audit hook)
+    if attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
         detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
         assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
     if attack == "forged_output_exit":  # (patch_reporting did too, until the audit hook refused its gc walk)
@@ -176,11 +240,17 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
 
 
 @pytest.mark.slow
-def test_what_is_left_a_signal_handler_in_the_hooks_extent_still_reaches_the_signer(tmp_path):
-    """The limit docs/judges.md states: while the audit hook runs, a Python signal handler is handed
-    its frame, and the signer is in its locals. Only a signer out of Python (not built) closes it."""
-    r = _grade(tmp_path, RESIDUAL_ATTACKS["signal_in_hook"] + "\n" + BUGGY, timeout=30)
-    assert (r["reward"], r["recheck"], r["confined"]) == (1.0, 1, 1), r
+def test_code_run_inside_the_signers_extent_finds_no_signer_but_did_under_the_python_sealer(tmp_path):
+    """A signal handler, a gc callback and a finalizer that run inside the audit hook walk its frames
+    for the signer: with the key in C (wharf_seal) they find none; with the fallback sealer in Python
+    (the tools without the built module), the one every grading used before, they sign passes."""
+    attack = FIGHT_ATTACKS["interrupt_the_hook"] + "\n" + BUGGY
+    r = _grade(tmp_path / "c", attack, timeout=20)
+    assert (r["reward"], r["records_ok"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0, 1), r
+    tools = tmp_path / "python-sealer"
+    shutil.copytree(TOOLS, tools, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
+    r = _grade(tmp_path / "python", attack, timeout=20, tools=tools)
+    assert (r["reward"], r["recheck"], r["sealed"]) == (1.0, 1, 0), r
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:

@@ -1,4 +1,4 @@
-"""Red team: scripted attackers (tests/fixtures/redteam.py), each a real harbor trial in the
+"""Red team: scripted attackers (tests/fixtures/redteam/), each a real harbor trial in the
 default sandbox on an unsolved task, each trying one way to forge a reward or leave the sandbox.
 
 Every attack must end with reward 0 and leave every other rollout's data, the host's processes
@@ -136,7 +136,8 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
     every attacker that acts while the grading runs (the earlier ones, the four that drive the
     pytest plugin through gc, the call stack, sys.modules and ctypes, the three that fight the
     grader: a process chain that outlives its parents and stops the grader to rewrite its
-    reward.json, a hijack of the hook's lookups, hostile JSON answers; and, for the judges outside
+    reward.json, a hijack of the hook's lookups, code run inside the hook that looks for a signer,
+    hostile JSON answers; and, for the judges outside
     the process, an always-equal answer and a stolen reference) gets 0."""
     attacks = ["solve", *sorted(GRADING_ATTACKS)] + (sorted(ANSWER_ATTACKS_TAIL) if kind != "pytest" else [])
 
@@ -162,7 +163,7 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
         if kind == "contest" and attack == "hostile_json":  # a wrong answer with its reason, not a crash
             assert "OverflowError" in detail["checks"]["contest.py::mean"]["first_wrong"]["why"], detail
         if kind == "pytest" and attack == "solve":
-            assert rewards["recheck"] == 1, rewards
+            assert rewards["recheck"] == 1 and rewards["sealed"] == 1, rewards  # signed by the C sealer
         assert_nothing_leaked(world, said(steps), trial_dir)
     assert requests.get(world.proxy.url + "/health", timeout=10).status_code == 200
 

@@ -25,7 +25,9 @@ decides. This process is not dumpable, so the tests cannot read its memory or en
 reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
 p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
 session_finished, timed_out, log_reward (what the log alone would have given, -1 if not gradable),
-recheck (1 the second run agreed, 0 it did not, -1 not run).
+recheck (1 the second run agreed, 0 it did not, -1 not run), confined (1: the tests ran in
+namespaces of their own), sealed (1: the records were signed by the C sealer, wharf_seal.c; 0: by
+the fallback in Python, where it is not built for the tests' interpreter).
 """
 from __future__ import annotations
 
@@ -138,7 +140,7 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
         "log_ok": log_ok, "log_reward": log_reward, "problems": problems,
         "FAIL_TO_PASS": verdict["FAIL_TO_PASS"], "PASS_TO_PASS": verdict["PASS_TO_PASS"],
         "statuses": status_map, "log_path": os.path.abspath(log_path),
-        "confinement": jail.unavailable() or jail.CONFINED, "error": None,
+        "confinement": jail.unavailable() or jail.CONFINED, "sealer": checked["sealer"], "error": None,
     }
 
 
@@ -169,7 +171,8 @@ def reward_numbers(result: dict) -> dict:
     n.update(grader_pytest_report=1, records_ok=int(result["records_ok"]),
              session_finished=int(result["session_finished"]), timed_out=int(result["timed_out"]),
              log_reward=-1.0 if result["log_reward"] is None else float(result["log_reward"]),
-             recheck=int(result.get("recheck", -1)), confined=int(jail.unavailable() is None))
+             recheck=int(result.get("recheck", -1)), confined=int(jail.unavailable() is None),
+             sealed=int(result.get("sealer") == "c"))
     return n
 
 

@@ -1,30 +1,32 @@
-"""The records' channel of pytest_report.py, kept inside an audit hook (PEP 578).
+"""What the pytest records say, decided at pytest's own call sites (PEP 578 audit events).
 
 Standalone (stdlib; pytest and pluggy are looked at, never patched) and plain Python 3.8 syntax.
-`install(key, fd, recorder_cls, signer)` adds one audit hook to this interpreter, before
-collection, and no Python code can remove it. The signing key and the records descriptor live
-only in its closure: no object the tests can reach (the plugin, the config, sys.modules) holds them.
+`install(key, fd, recorder_cls)` is called once, before collection. It hands the key and the
+records descriptor to the sealer, an audit hook written in C (wharf_seal.c, built by `make
+setup`) that keeps them in its own memory and signs; what a record says is decided by
+`decide`, below, which the sealer calls for the events it watches and whose answer it signs.
+No Python object holds the key, the descriptor or a function that signs: code of the tests that
+finds decide's frame (a signal handler, a gc callback, a replaced builtin run inside it) finds
+read-only tables, and the state decide keeps is held by the sealer, handed back read-only.
 
-  * A record is asked for with sys.audit("wharf.record", kind, ...). The hook signs and sends
-    it only when the request comes from the plugin's own code, called by pluggy, called by the
-    pytest function that owns that moment: wrap_session (start, finish), call_and_report
-    (test: its `report` and `call` are the ones it made, for an item collected in this session,
-    not changed since), the session's collection (collect). Anything else asking, the plugin
-    driven through gc, the call stack, sys.modules or ctypes included, gets a tamper record.
-  * It refuses, with a tamper record and a RuntimeError, the introspection those routes use
-    where an audit event exists: gc object walks, other threads' frames, trace and profile
-    functions, sys.monitoring callbacks, reading memory and C symbols of the interpreter through
-    ctypes, opening /proc/*/mem, replacing a function's code or defaults.
-  * No code the tests can replace or define runs inside the hook, so none of it finds the hook's
-    frame (f_back) and the signer in its locals: every name it uses is bound at install (no
-    lookup through a module attribute or builtins at call time), every object it reads is first
-    checked to be of the exact type pytest made, and that type and its bases unchanged since
-    install (a replaced method or an added property would run inside the hook); instance data
-    is read from the instance dict, never through a property or __getattr__.
+  * A record is asked for with sys.audit("wharf.record", kind, ...). decide gives it only when
+    the request comes from the plugin's own code, called by pluggy, called by the pytest
+    function that owns that moment: wrap_session (start, finish), call_and_report (test: its
+    `report` and `call` are the ones it made, for an item collected in this session, not changed
+    since), the session's collection (collect). Anything else asking gets a tamper record.
+  * It refuses, with a tamper record and a RuntimeError, the introspection that reads around
+    that where an audit event exists: gc object walks, other threads' frames, trace and profile
+    functions, sys.monitoring callbacks, memory and C symbols of the interpreter through ctypes,
+    /proc/*/mem, replacing the code or defaults of a function of pytest, pluggy or this module.
+  * Every name the functions below use is a parameter bound when they are defined (no global or
+    builtin looked up at call time), every object read is first checked to be of the exact type
+    pytest made, that type and its bases unchanged since the session's start; instance data is
+    read from the instance dict, never through a property or __getattr__.
 
-What it cannot stop (docs/judges.md): code that runs inside the hook's extent without being
-called by it (a Python signal handler, a gc callback or a finalizer run by an allocation),
-native code, and everything in the tests' own process that is not a record.
+Where the sealer is not built for the interpreter that runs the tests (a task's own Python),
+the same decide runs under a sealer in Python (`_python_sealer`), whose key a signal handler can
+reach: the start record says which sealer signed (reward.json's `sealed`). docs/judges.md says
+what in-process code can still do.
 """
 import os
 import re
@@ -59,7 +61,7 @@ def _codes(*modules):
 
 
 def _classes(prefixes, extra):
-    """{id: (class, copy of its dict)} of every class of the modules named with `prefixes`, of
+    """{id: (class, read-only copy of its dict)}, read-only, of every class of the modules named with `prefixes`, of
     `extra`, and of their bases (builtins aside: they cannot be changed)."""
     found = list(extra)
     for name, mod in list(sys.modules.items()):
@@ -69,11 +71,257 @@ def _classes(prefixes, extra):
     for cls in found:
         for base in cls.__mro__:
             if base.__flags__ & HEAPTYPE:
-                out[id(base)] = (base, dict(vars(base)))
-    return out
+                out[id(base)] = (base, types.MappingProxyType(dict(vars(base))))
+    return types.MappingProxyType(out)
 
 
-def install(key, fd, recorder_cls, signer):
+
+
+# ---- decide and its helpers: everything they use is a parameter bound here, at definition ----
+# ctx (built by install, a tuple, nothing in it mutable):
+#   0 mine, 1 relay, 3 protected: code objects (frozensets); 2 sites: kind -> {call site's code: its globals}
+#   4 TestReport, 5 CallInfo, 6 Session: pytest's classes; 7 node_slots: Node's slot readers
+#   8 (NodeId, its text reader) on pytest >= 9, else (None, None); 9 the plugin's class; 10 the sealer
+# state (kept by the sealer, replaced only by what decide returns): (session, items, classes)
+
+
+def _unchanged(cls, classes, _type=type, _id=id, _str=str, _bool=bool, _int=int, _float=float,
+               _none=type(None), dget=dict.get, pget=types.MappingProxyType.get, missing=_MISSING,
+               class_dict=type.__dict__["__dict__"].__get__, class_mro=type.__dict__["__mro__"].__get__,
+               class_flags=type.__dict__["__flags__"].__get__, heaptype=HEAPTYPE):
+    """cls and its bases are pytest's, as they were at the session's start."""
+    for base in class_mro(cls):
+        if not class_flags(base) & heaptype:
+            continue  # a builtin: it cannot change
+        kept = pget(classes, _id(base))
+        if kept is None or kept[0] is not base:
+            return False
+        now, then = class_dict(base), kept[1]
+        for name in now:
+            if _type(name) is not _str:
+                return False
+        for name in then:
+            if name not in now:
+                return False
+        for name in now:
+            value = now[name]
+            if pget(then, name, missing) is not value:
+                t = _type(value)  # pytest sets flags on its classes as it runs: plain data runs no code
+                if not (t is _bool or t is _int or t is _str or t is _float or t is _none):
+                    return False
+    return True
+
+
+def _fields(obj, cls, classes, _type=type, _vars=vars, _dict=dict, _str=str, unchanged=_unchanged):
+    """obj's instance dict when obj is exactly a `cls` (unchanged) with plain str keys, else None."""
+    if _type(obj) is not cls or not unchanged(cls, classes):
+        return None
+    d = _vars(obj)
+    if _type(d) is not _dict:
+        return None
+    for name in d:
+        if _type(name) is not _str:
+            return None
+    return d
+
+
+def _node_attr(item, d, name, node_slots, dget=dict.get, pget=types.MappingProxyType.get):
+    """pytest >= 9 keeps a node's session and id in slots (read through their C descriptors)."""
+    get = pget(node_slots, name)
+    return get(item) if get is not None else dget(d, name)
+
+
+def _id_text(nid, node_id, _type=type, _str=str):
+    """The text of a pytest 9 NodeId (its cache, filled when pytest formatted it), or None."""
+    if node_id[0] is not None and _type(nid) is node_id[0]:
+        text = node_id[1](nid)
+        return text if _type(text) is _str else None
+    return None
+
+
+def _nodeid_of(item, d, c, _type=type, _str=str, dget=dict.get, node_attr=_node_attr, id_text=_id_text):
+    """An item's nodeid (pytest < 9: _nodeid; 9: its NodeId, in a slot)."""
+    old = dget(d, "_nodeid")
+    return old if _type(old) is _str else id_text(node_attr(item, d, "_id", c[7]), c[8])
+
+
+def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK, pget=types.MappingProxyType.get):
+    """The pytest frame that called pluggy, which called the plugin's `frame`; None when the
+    plugin did not ask, or was not called from one of the `allowed` code objects (None: any) run
+    with its own module's globals (the same code in a function made with other globals, whose
+    CallInfo never runs the test, is not pytest's call site)."""
+    if frame is None or frame.f_code not in mine:
+        return None
+    frame = frame.f_back
+    while frame is not None and frame.f_code in mine:  # the plugin's own helpers
+        frame = frame.f_back
+    for _ in _range(max_walk):
+        if frame is None or frame.f_code not in relay:
+            break
+        frame = frame.f_back
+    if frame is None or (allowed is not None and pget(allowed, frame.f_code) is not frame.f_globals):
+        return None
+    return frame
+
+
+def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dict, dget=dict.get,
+                 pget=types.MappingProxyType.get, fields=_fields, node_attr=_node_attr, id_text=_id_text,
+                 nodeid_of=_nodeid_of):
+    """(nodeid, when, outcome, xfail) for call_and_report's `report`, or why it is not genuine."""
+    session, items, classes = state
+    loc = site.f_locals
+    if _type(loc) is not _dict:
+        return "a frame without plain locals"
+    item, call = dget(loc, "item"), dget(loc, "call")
+    kept = pget(items, _id(item))
+    if kept is None or kept[0] is not item:
+        return "a report for an item this session did not collect"
+    di, dr, dc = fields(item, kept[1], classes), fields(report, c[4], classes), fields(call, c[5], classes)
+    if di is None or dr is None or dc is None:
+        return "pytest's item, report or call classes changed, or not the objects pytest made"
+    if dget(loc, "report") is not report or node_attr(item, di, "session", c[7]) is not session:
+        return "a report pytest's runner did not make"
+    if dget(di, "_obj") is not kept[2] or "runtest" in di or "ihook" in di or "obj" in di:
+        return "an item changed since collection"
+    nodeid = dget(dr, "nodeid") if "nodeid" in dr else id_text(dget(dr, "_id"), c[8])  # pytest < 9 | 9
+    when, outcome, cwhen = dget(dr, "when"), dget(dr, "outcome"), dget(dc, "when")
+    if _type(nodeid) is not _str or _type(when) is not _str or _type(outcome) is not _str or _type(cwhen) is not _str \
+            or nodeid != nodeid_of(item, di, c) or when != cwhen:
+        return "a report that does not match its item"
+    if when == "call" and outcome == "passed" and dget(dc, "excinfo") is not None:
+        return "a passed report for a call that raised"
+    return (nodeid, when, outcome, "1" if "wasxfail" in dr else "0")
+
+
+def _normalised(path):
+    """os.path.normpath of an absolute path, by hand (os.path's could be replaced)."""
+    parts = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _refused(event, args, protected, _type=type, _len=len, _str=str, _bytes=bytes, refused=REFUSED,
+             match=PROC_MEM.match, normalised=_normalised, function_fields=FUNCTION_FIELDS,
+             function_type=types.FunctionType, code_of=types.FunctionType.__dict__["__code__"].__get__):
+    """Why this audit event is refused, or None (exact types only)."""
+    if event in refused:
+        return event
+    if event == "open" and _len(args) > 0:
+        path = args[0]
+        if _type(path) is _bytes:
+            path = path.decode("utf-8", "replace")
+        if _type(path) is _str and path[:1] == "/" and match(normalised(path)) is not None:
+            return "open " + normalised(path)
+        return None
+    if event == "ctypes.dlsym" and _len(args) > 1 and _type(args[1]) is _str and args[1].lstrip("_")[:2] == "Py":
+        return "ctypes.dlsym " + args[1]
+    if event == "object.__setattr__" and _len(args) > 1 and _type(args[1]) is _str and args[1] in function_fields \
+            and _type(args[0]) is function_type and code_of(args[0]) in protected:
+        return "replacing the %s of a function of pytest, pluggy or the plugin" % args[1]
+    return None
+
+
+def _start(c, state, site, _type=type, _str=str, dget=dict.get, getpid=os.getpid, classes_of=_classes):
+    """The session's start: pytest's classes as they are now (no code under test has run yet)."""
+    if state[0] is not None:
+        return None, ("tamper", "a second start"), None
+    session = dget(site.f_locals, "session")
+    if _type(session) is not c[6]:
+        return None, ("tamper", "a start without pytest's session"), None
+    classes = classes_of(("_pytest", "pluggy"), (c[9],))
+    return (session, state[1], classes), ("start", _str(getpid()), c[10]), None
+
+
+def _items(c, state, items, _type=type, _id=id, _list=list, dget=dict.get, pget=types.MappingProxyType.get,
+           fields=_fields, proxy=types.MappingProxyType):
+    """The session's collected items, kept read-only: (item, class, test function) by id."""
+    kept = {}
+    for i in (items if _type(items) is _list else ()):
+        cls = _type(i)
+        d = fields(i, cls, state[2]) if pget(state[2], _id(cls)) is not None else None
+        if d is not None:
+            kept[_id(i)] = (i, cls, dget(d, "_obj"))
+    return (state[0], proxy(kept), state[2]), None, None
+
+
+def _record(c, state, args, frame, _type=type, _len=len, _str=str, _int=int, _tuple=tuple, pget=types.MappingProxyType.get,
+            call_site=_call_site, test_record=_test_record, start=_start, items=_items, frame_type=types.FrameType):
+    """decide's answer to sys.audit("wharf.record", kind, ...)."""
+    if _type(args) is not _tuple or _len(args) < 2 or _type(args[0]) is not _str:
+        return None, ("tamper", "a malformed record request"), None
+    kind = args[0]
+    allowed = pget(c[2], kind, False)
+    site = call_site(frame, allowed, c[0], c[1]) if allowed is not False else None
+    if site is None or _type(site) is not frame_type:
+        return None, ("tamper", "a %s record asked for outside pytest's own call site" % kind[:20]), None
+    if kind == "start":
+        return start(c, state, site)
+    if state[0] is None:
+        return None, ("tamper", "a %s record before the start" % kind), None
+    if kind == "items":
+        return items(c, state, args[1])
+    if kind == "test":
+        got = test_record(site, args[1], c, state)
+        return None, (("tamper", got) if _type(got) is _str else ("test",) + got), None
+    if kind == "finish" and _type(args[1]) is _int:
+        return None, ("finish", _str(args[1])), None
+    if kind in ("collect", "tamper") and _type(args[1]) is _str:
+        return None, (kind, args[1]), None
+    return None
+
+
+def decide(c, state, event, args, frame, _type=type, _str=str, record=_record, refused=_refused):
+    """The sealer's question for one audit event: None (nothing to do), or (new state or None,
+    record to sign or None, refusal or None). `frame` is the code that raised the event."""
+    if _type(event) is not _str:
+        return None
+    if event == "wharf.record":
+        return record(c, state, args, frame)
+    why = refused(event, args, c[3])
+    return None if why is None else (None, ("tamper", "refused: " + why), why)
+
+
+SEALED = (_unchanged, _fields, _node_attr, _id_text, _nodeid_of, _call_site, _test_record, _normalised, _refused,
+          _start, _items, _record, decide)  # run inside the sealer's hook: no global looked up at call time
+EMPTY = types.MappingProxyType({})
+
+
+def _python_sealer(key, fd, ctx, signer):
+    """The fallback where wharf_seal is not built for this interpreter: the same decide, signed in
+    Python. Its key is in this closure, which a signal handler run inside the hook can reach."""
+    mac, st, write, getframe, ask = signer(key), [(None, EMPTY, EMPTY), 0], os.write, sys._getframe, decide
+
+    def send(rec):
+        body = "%d %s %s" % (st[1], rec[0], " ".join(f.encode("utf-8").hex() or "-" for f in rec[1:]))
+        line = (body + " " + mac(body.encode("ascii")) + "\n").encode("ascii")
+        st[1] += 1
+        try:
+            while line:
+                line = line[write(fd, line):]
+        except OSError:
+            pass
+
+    def hook(event, args):
+        frame = getframe(1) if event == "wharf.record" else None  # (sys._getframe is an audit event too)
+        got = ask(ctx, st[0], event, args, frame)
+        if got is not None:
+            if got[0] is not None:
+                st[0] = got[0]
+            if got[1] is not None:
+                send(got[1])
+            if got[2] is not None:
+                raise RuntimeError("wharf: %s is refused while the tests are graded" % got[2])
+    sys.addaudithook(hook)
+
+
+def _context(recorder_cls, sealer):
+    """ctx: the code objects of the call sites and of what relays to them, pytest's classes,
+    taken now, before any code under test."""
     import _pytest.main
     import _pytest.nodes
     import _pytest.reports
@@ -82,200 +330,35 @@ def install(key, fd, recorder_cls, signer):
     import pluggy._hooks
     import pluggy._manager
 
-    # Every name used below, bound now: a later replacement of a builtin or a module attribute
-    # is never called from inside the hook.
-    _type, _id, _str, _int, _bytes, _dict, _list, _tuple = type, id, str, int, bytes, dict, list, tuple
-    _len, _vars, _frame_type = len, vars, types.FrameType
-    dget, write, getframe, match = dict.get, os.write, sys._getframe, PROC_MEM.match
-    code_of = types.FunctionType.__dict__["__code__"].__get__
-    class_dict = type.__dict__["__dict__"].__get__
-    class_mro = type.__dict__["__mro__"].__get__
-    class_flags = type.__dict__["__flags__"].__get__
-    getpid = os.getpid
-    node_id_cls = getattr(_pytest.nodes, "NodeId", None)
-    node_id_str = node_id_cls.__dict__["_str_cache"].__get__ if node_id_cls is not None else None
-    # pytest >= 9 keeps a node's session and id in slots: read through their C descriptors
-    node_slots = {name: d.__get__ for name, d in vars(_pytest.nodes.Node).items()
-                  if type(d) is types.MemberDescriptorType}
-    _bool, _float, _none = bool, float, type(None)
-
-    mac = signer(key)
     mine = _codes(recorder_cls)
     relay = _codes(pluggy._callers, pluggy._hooks, pluggy._manager)
-    sites = {"start": {_pytest.main.wrap_session.__code__}, "finish": {_pytest.main.wrap_session.__code__},
-             "test": {_pytest.runner.call_and_report.__code__}, "collect": _codes(_pytest.main, _pytest.runner),
-             "items": _codes(_pytest.main), "tamper": None}
-    protected = mine | relay | _codes(_pytest.main, _pytest.runner)
-    classes = {}  # taken at the session's start: pytest's own setup done, no code under test run yet
-    report_cls, call_cls, session_cls = _pytest.reports.TestReport, _pytest.runner.CallInfo, _pytest.main.Session
-    st = {"seq": 0, "session": None, "items": {}}
+    def run_by(module, codes):  # {code: the globals it must run with}, read-only
+        return types.MappingProxyType({code: vars(module) for code in codes})
+    session_site = run_by(_pytest.main, (_pytest.main.wrap_session.__code__,))
+    collect = {**run_by(_pytest.main, _codes(_pytest.main)), **run_by(_pytest.runner, _codes(_pytest.runner))}
+    sites = types.MappingProxyType({
+        "start": session_site, "finish": session_site,
+        "test": run_by(_pytest.runner, (_pytest.runner.call_and_report.__code__,)),
+        "collect": types.MappingProxyType(collect), "items": run_by(_pytest.main, _codes(_pytest.main)), "tamper": None})
+    ours = frozenset(f.__code__ for f in SEALED)
+    protected = mine | relay | ours | _codes(_pytest.main, _pytest.runner)
+    node_id = getattr(_pytest.nodes, "NodeId", None)
+    node_slots = types.MappingProxyType({name: d.__get__ for name, d in vars(_pytest.nodes.Node).items()
+                                         if type(d) is types.MemberDescriptorType})
+    return (mine, relay, sites, protected, _pytest.reports.TestReport, _pytest.runner.CallInfo, _pytest.main.Session,
+            node_slots, (node_id, node_id.__dict__["_str_cache"].__get__) if node_id else (None, None),
+            recorder_cls, sealer)
 
-    def send(kind, *fields):
-        body = "%d %s %s" % (st["seq"], kind, " ".join(f.encode("utf-8").hex() or "-" for f in fields))
-        line = (body + " " + mac(body.encode("ascii")) + "\n").encode("ascii")
-        st["seq"] += 1
-        try:
-            while line:
-                line = line[write(fd, line):]
-        except OSError:
-            pass  # the grader is gone or the descriptor was closed: records missing, a failure
 
-    def unchanged(cls):
-        """cls and its bases are pytest's, as they were at install."""
-        for base in class_mro(cls):
-            if not class_flags(base) & HEAPTYPE:
-                continue  # a builtin: it cannot change
-            kept = dget(classes, _id(base))
-            if kept is None or kept[0] is not base:
-                return False
-            now, then = class_dict(base), kept[1]
-            for name in then:
-                if name not in now:
-                    return False
-            for name in now:
-                if _type(name) is not _str:
-                    return False
-                value = now[name]
-                if dget(then, name, _MISSING) is not value:
-                    t = _type(value)  # pytest sets flags on its classes as it runs: plain data runs no code
-                    if not (t is _bool or t is _int or t is _str or t is _float or t is _none):
-                        return False
-        return True
-
-    def fields(obj, cls):
-        """obj's instance dict when obj is exactly a `cls` (unchanged) with plain str keys, else None."""
-        if _type(obj) is not cls or not unchanged(cls):
-            return None
-        d = _vars(obj)
-        if _type(d) is not _dict:
-            return None
-        for name in d:
-            if _type(name) is not _str:
-                return None
-        return d
-
-    def node_attr(item, d, name):
-        get = dget(node_slots, name)
-        return get(item) if get is not None else dget(d, name)
-
-    def id_text(nid):
-        """The text of a pytest 9 NodeId (its cache, filled when pytest formatted it), or None."""
-        if node_id_cls is not None and _type(nid) is node_id_cls:
-            text = node_id_str(nid)
-            return text if _type(text) is _str else None
-        return None
-
-    def nodeid_of(item, d):
-        """An item's nodeid (pytest < 9: _nodeid; 9: its NodeId, in a slot)."""
-        old = dget(d, "_nodeid")
-        return old if _type(old) is _str else id_text(node_attr(item, d, "_id"))
-
-    def call_site(frame, allowed):
-        """The pytest frame that called pluggy, which called the plugin's `frame`; None when the
-        plugin did not ask, or was not called from one of the `allowed` code objects (None: any)."""
-        if frame.f_code not in mine:
-            return None
-        frame = frame.f_back
-        while frame is not None and frame.f_code in mine:  # the plugin's own helpers
-            frame = frame.f_back
-        for _ in range(MAX_WALK):
-            if frame is None or frame.f_code not in relay:
-                break
-            frame = frame.f_back
-        return frame if frame is not None and (allowed is None or frame.f_code in allowed) else None
-
-    def test_record(site, report):
-        """(nodeid, when, outcome, xfail) for call_and_report's `report`, or why it is not genuine."""
-        loc = site.f_locals
-        if _type(loc) is not _dict:
-            return "a frame without plain locals"
-        item, call = dget(loc, "item"), dget(loc, "call")
-        kept = dget(st["items"], _id(item))
-        if kept is None or kept[0] is not item:
-            return "a report for an item this session did not collect"
-        di, dr, dc = fields(item, kept[1]), fields(report, report_cls), fields(call, call_cls)
-        if di is None or dr is None or dc is None:
-            return "pytest's item, report or call classes changed, or not the objects pytest made"
-        if dget(loc, "report") is not report or node_attr(item, di, "session") is not st["session"]:
-            return "a report pytest's runner did not make"
-        if dget(di, "_obj") is not kept[2] or "runtest" in di or "ihook" in di or "obj" in di:
-            return "an item changed since collection"
-        nodeid = dget(dr, "nodeid") if "nodeid" in dr else id_text(dget(dr, "_id"))  # pytest < 9 | 9
-        when, outcome, cwhen = dget(dr, "when"), dget(dr, "outcome"), dget(dc, "when")
-        if _type(nodeid) is not _str or _type(when) is not _str or _type(outcome) is not _str or _type(cwhen) is not _str \
-                or nodeid != nodeid_of(item, di) or when != cwhen:
-            return "a report that does not match its item"
-        if when == "call" and outcome == "passed" and dget(dc, "excinfo") is not None:
-            return "a passed report for a call that raised"
-        return (nodeid, when, outcome, "1" if "wasxfail" in dr else "0")
-
-    def refused(event, args):
-        """Why this audit event is refused, or None (exact types only: no code of the tests runs here)."""
-        if event in REFUSED:
-            return event
-        if event == "open" and _len(args) > 0:
-            path = args[0]
-            if _type(path) is _bytes:
-                path = path.decode("utf-8", "replace")
-            if _type(path) is _str:
-                parts = []
-                for part in path.split("/"):  # normpath by hand: os.path's could be replaced
-                    if part == "..":
-                        if parts:
-                            parts.pop()
-                    elif part and part != ".":
-                        parts.append(part)
-                clean = "/" + "/".join(parts)
-                return "open " + clean if path[:1] == "/" and match(clean) is not None else None
-            return None
-        if event == "ctypes.dlsym" and _len(args) > 1 and _type(args[1]) is _str and args[1].lstrip("_")[:2] == "Py":
-            return "ctypes.dlsym " + args[1]
-        if event == "object.__setattr__" and _len(args) > 1 and _type(args[1]) is _str and args[1] in FUNCTION_FIELDS \
-                and _type(args[0]) is types.FunctionType and code_of(args[0]) in protected:
-            return "replacing the %s of a function of pytest, pluggy or the plugin" % args[1]
-        return None
-
-    def hook(event, args):
-        if _type(event) is not _str:
-            return  # the interpreter's own events are plain str; a str subclass asks for nothing
-        if event != "wharf.record":
-            why = refused(event, args)
-            if why is not None:
-                send("tamper", "refused: " + why)
-                raise RuntimeError("wharf: %s is refused while the tests are graded" % why)
-            return
-        if _type(args) is not _tuple or _len(args) < 2 or _type(args[0]) is not _str:
-            send("tamper", "a malformed record request")
-            return
-        kind = args[0]
-        # getframe(1): the code that called sys.audit, which must be the plugin's
-        site = call_site(getframe(1), sites[kind]) if kind in sites else None
-        if site is None or _type(site) is not _frame_type:
-            send("tamper", "a %s record asked for outside pytest's own call site" % kind[:20])
-            return
-        if kind == "start":
-            classes.update(_classes(("_pytest", "pluggy"), (recorder_cls,)))
-            session = dget(site.f_locals, "session")
-            st["session"] = session if _type(session) is session_cls else None
-            send("start", _str(getpid()))
-        elif kind == "items":
-            items = args[1] if _type(args[1]) is _list else []
-            kept = {}
-            for i in items:
-                cls = _type(i)
-                d = fields(i, cls) if _id(cls) in classes else None
-                if d is not None:
-                    kept[_id(i)] = (i, cls, dget(d, "_obj"))
-            st["items"] = kept
-        elif kind == "test":
-            got = test_record(site, args[1])
-            if _type(got) is _str:
-                send("tamper", got)
-            else:
-                send("test", *got)
-        elif kind == "finish" and _type(args[1]) is _int:
-            send("finish", _str(args[1]))
-        elif kind in ("collect", "tamper") and _type(args[1]) is _str:
-            send(kind, args[1])
-
-    sys.addaudithook(hook)
+def install(key, fd, recorder_cls, signer):
+    """Seal the records of this session: the C sealer when it is built for this interpreter, else
+    the one in Python (`signer(key)` -> mac function). Returns which: "c" or "python"."""
+    try:
+        import wharf_seal
+    except ImportError:
+        wharf_seal = None
+    if wharf_seal is not None:
+        wharf_seal.install(key, fd, decide, _context(recorder_cls, "c"), (None, EMPTY, EMPTY))
+        return "c"
+    _python_sealer(key, fd, _context(recorder_cls, "python"), signer)
+    return "python"

@@ -10,17 +10,17 @@ and the descriptor are in no argument, variable or file. Each record is one line
 
     SEQ KIND FIELD_HEX... MAC_HEX    MAC = HMAC-SHA256(key, "SEQ KIND FIELD_HEX...")
 
-KIND: start (before collection, so before any code under test is imported), test (nodeid,
+KIND: start (pid and sealer, c or python: before collection, so before any code under test is imported), test (nodeid,
 phase, outcome, xfail 0|1: one per pytest_runtest_logreport), collect (nodeid of a collector
 that failed), tamper (what of pytest's reporting machinery changed since start) and finish
 (pytest's exit status, at pytest_sessionfinish). Fields are hex so that no encoder the code
 under test could patch sits between what pytest reported and what is signed.
 
 The code under test runs in this process, so the key and the descriptor are kept where no
-object it can reach holds them: in an audit hook (pytest_guard.py), which signs a record only
-when pytest's own call site asked the plugin for it, and refuses the introspection (gc walks,
-ctypes, /proc/self/mem, other threads' frames) that reads around that. docs/judges.md says
-what is left.
+Python object holds them: in an audit hook written in C (wharf_seal.c), which signs a record
+only when pytest_guard.decide found that pytest's own call site asked the plugin for it, and
+which refuses the introspection (gc walks, ctypes, /proc/self/mem, other threads' frames) that
+reads around that. docs/judges.md says what is left.
 """
 import hashlib
 import os
@@ -60,8 +60,8 @@ def _read_channel():
 
 
 def _signer(key):
-    """HMAC-SHA256 from two prepared hash states, through C methods only (a patched hmac or
-    hashlib module after this point does not see the key)."""
+    """HMAC-SHA256 from two prepared hash states: the fallback sealer's (pytest_guard._python_sealer),
+    where wharf_seal is not built for this interpreter."""
     block = key.ljust(64, b"\0")
     inner = hashlib.sha256(bytes(b ^ 0x36 for b in block))
     outer = hashlib.sha256(bytes(b ^ 0x5C for b in block))
@@ -112,8 +112,8 @@ def _hook_snapshot(pm):
 
 
 class Recorder:
-    """The plugin. It holds no key and no descriptor: each record is asked of the audit hook
-    (pytest_guard.py), which signs it only for pytest's own call sites. The checks of pytest's
+    """The plugin. It holds no key and no descriptor: each record is asked of the sealer's audit
+    hook (wharf_seal.c), which signs what pytest_guard.decide finds at pytest's own call sites. The checks of pytest's
     machinery run around each test."""
 
     def __init__(self):

@@ -15,7 +15,7 @@ import hashlib
 import hmac
 
 MAGIC = "wharf-report-1"  # the channel line pytest_report.py reads: MAGIC KEY_HEX FD
-KINDS = {"start": 1, "test": 4, "collect": 1, "tamper": 1, "finish": 1}  # kind -> number of fields
+KINDS = {"start": 2, "test": 4, "collect": 1, "tamper": 1, "finish": 1}  # kind -> number of fields
 MAX_PROBLEMS = 20
 
 
@@ -32,7 +32,7 @@ def _decode(fields: list[str]) -> list[str] | None:
 
 def verify(data: bytes, key: bytes) -> dict:
     """The raw bytes read from the records descriptor -> {records: [(kind, fields)], problems,
-    finished, exitstatus, tampered}."""
+    finished, exitstatus, tampered, sealer (what signed: c, python, or "" without a start)}."""
     records: list[tuple[str, list[str]]] = []
     problems: list[str] = []
     tampered: list[str] = []
@@ -62,7 +62,8 @@ def verify(data: bytes, key: bytes) -> dict:
         problems.append(f"pytest's reporting was changed during the run: {tampered[:5]}")
     status = records[-1][1][0] if finished else ""
     return {"records": records, "problems": problems[:MAX_PROBLEMS], "finished": finished,
-            "exitstatus": int(status) if status.lstrip("-").isdigit() else None, "tampered": tampered[:MAX_PROBLEMS]}
+            "exitstatus": int(status) if status.lstrip("-").isdigit() else None, "tampered": tampered[:MAX_PROBLEMS],
+            "sealer": records[0][1][1] if records and records[0][0] == "start" else ""}
 
 
 def _check_line(raw: bytes, key: bytes, seq: int) -> tuple[str, list[str]] | str:
