@@ -185,7 +185,7 @@ def measure(args) -> dict:
     r["gflops"] = matmul_gflops(args.threads)
     r["anchor"], r["anchor_why"] = None, "--no-llama"
     if not args.no_llama:
-        loaded, r["anchor_why"] = llamacpp.load(args.threads)
+        loaded, r["anchor_why"] = llamacpp.load(args.llama_threads or args.threads)
         if loaded:
             chat = llamacpp.llama_chat(*loaded, args.tokens)
             r["anchor_decode"] = (8 * args.tokens, llamacpp.decode_seconds(chat, PROMPTS, 8))
@@ -198,7 +198,8 @@ def report(r: dict, args) -> None:
     n, dt, params = r["generate"]
     base = n / dt
     limit = r["gflops"] * 1e9 / (2 * params)
-    print(f"SmolLM2-135M-Instruct, CPU fp32, {args.threads} torch threads, {args.tokens} tokens per request; "
+    print(f"SmolLM2-135M-Instruct, CPU fp32, {args.threads} torch threads "
+          f"(llama.cpp: {args.llama_threads or args.threads}), {args.tokens} tokens per request; "
           f"load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (start, engines done, end)")
     print(f"compute limit: {params / 1e6:.1f} M parameters = {2 * params / 1e9:.2f} GFLOP a token; "
           f"fp32 matmul peak {r['gflops']:.0f} GFLOP/s -> {limit:.0f} tok/s")
@@ -240,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch threads (engine and generate), llama.cpp threads")
     ap.add_argument("--repeats", type=int, default=2, help="alternate base/adapter runs per concurrency")
     ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp anchor")
+    ap.add_argument("--llama-threads", type=int, default=0,
+                    help="llama.cpp threads (default --threads; on cores other work shares, 1 can be faster: its "
+                         "threads wait on each other spinning)")
     args = ap.parse_args(argv)
     report(measure(args), args)
 
