@@ -20,11 +20,13 @@ envdefaults.apply()  # before torch loads
 
 import argparse  # noqa: E402
 import concurrent.futures  # noqa: E402
+import contextlib  # noqa: E402
 import os  # noqa: E402
 import socket  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
 
 from bench import llamacpp  # noqa: E402
 from bench.engine_prefix import engine_chat, prefix_rows, print_prefix_table  # noqa: E402
@@ -166,30 +168,51 @@ def engine_config(threads: int, *overrides: str):
                               *overrides])
 
 
+def alternate(runs: dict[str, Callable[[int], dict[str, float]]], repeats: int) -> dict[str, dict[str, float]]:
+    """Each run `repeats` times, in turn, the order reversed every other repeat (a load that drifts
+    weighs on all alike); each run's figures summed."""
+    sums: dict[str, dict[str, float]] = {name: {} for name in runs}
+    for rep in range(repeats):
+        for name in list(runs)[::1 if rep % 2 == 0 else -1]:
+            for key, value in runs[name](rep).items():
+                sums[name][key] = sums[name].get(key, 0.0) + value
+    return sums
+
+
 def measure(args) -> dict:
     from engine.launch import launch
 
-    r: dict = {"load": [os.getloadavg()[0]]}
+    r: dict = {"load": [os.getloadavg()[0]], "anchor": None, "anchor_why": "--no-llama"}
     cfg = engine_config(args.threads)
     r["max_batch"] = cfg.engine.max_batch
-    with launch(cfg) as ep:
-        r["rows"] = throughput_rows(ep.url, ep.api_key, args.tokens, "engine", (1, 4, 16, 32))
-        r["on"] = prefix_rows(engine_chat(ep.url, ep.api_key, args.tokens), "on")
-        r["lora"] = adapter_vs_base(ep, ep.url, args.tokens, args.repeats)
-        r["rss"] = _peak_rss_mib(ep.process.pid) if ep.process else None
-    with launch(engine_config(args.threads, "engine.prefix_cache=false", "engine.max_batch=16")) as ep:
-        r["rows"] += throughput_rows(ep.url, ep.api_key, args.tokens, "max_batch 16, cache off", (32,))
-        r["off"] = prefix_rows(engine_chat(ep.url, ep.api_key, args.tokens), "off")
-    r["load"].append(os.getloadavg()[0])
+    with contextlib.ExitStack() as stack:  # both engines up at once, idle but for the one measured
+        on = stack.enter_context(launch(cfg))
+        off = stack.enter_context(launch(engine_config(args.threads, "engine.prefix_cache=false",
+                                                       "engine.max_batch=16")))
+        r["rows"] = throughput_rows(on.url, on.api_key, args.tokens, "engine", (1, 4, 16))
+        run_engine(off.url, 1, 1, 4, off.api_key)  # warm-up
+
+        def at_32(ep):
+            return lambda rep: dict(zip(("tokens", "seconds"), run_engine(ep.url, 32, 32, args.tokens, ep.api_key)))
+
+        wide = alternate({"engine, 32 concurrent": at_32(on), "max_batch 16, cache off, 32 concurrent": at_32(off)},
+                         args.repeats)
+        r["rows"] += [(name, 32 * args.repeats, int(v["tokens"]), v["seconds"]) for name, v in wide.items()]
+        backends = {"on": engine_chat(on.url, on.api_key, args.tokens),
+                    "off": engine_chat(off.url, off.api_key, args.tokens)}
+        if not args.no_llama:
+            loaded, r["anchor_why"] = llamacpp.load(args.llama_threads or args.threads)
+            if loaded:
+                backends["llama"] = llamacpp.llama_chat(*loaded, args.tokens)
+                r["anchor_decode"] = (8 * args.tokens, llamacpp.decode_seconds(backends["llama"], PROMPTS, 8))
+        prefix = alternate({name: (lambda rep, name=name: prefix_rows(backends[name], f"{name}-{rep}", name != "llama"))
+                            for name in backends}, args.repeats)
+        r["on"], r["off"], r["anchor"] = prefix["on"], prefix["off"], prefix.get("llama")
+        r["load"].append(os.getloadavg()[0])
+        r["lora"] = adapter_vs_base(on, on.url, args.tokens, args.repeats)
+        r["rss"] = _peak_rss_mib(on.process.pid) if on.process else None
     r["generate"] = run_generate(4, args.tokens, args.threads)
     r["gflops"] = matmul_gflops(args.threads)
-    r["anchor"], r["anchor_why"] = None, "--no-llama"
-    if not args.no_llama:
-        loaded, r["anchor_why"] = llamacpp.load(args.llama_threads or args.threads)
-        if loaded:
-            chat = llamacpp.llama_chat(*loaded, args.tokens)
-            r["anchor_decode"] = (8 * args.tokens, llamacpp.decode_seconds(chat, PROMPTS, 8))
-            r["anchor"] = prefix_rows(chat, "llama", concurrent_ok=False)
     r["load"].append(os.getloadavg()[0])
     return r
 
@@ -200,7 +223,7 @@ def report(r: dict, args) -> None:
     limit = r["gflops"] * 1e9 / (2 * params)
     print(f"SmolLM2-135M-Instruct, CPU fp32, {args.threads} torch threads "
           f"(llama.cpp: {args.llama_threads or args.threads}), {args.tokens} tokens per request; "
-          f"load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (start, engines done, end)")
+          f"load average {' -> '.join(f'{x:.1f}' for x in r['load'])} (start, prefix rows done, end)")
     print(f"compute limit: {params / 1e6:.1f} M parameters = {2 * params / 1e9:.2f} GFLOP a token; "
           f"fp32 matmul peak {r['gflops']:.0f} GFLOP/s -> {limit:.0f} tok/s")
     print(f"{'path':<40} {'requests':>8} {'tokens':>7} {'seconds':>8} {'tok/s':>7} {'vs generate':>12} {'of limit':>9}")
@@ -218,8 +241,8 @@ def report(r: dict, args) -> None:
         for conc in (1, 16, 32):
             print(f"engine at {conc} concurrent / llama.cpp: "
                   f"{speed[f'engine, {conc} concurrent'] / speed['llama.cpp (Q4_1), 1 at a time']:.2f}x")
-    print("\nprefix cache: a ~1,000-token prompt (seconds a call or a group, all calls "
-          f"{args.tokens} tokens)")
+    print(f"\nprefix cache: a ~1,070-token prompt (seconds a call or a group, summed over {args.repeats} "
+          f"repeats taken in turn; every call {args.tokens} tokens)")
     print_prefix_table(r["on"], r["off"], r["anchor"])
     if r["anchor"] is None:
         print(f"llama.cpp anchor not run: {r['anchor_why']}")
