@@ -18,6 +18,10 @@ def _collect(cfg) -> int:
     print(f"round {cfg.round}: {len(summary.rows)}/{summary.planned} rollouts "
           f"({summary.resumed} resumed), status {summary.counts}, mean reward {mean}")
     print(f"groups with both a success and a failure: {len(summary.mixed_groups())} {summary.mixed_groups()}")
+    if summary.prefix_cache and summary.prefix_cache["hit_rate"] is not None:
+        pc = summary.prefix_cache
+        print(f"prefix cache: {pc['cached_tokens']} of {pc['prompt_tokens']} prompt tokens reused "
+              f"({pc['hit_rate']:.1%})")
     if summary.text_only:
         print(f"{len(summary.text_only)} rollouts are text-only (the endpoint returned no token ids): "
               "convert them with convert.mode=sft; GRPO refuses them")

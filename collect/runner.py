@@ -30,7 +30,7 @@ from wharf import endpoint, schema, storage
 from collect.audit import orphan_turns, text_only_rollouts
 from wharf.config import RunConfig, dump_config
 from wharf.layout import JOB_FILES, WAL_DIR, CollectPaths
-from wharf.replicas import PublishRecord
+from wharf.replicas import PublishRecord, replica_urls
 from collect.executor import check_executor, make_executor
 from collect.proxy_client import ServiceError
 from collect.records import RolloutRow
@@ -49,6 +49,7 @@ class RoundSummary:
     resumed: int = 0
     nodes: dict[str, int] = field(default_factory=dict)  # trials finished by this run, per node
     text_only: list[str] = field(default_factory=list)  # rollouts recorded without token ids (SFT rows only)
+    prefix_cache: dict | None = None  # the endpoints' prompt tokens and prefix-cache hits during the round
 
     @property
     def counts(self) -> dict[str, int]:
@@ -181,6 +182,19 @@ class Round:
         self.policy = cfg.collect.policy or cfg.endpoint.model
         self.writer = RowsWriter(self.paths)
 
+    def _prefix_counters(self) -> tuple[float, float] | None:
+        """The prefix-cache counters summed over every replica the proxy routes to; None when one
+        lacks them (no /metrics, cache off) or the endpoint is a text-only teacher."""
+        if self.cfg.proxy.text_only:
+            return None
+        total = (0.0, 0.0)
+        for url in replica_urls(self.cfg.endpoint.url, self.cfg.proxy.upstreams):
+            c = endpoint.Endpoint(url, self.cfg.endpoint.api_key).prefix_cache_counters()
+            if c is None:
+                return None
+            total = (total[0] + c[0], total[1] + c[1])
+        return total
+
     def _record(self, summary: RoundSummary, bar: tqdm, row: RolloutRow, node: str) -> None:
         """A finished trial, in the driver: the whole table is rewritten (atomically) and uploaded
         by the writer's thread, not here, so the dispatch loop goes on at once; a killed round
@@ -227,6 +241,7 @@ class Round:
             log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
 
         executor_info: dict = {}
+        counters = await asyncio.to_thread(self._prefix_counters) if todo else None
         if todo:
             executor = make_executor(self.cfg, self.policy, self.config_path)
             with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
@@ -240,6 +255,10 @@ class Round:
             # that every proxy has stopped, so a round is a few files, not thousands.
             _fold_shards(self.paths)
 
+        summary.prefix_cache = prev.get("prefix_cache")  # a finished round's, or a resumed one's so far
+        if counters is not None:
+            summary.prefix_cache = prefix_cache_summary(counters, await asyncio.to_thread(self._prefix_counters),
+                                                        summary.prefix_cache)
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
         summary.text_only = text_only_rollouts(self.paths)
         manifest.update({
@@ -252,6 +271,8 @@ class Round:
             "mean_reward": summary.mean_reward, "mixed_groups": summary.mixed_groups(),
             "success_rate_by_task": _success_by_task(summary.rows),
         })
+        if summary.prefix_cache is not None:
+            manifest["prefix_cache"] = summary.prefix_cache
         if self.cfg.collect.executor != "local":  # which node ran how many of this run's trials
             manifest["executor"] = {"kind": self.cfg.collect.executor, **executor_info,
                                     "trials_by_node": dict(sorted(summary.nodes.items()))}
@@ -265,6 +286,18 @@ def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
     for r in rows:
         by.setdefault(r.task_id, []).append(1.0 if (r.reward or 0) > 0 else 0.0)
     return {k: sum(v) / len(v) for k, v in sorted(by.items())}
+
+
+def prefix_cache_summary(before: tuple[float, float], after: tuple[float, float] | None,
+                         prev: dict | None = None) -> dict | None:
+    """Prompt tokens the endpoints looked up during the round and how many came from the prefix
+    cache (added to a resumed round's earlier runs); None if an endpoint restarted meanwhile."""
+    if after is None or after[0] < before[0] or after[1] < before[1]:
+        return None
+    prompt = after[0] - before[0] + (prev or {}).get("prompt_tokens", 0)
+    cached = after[1] - before[1] + (prev or {}).get("cached_tokens", 0)
+    return {"prompt_tokens": int(prompt), "cached_tokens": int(cached),
+            "hit_rate": round(cached / prompt, 4) if prompt else None}
 
 
 def with_refusals(cfg: RunConfig) -> RunConfig:

@@ -89,7 +89,8 @@ def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
     if summary.text_only:
         log.warning("round %d: %d rollouts are text-only (the endpoint returned no token ids): GRPO refuses them",
                     cfg.round, len(summary.text_only))
-    return {"policy": cfg.collect.policy, "rollouts": len(summary.rows), "mean_reward": summary.mean_reward}
+    return {"policy": cfg.collect.policy, "rollouts": len(summary.rows), "mean_reward": summary.mean_reward,
+            "prefix_cache_hit_rate": (summary.prefix_cache or {}).get("hit_rate")}
 
 
 def measure_shift(cfg: RunConfig) -> None:

@@ -60,6 +60,10 @@ def test_minimal_agent_round_is_token_exact(tmp_path, engine_url, tokenizer):
     turns = schema.read_dir(collect_dir / "turns", "turns").to_pylist()
     sampling = json.loads(turns[0]["sampling"])
     assert sampling["temperature"] == 1.0 and sampling["logprobs"] is True and sampling["max_tokens"] <= 48
+    # Read from the engine's /metrics around the trials: the second attempt of a task reuses the first's prompt.
+    pc = json.loads((collect_dir / "manifest.json").read_text())["prefix_cache"]
+    assert 0 < pc["cached_tokens"] < pc["prompt_tokens"] and pc["hit_rate"] == round(
+        pc["cached_tokens"] / pc["prompt_tokens"], 4), pc
 
 
 def test_mini_swe_agent_round_is_recorded_and_graded(tmp_path, engine_url, tokenizer):

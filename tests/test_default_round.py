@@ -61,6 +61,9 @@ def test_default_round_has_learning_signal(default_round, tokenizer):
     # A gross-regression guard: 12.6 min at 8 trials at once beside other work (25 min in CI at
     # 2 at once, where this guard, then at 24 min, caught it).
     assert manifest["wall_s"] < 20 * 60, manifest["wall_s"]
+    # The 4 attempts of a task share their first prompt: the engine's prefix cache reuses it.
+    pc = manifest["prefix_cache"]
+    assert 0 < pc["cached_tokens"] < pc["prompt_tokens"] and pc["hit_rate"] > 0.3, pc
     report = audit_round(default_round, lambda ids: tokenizer.decode(ids), tokenizer.eos_token)
     assert report.checked == 40 and report.ok, report.problems
 

@@ -10,7 +10,8 @@ from aiohttp import web
 
 from wharf.config import load_config
 from engine.launch import launch
-from wharf.endpoint import Endpoint, EndpointError
+from wharf.endpoint import Endpoint, EndpointError, parse_prefix_counters
+from collect.runner import prefix_cache_summary
 from conftest import free_port
 
 
@@ -19,6 +20,8 @@ def test_client_against_the_engine(engine_url, tmp_path):
     assert ep.healthy()
     assert ep.models() == ["smollm2-135m"]
     ep.check_capture()
+    queries, hits = ep.prefix_cache_counters()  # check_capture's calls were looked up
+    assert queries > 0 and 0 <= hits <= queries
     with pytest.raises(EndpointError, match="404: Loading lora x failed: No adapter found"):
         ep.load_adapter("x", tmp_path / "missing")
     with pytest.raises(EndpointError, match="cannot be found"):
@@ -121,3 +124,29 @@ def test_capture_check_names_the_fix_for_raw_logprobs():
     with FakeVLLM(raw=False, token_ids=False) as fake:
         with pytest.raises(EndpointError, match="prompt_token_ids"):
             Endpoint(fake.url, model="m").check_capture()
+
+
+def test_prefix_counters_are_read_as_vllm_writes_them():
+    page = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1200.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 800.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 900.0 1700000000000
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 100.0
+vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9
+"""
+    assert parse_prefix_counters(page) == (2000.0, 1000.0)
+    assert parse_prefix_counters("vllm:prefix_cache_queries_total 5\n") is None  # no hits counter: cache off
+    assert parse_prefix_counters("") is None
+
+
+def test_round_prefix_cache_summary_is_the_difference():
+    assert prefix_cache_summary((100, 40), (1100, 790)) == {"prompt_tokens": 1000, "cached_tokens": 750,
+                                                            "hit_rate": 0.75}
+    # a resumed round adds its earlier runs' figures
+    prev = {"prompt_tokens": 1000, "cached_tokens": 750, "hit_rate": 0.75}
+    assert prefix_cache_summary((0, 0), (1000, 250), prev) == {"prompt_tokens": 2000, "cached_tokens": 1000,
+                                                              "hit_rate": 0.5}
+    assert prefix_cache_summary((100, 40), (50, 0)) is None  # the endpoint restarted during the round
+    assert prefix_cache_summary((100, 40), None) is None
+    assert prefix_cache_summary((100, 40), (100, 40))["hit_rate"] is None  # no calls

@@ -54,6 +54,15 @@ class Endpoint:
             raise EndpointError(f"{method} {self.url}{path} -> {status}: {_error_message(text)}{_auth_hint(status)}")
         return json.loads(text)
 
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """(prompt tokens looked up, tokens of them reused) from /metrics as the local engine and
+        vLLM count them; None where /metrics is missing or lacks the counters (cache off)."""
+        try:
+            status, text = self.request("GET", "/metrics", timeout=10)
+        except EndpointError:
+            return None
+        return parse_prefix_counters(text) if status == 200 else None
+
     # -- health -----------------------------------------------------------------------------------
     def healthy(self) -> bool:
         try:
@@ -142,6 +151,23 @@ def _error_message(text: str) -> str:
 
 def _auth_hint(status: int) -> str:
     return " (the endpoint wants an API key: set endpoint.api_key to its key)" if status == 401 else ""
+
+
+PREFIX_COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+
+
+def parse_prefix_counters(text: str) -> tuple[float, float] | None:
+    """The two prefix-cache counters of a Prometheus text page, summed over their labels (vLLM
+    labels one sample per engine); None unless both are there."""
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.partition("{") if "{" in line else line.partition(" ")
+        if name in PREFIX_COUNTERS:
+            value = rest.rpartition("}")[2] if "}" in rest else rest
+            sums[name] = sums.get(name, 0.0) + float(value.split()[0])
+    return (sums[PREFIX_COUNTERS[0]], sums[PREFIX_COUNTERS[1]]) if len(sums) == 2 else None
 
 
 def _log_tail(log: Path | None) -> str:
