@@ -16,14 +16,14 @@ BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
 # What each module starts; the budget of each group is in docs/development.md.
 _GROUPS = {
     "default round": ["test_default_round"],
-    "loop": ["test_loop", "test_overlap_live", "test_warmstart_live"],
+    "loop": ["test_loop", "test_overlap_live"],
     "sandboxed trials": ["test_redteam", "test_collect_round", "test_toy_tasks", "test_minimal_agent", "test_judges",
                          "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",
                          "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes"],
     "agent CLIs": ["test_agent_rounds", "test_agent_clis", "test_agents_check_install"],
     "engine": ["test_collect_engine", "test_minimal_agent_engine", "test_engine_adapters", "test_engine_api",
                "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",
-               "test_publish_replicas", "test_proxy_engine", "test_eval"],
+               "test_publish_replicas", "test_proxy_engine", "test_eval", "test_warmstart_live"],
     "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage", "test_warmstart_loop"],
     "ray": ["test_collect_ray"],
     "s3": ["test_s3_round", "test_s3_shards", "test_storage"],
