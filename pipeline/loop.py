@@ -20,6 +20,7 @@ collected while round k trains, from the newest published policy (pipeline/overl
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 from collections import Counter
@@ -122,12 +123,14 @@ def health_inputs(rnd) -> tuple[str, ...]:
 
 def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json.
-    With an endpoint, `replicas_serve` asks every replica what it serves now."""
+    With an endpoint, `replicas_serve` asks every replica what it serves now, unless the round
+    passed it before: a resumed loop walking its finished rounds again reads their publish records
+    (their policies may since have been unloaded; the round about to sample reloads its own)."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    storage.pull(rnd.root, health_inputs(rnd))
+    storage.pull(rnd.root, (*health_inputs(rnd), rnd.health.relative_to(rnd.root).as_posix()))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
     live = None
-    if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):
+    if ep is not None and not passed_before(rnd, "replicas_serve") and (read_marker(rnd, "publish") or {}).get("published"):
         live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), policy_name(cfg.round + 1),
                            rnd.train.adapter, ep.api_key)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed, live)
@@ -135,6 +138,15 @@ def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
                 "ok" if c.ok else "FAILED", c.seen)
     return checks
+
+
+def passed_before(rnd, check: str) -> bool:
+    """Whether the round's health.json (an earlier run's) records `check` as passed."""
+    try:
+        earlier = json.loads(rnd.health.read_text())
+    except (OSError, ValueError):
+        return False
+    return any(isinstance(c, dict) and c.get("name") == check and c.get("ok") is True for c in earlier)
 
 
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
