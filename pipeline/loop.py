@@ -20,7 +20,6 @@ collected while round k trains, from the newest published policy (pipeline/overl
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from collections import Counter
@@ -123,14 +122,12 @@ def health_inputs(rnd) -> tuple[str, ...]:
 
 def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json.
-    With an endpoint, `replicas_serve` asks every replica what it serves now, unless the round
-    passed it before: a resumed loop walking its finished rounds again reads their publish records
-    (their policies may since have been unloaded; the round about to sample reloads its own)."""
+    With an endpoint, `replicas_serve` asks every replica what it serves now."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    storage.pull(rnd.root, (*health_inputs(rnd), rnd.health.relative_to(rnd.root).as_posix()))
+    storage.pull(rnd.root, health_inputs(rnd))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
     live = None
-    if ep is not None and not passed_before(rnd, "replicas_serve") and (read_marker(rnd, "publish") or {}).get("published"):
+    if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):
         live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), policy_name(cfg.round + 1),
                            rnd.train.adapter, ep.api_key)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed, live)
@@ -138,15 +135,6 @@ def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
         log.log(logging.INFO if c.ok else logging.ERROR, "round %d health %s: %s: %s", c.round, c.name,
                 "ok" if c.ok else "FAILED", c.seen)
     return checks
-
-
-def passed_before(rnd, check: str) -> bool:
-    """Whether the round's health.json (an earlier run's) records `check` as passed."""
-    try:
-        earlier = json.loads(rnd.health.read_text())
-    except (OSError, ValueError):
-        return False
-    return any(isinstance(c, dict) and c.get("name") == check and c.get("ok") is True for c in earlier)
 
 
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -195,9 +183,10 @@ def train_checked(cfg: RunConfig) -> dict:
     return train_stage(cfg)
 
 
-def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = None) -> None:
+def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = None) -> bool:
     """Round cfg.round's convert, train, update measure and publish (its collect is done);
-    `waited_s`: how long the loop waited for that collect (overlapping rounds)."""
+    `waited_s`: how long the loop waited for that collect (overlapping rounds). True when this run
+    published the round's policy (a resumed loop walking a finished round did not)."""
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
     waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
@@ -205,7 +194,7 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
         drop_marker(rnd, "publish")  # a round trained again has new weights: published (and checked) again
     measure_shift(cfg)
     release_memory()  # the models train and the measurement loaded, before the loop samples again
-    run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
+    return run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
 
 
 def eval_round(cfg: RunConfig, ep: Endpoint | None) -> None:
@@ -214,7 +203,10 @@ def eval_round(cfg: RunConfig, ep: Endpoint | None) -> None:
 
 
 def close_round(cfg: RunConfig, t0: float, ep: Endpoint | None = None) -> None:
-    """Round cfg.round's health checks, its line, the report; stops the loop when a check failed."""
+    """Round cfg.round's health checks, its line, the report; stops the loop when a check failed.
+    `ep`: given when this run published the round, whose replicas are then asked what they serve;
+    a finished round walked again keeps its publish record (a restart or a later publish may have
+    unloaded its policy since; the round about to sample reloads its own: ensure_served)."""
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     checks = check_health(cfg, ep)
     storage.push_file(cfg.round_layout.health)
@@ -231,9 +223,9 @@ def sync_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
         t0 = time.monotonic()
         rcfg = round_config(cfg, k)
         run_stage(rcfg.round_layout, "collect", lambda: collect_stage(rcfg, ep))
-        learn_round(rcfg, ep)
+        published = learn_round(rcfg, ep)
         eval_round(rcfg, ep)
-        close_round(rcfg, t0, ep)
+        close_round(rcfg, t0, ep if published else None)
     return list(range(cfg.rounds))
 
 
@@ -245,10 +237,10 @@ def overlapped_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
             t0 = time.monotonic()
             got, waited = collector.wait(k)
             rcfg = round_config(cfg, k, got.policy)
-            learn_round(rcfg, ep, waited)
+            published = learn_round(rcfg, ep, waited)
             collector.published.set(k + 1)  # the next collects may sample from it now
             eval_round(rcfg, ep)
-            close_round(rcfg, t0, ep)
+            close_round(rcfg, t0, ep if published else None)
     return list(range(cfg.rounds))
 
 

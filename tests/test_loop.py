@@ -103,7 +103,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         for stage in ("train", "publish"):
             again.round(1).marker(stage).unlink()
         for name in ("policy-v1", "policy-v2"):  # the copy is another run: the engine must serve its adapters, not loop's
-            Endpoint(f"http://127.0.0.1:{port}").unload_adapter(name)  # (its passed rounds keep their verdicts)
+            Endpoint(f"http://127.0.0.1:{port}").unload_adapter(name)  # (walked again, its finished round 0 keeps its publish record)
         run_loop(load_config(REPO / "configs/learn.yaml", _overrides(tmp_path, "again", port)))
         a, b = _adapter(run, 1), _adapter(again, 1)
         assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
