@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from wharf import schema
 from wharf.config import load_config
@@ -18,19 +16,14 @@ from wharf.layout import RunLayout
 from conftest import REPO, free_port
 from pipeline.loop import run_loop
 from pipeline.stages import read_marker
-from train.stage import train_round
 
 sys.path.insert(0, str(Path(__file__).parent))
-from train_util import convert_path, run_config, sample_rows, write_round  # noqa: E402
+from train_util import adapter_tensors, trained_adapter  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
 LORA = ["train.lora_rank=4", "train.lora_alpha=8"]  # train_util's: the init adapter's shape
-
-
-def weights(adapter: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(adapter / "adapter_model.safetensors"))
 
 
 def first_logprobs(ep: Endpoint, model: str) -> list[float]:
@@ -41,9 +34,7 @@ def first_logprobs(ep: Endpoint, model: str) -> list[float]:
 
 
 def test_a_warm_started_round_samples_the_init_adapter_and_continues_it(tmp_path, engine_url):
-    sft = run_config(tmp_path, "name=sft", "train.lr=0.02")  # a stand-in for the SFT run: any trained LoRA
-    write_round(convert_path(sft), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)
-    init = Path(train_round(sft, progress=False).adapter)
+    init = trained_adapter(tmp_path, "sft")  # a stand-in for the SFT run: any trained LoRA
     cfg = load_config(REPO / "configs/learn.yaml", [
         f"runs_dir={tmp_path}", "name=warm", "rounds=1", f"loop.init_adapter={tmp_path / 'sft'}:1", *LORA,
         "collect.tasks=[sed-sub,echo-number]", "collect.attempts=3", "collect.concurrency=6",
@@ -59,7 +50,7 @@ def test_a_warm_started_round_samples_the_init_adapter_and_continues_it(tmp_path
         assert max(abs(a - b) for a, b in zip(first_logprobs(ep, "policy-v0"),
                                               first_logprobs(ep, cfg.endpoint.model))) > 1e-3
         assert read_marker(run.round(0), "publish")["policy"] == "policy-v1"
-        before, after = weights(init), weights(run.round(0).train.adapter)
+        before, after = adapter_tensors(init), adapter_tensors(run.round(0).train.adapter)
         assert before.keys() == after.keys()
         moved = sum((after[k] - before[k]).norm() ** 2 for k in before) ** 0.5
         size = sum(before[k].norm() ** 2 for k in before) ** 0.5

@@ -4,6 +4,7 @@ round with no signal carries the init adapter; the key's forms are checked at lo
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ from pipeline.overlap import allowed_policies, check_lag
 from testing.vllm_stub import StubServer
 from wharf.config import ConfigError, load_config
 from wharf.endpoint import Endpoint
+from train.stage import train_round
+
+sys.path.insert(0, str(Path(__file__).parent))
+from train_util import adapter_tensors, convert_path, run_config, sample_rows, trained_adapter, write_round  # noqa: E402
 
 
 def cfg_with(tmp_path: Path, *extra):
@@ -79,21 +84,10 @@ def test_zero_advantage_rounds_leave_the_init_adapter_bit_for_bit(tmp_path):
     policy-v0's weights in every round: kl_coef 0, weight_decay 0 and a fresh AdamW on zero
     gradients take no step. So its held-out score is the init adapter's, which every eval of the
     SFT+GRPO arm measures on the same trials (pipeline/loop.py: eval_stage)."""
-    import sys
-
-    from safetensors.torch import load_file
-
-    from train.stage import train_round
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from train_util import convert_path, run_config, sample_rows, write_round
-
-    sft = run_config(tmp_path, "name=sft", "train.lr=0.02")
-    write_round(convert_path(sft), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)
-    init = Path(train_round(sft, progress=False).adapter)
+    init = trained_adapter(tmp_path, "sft")
     zero = run_config(tmp_path, "name=zero", f"loop.init_adapter={tmp_path / 'sft'}:1", "train.epochs=2")
     write_round(convert_path(zero), sample_rows(4, 10, 1.0, seed=0), [0.0, 0.0, 0.0, 0.0], 1.0)
     out = train_round(zero, progress=False)
     assert out.steps > 0
-    a, b = (load_file(str(Path(d) / "adapter_model.safetensors")) for d in (init, out.adapter))
+    a, b = adapter_tensors(init), adapter_tensors(Path(out.adapter))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -97,3 +97,19 @@ def run_config(tmp: Path, *overrides: str) -> RunConfig:
 
 def convert_path(cfg: RunConfig, k: int = 0) -> Path:
     return RunLayout.of(cfg.runs_dir, cfg.name).round(k).convert.root
+
+
+def trained_adapter(tmp: Path, name: str = "sft") -> Path:
+    """A LoRA trained by one small round (run `name` in tmp, policy-v1 of `<tmp>/<name>`): a
+    stand-in for any adapter a run starts from (an SFT run's, as `make mini-sft` trains one)."""
+    from train.stage import train_round
+
+    cfg = run_config(tmp, f"name={name}", "train.lr=0.02")
+    write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)
+    return Path(train_round(cfg, progress=False).adapter)
+
+
+def adapter_tensors(adapter: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(adapter / "adapter_model.safetensors"))
