@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from wharf.config import Advantage
+from wharf.config_types import Advantage
 
 ESTIMATORS = typing.get_args(Advantage)  # the config's choices (checked when it loads)
 

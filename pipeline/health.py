@@ -5,7 +5,7 @@ with no trainable token, every rollout an infra error), so after each round the 
 few facts from what the stages wrote (`gather`, the I/O edge), checks them (`run_checks`, pure),
 writes rounds/<k>/health.json (the report's table) and stops when a check fails, naming the
 round, what was expected, what was seen and the file it was read from. Each check has a key
-under `loop.health` that relaxes it (wharf/config.py's HealthConfig).
+under `loop.health` that relaxes it (wharf/config_loop.py's HealthConfig).
 """
 from __future__ import annotations
 
