@@ -1,9 +1,7 @@
 """A fast stand-in for vLLM's /v1/chat/completions, speaking its wire format with token ids.
 
-It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`:
-`prompt_token_ids` at the top level (streaming: first chunk only), `choices[i].token_ids`, one
-`logprobs.content` entry per generated id (EOS included), and a final `choices: []` usage chunk
-when `stream_options.include_usage` is set. Tokens come from a toy word-level tokenizer, so ids
+It answers the way vLLM 0.33 does with `return_token_ids: true` and `logprobs: true`
+(testing/vllm_wire.py writes the answers). Tokens come from a toy word-level tokenizer, so ids
 are deterministic for a given prompt and `seed`.
 
 Error injection, for the proxy's tests and benchmark:
@@ -36,9 +34,7 @@ import argparse
 import asyncio
 import collections
 import json
-import math
 import random
-import time
 import uuid
 import zlib
 
@@ -49,6 +45,7 @@ from testing.app_thread import AppThread
 from engine.auth import auth_middleware
 
 from testing.stub_template import EOS_ID, VOCAB, WORD, render_prompt, tool_call_text, word_id
+from testing.vllm_wire import Reply, answer, stream_chunks
 
 ERROR_KINDS = ("500", "503", "400", "invalid_json", "no_token_ids", "drop", "short_usage")
 # What an OpenAI-only server refuses: vLLM's extensions of the chat request.
@@ -131,23 +128,6 @@ class Stub:
         return {"words": words, "ids": ids, "logprobs": lps, "finish": finish, "tool_call": tool_call,
                 "text": "" if tool_call else "".join(words[: len(words) - (finish != "length")])}
 
-    @staticmethod
-    def _lp_entry(word: str, lp: float, top: list | None = None) -> dict:
-        return {"token": word, "logprob": lp, "bytes": list(word.encode()), "top_logprobs": top or []}
-
-    @staticmethod
-    def _top(body: dict) -> list[dict]:
-        """`top_logprobs` alternatives, processed as vLLM's processed_logprobs are: fixed logits
-        divided by the temperature, so their gaps double when the temperature halves."""
-        n = int(body.get("top_logprobs") or 0)
-        if n <= 0:
-            return []
-        t = float(body.get("temperature") or 1.0)
-        scaled = [-k / t for k in range(n)]
-        norm = math.log(sum(math.exp(x) for x in scaled))
-        return [{"token": VOCAB[k % len(VOCAB)], "logprob": x - norm, "bytes": list(VOCAB[k % len(VOCAB)].encode())}
-                for k, x in enumerate(scaled)]
-
     # -- handlers ---------------------------------------------------------------------------
     def _pick_failure(self, body: dict) -> str | None:
         forced = body.get("stub_fail")
@@ -165,18 +145,9 @@ class Stub:
             return web.json_response(_error_body(400, "invalid JSON body"), status=400)
         self.requests.append(body)
         self.stats["requests"] += 1
-        if self.loras and body.get("model") not in (self.model, *self.adapters):
-            self.stats["missing_model"] += 1
-            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
-                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
-        self.stats[f"model:{body.get('model')}"] += 1
-        if body.get("stub_delay"):
-            await asyncio.sleep(float(body["stub_delay"]))
-        unknown = [k for k in VLLM_ONLY if k in body] if self.teacher else []
-        if unknown:
-            self.stats["error:unrecognized"] += 1
-            return web.json_response(_error_body(400, f"Unrecognized request argument supplied: {unknown[0]}"),
-                                     status=400)
+        refused = await self._refusal(body)
+        if refused is not None:
+            return refused
         fail = self._pick_failure(body)
         if fail:
             self.stats[f"error:{fail}"] += 1
@@ -192,81 +163,48 @@ class Stub:
         if too_long:
             self.stats["error:context"] += 1
             return web.json_response(_error_body(400, too_long), status=400)
-        gen = self.generate(body, prompt_ids)
-        want_ids = bool(body.get("return_token_ids")) and not self.teacher
-        want_lp = bool(body.get("logprobs")) and not self.teacher
-        model = body.get("model") or self.model
-        cid = f"chatcmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        usage = {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + len(gen["ids"]),
-                 "completion_tokens": len(gen["ids"]), "prompt_tokens_details": None}
+        r = Reply(body, fail, self.generate(body, prompt_ids), prompt_ids,
+                  ids=bool(body.get("return_token_ids")) and not self.teacher,
+                  lps=bool(body.get("logprobs")) and not self.teacher, model=body.get("model") or self.model)
         if body.get("stream"):
-            return await self._stream(request, body, fail, gen, prompt_ids, want_ids, want_lp, model, cid, created, usage)
+            return await self._stream(request, r)
         if not fail:
             self.stats["ok"] += 1
-        if fail == "short_usage":
-            usage = {**usage, "completion_tokens": usage["completion_tokens"] + 1}
-        message = {"role": "assistant", "content": gen["text"] if not gen["tool_call"] else None,
-                   "refusal": None, "annotations": None, "audio": None, "function_call": None,
-                   "tool_calls": [gen["tool_call"]] if gen["tool_call"] else [], "reasoning": None}
-        choice = {"index": 0, "message": message,
-                  "logprobs": {"content": [self._lp_entry(w, lp, self._top(body)) for w, lp in zip(gen["words"], gen["logprobs"])]}
-                  if want_lp else None,
-                  "finish_reason": gen["finish"], "stop_reason": None,
-                  "token_ids": gen["ids"] if want_ids and fail != "no_token_ids" else None}
-        out = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
-               "service_tier": None, "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
-               "prompt_token_ids": prompt_ids if want_ids and fail != "no_token_ids" else None,
-               "kv_transfer_params": None}
-        return web.Response(body=json.dumps(out).encode(), content_type="application/json")
+        return web.Response(body=json.dumps(answer(r)).encode(), content_type="application/json")
 
-    async def _stream(self, request, body, fail, gen, prompt_ids, want_ids, want_lp, model, cid, created, usage):
+    async def _refusal(self, body: dict) -> web.Response | None:
+        """What vLLM (or an OpenAI-only teacher) refuses before generating: a model it does not
+        serve, an argument it does not know; `stub_delay` waits first."""
+        if self.loras and body.get("model") not in (self.model, *self.adapters):
+            self.stats["missing_model"] += 1
+            return web.json_response({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                                "type": "NotFoundError", "param": None, "code": 404}}, status=404)
+        self.stats[f"model:{body.get('model')}"] += 1
+        if body.get("stub_delay"):
+            await asyncio.sleep(float(body["stub_delay"]))
+        unknown = [k for k in VLLM_ONLY if k in body] if self.teacher else []
+        if unknown:
+            self.stats["error:unrecognized"] += 1
+            return web.json_response(_error_body(400, f"Unrecognized request argument supplied: {unknown[0]}"),
+                                     status=400)
+        return None
+
+    async def _stream(self, request: web.Request, r: Reply) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
         await resp.prepare(request)
-
-        def chunk(choices, **extra) -> bytes:
-            obj = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                   "choices": choices, **extra}
-            return b"data: " + json.dumps(obj).encode() + b"\n\n"
-
-        first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        parts = [chunk([first], **({"prompt_token_ids": prompt_ids} if want_ids else {}))]
-        n = len(gen["ids"])
-        tc = gen["tool_call"]
-        for i, (word, tid, lp) in enumerate(zip(gen["words"], gen["ids"], gen["logprobs"])):
-            last = i == n - 1
-            if tc:  # hermes-style: markup tokens stream with empty deltas, the call comes parsed
-                delta = {}
-                if i == 0:
-                    delta = {"tool_calls": [{"index": 0, "id": tc["id"], "type": "function",
-                                             "function": {"name": tc["function"]["name"], "arguments": ""}}]}
-                elif i == n // 2:
-                    delta = {"tool_calls": [{"index": 0, "function": {"arguments": tc["function"]["arguments"]}}]}
-            else:
-                delta = {"content": "" if tid == EOS_ID else word}
-            c = {"index": 0, "delta": delta,
-                 "logprobs": {"content": [self._lp_entry(word, lp, self._top(body))]} if want_lp else None,
-                 "finish_reason": gen["finish"] if last else None}
-            if want_ids and fail != "no_token_ids":
-                c["token_ids"] = [] if (fail == "short_usage" and i == 1) else [tid]
-            parts.append(chunk([c]))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            parts.append(chunk([], usage=usage))
-        parts.append(b"data: [DONE]\n\n")
-        if fail == "invalid_json":
-            parts.insert(2, b'data: {"id": "chatcmpl-x", "choices": [\n\n')
-        if fail == "drop":
+        parts = stream_chunks(r)
+        if r.fail == "drop":
             for p in parts[:3]:
                 await resp.write(p)
             request.transport.close()
             return resp
-        if not fail:
+        if not r.fail:
             self.stats["ok"] += 1
-        if body.get("stub_chunk_delay"):  # a slow generation: the agent can leave mid-stream
+        if r.body.get("stub_chunk_delay"):  # a slow generation: the agent can leave mid-stream
             try:
                 for p in parts:
                     await resp.write(p)
-                    await asyncio.sleep(float(body["stub_chunk_delay"]))
+                    await asyncio.sleep(float(r.body["stub_chunk_delay"]))
             except ConnectionResetError:  # the caller aborted the generation, as vLLM allows
                 return resp
         else:
