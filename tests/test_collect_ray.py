@@ -54,6 +54,9 @@ def rounds():
         got["s3"] = {**_round(run / "rounds" / "0" / "collect"), "objects": json.loads((out / "bucket.json").read_text()),
                      "index": json.loads((conv / "index.json").read_text()),
                      "stats": json.loads((conv / "stats.json").read_text())}
+        ev = run / "evals" / "ray"  # `wharf eval` on the cluster into the same run, read back from the bucket
+        got["eval"] = {**_round(ev / "base" / "rounds" / "0" / "collect"), "root": ev,
+                       "summary": json.loads((ev / "summary.json").read_text())}
         print({p.stem: p.read_text().strip() for p in out.glob("*.wall")})  # seconds, for docs/scaling.md
         yield got
     finally:
@@ -129,6 +132,28 @@ def test_a_ray_round_in_s3_is_whole_in_the_bucket_and_converts_from_there(rounds
     assert s3["index"]["jobs"] == [job] and s3["stats"]["jobs_read"] == [job]
     assert s3["stats"]["rollouts"]["read"] == 4 and s3["stats"]["turns"]["read"] == len(s3["turns"])
     assert all(f"rounds/0/convert/{f['file']}" in objects for f in s3["index"]["files"])
+
+
+@pytest.mark.slow
+def test_an_eval_on_the_cluster_in_s3_reaches_the_bucket_from_every_node(rounds):
+    """`wharf eval` with collect on Ray and runs_dir=s3://, its driver's mirror hidden from the
+    workers (was: each node was handed a path in the driver's mirror, which it does not see, and
+    refused; on a shared disk its shards and trial logs never went up from the node)."""
+    from pipeline.eval import read_trials
+    from wharf.layout import RunLayout
+
+    ev = rounds["eval"]
+    ex = ev["manifest"]["executor"]
+    assert ev["manifest"]["state"] == "done" and ex["lost_nodes"] == [] and len(ex["nodes"]) == 2
+    assert sorted(ex["trials_by_node"]) == ex["nodes"]  # one trial on each node
+    assert sorted(r["task_id"] for r in ev["rollouts"]) == ["sed-add", "write-answer"]
+    assert all(r["status"] == "ok" for r in ev["rollouts"])
+    # each node's shards and trial logs, as an empty mirror pulled them from the bucket
+    assert {t["rollout_id"] for t in ev["turns"]} == {r["rollout_id"] for r in ev["rollouts"]}
+    assert sorted(ev["trial_dirs"]) == sorted(Path(r["trial_dir"]).name for r in ev["rollouts"])
+    base = ev["summary"]["policies"]["base"]
+    assert base["collect"] == "s3://wharf/runs/s3/evals/ray/base/rounds/0/collect" and base["trials"] == 2
+    assert len(read_trials(RunLayout(ev["root"] / "base"), 1)) == 2  # the eval reads back from the pulled copy
 
 
 @pytest.mark.slow

@@ -38,6 +38,27 @@ def test_an_eval_summary_goes_up_and_a_later_call_on_another_machine_keeps_its_p
     assert set(json.loads(storage.get(f"{s3}/runs/{key}"))["policies"]) == {"base", "x"}
 
 
+def test_an_evals_policy_round_names_the_bucket_so_each_node_works_in_its_own_mirror(monkeypatch, tmp_path):
+    """The collect round of an eval in object storage goes to collect (and Ray's nodes) by its URL:
+    on the driver it lands where the eval reads it, on a node in the node's own mirror, from
+    which the node uploads (was: the driver's mirror path, no node's and no URL on a node)."""
+    from pipeline.eval import policy_config
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "driver"))
+    cfg = load_config(None, ["runs_dir=s3://b/runs", "name=r", "eval.dataset=datasets/learn/heldout"])
+    ev = cfg.layout.eval("e")
+    pcfg = policy_config(cfg, ev, Policy("base", "base", None, 0), "m")
+    assert pcfg.runs_dir == "s3://b/runs/r/evals/e"
+    assert pcfg.round_layout.collect.root == ev.policy("base").round(0).collect.root
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "node"))
+    on_node = pcfg.round_layout.collect.root
+    assert on_node.is_relative_to(tmp_path / "node")
+    assert storage.url_of(on_node) == "s3://b/runs/r/evals/e/base/rounds/0/collect"
+    local = load_config(None, [f"runs_dir={tmp_path}/runs", "eval.dataset=datasets/learn/heldout"])
+    assert policy_config(local, local.layout.eval("e"), Policy("base", "base", None, 0), "m").runs_dir == \
+        str(local.layout.eval("e").root)
+
+
 def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_bucket(s3, monkeypatch, tmp_path):
     from pipeline.stages import has_signal
     from train.stage import convert_dir
