@@ -77,10 +77,11 @@ def resolve(spec: str, key: str = "eval.policies") -> Policy:
         return Policy(spec, "base", None, 0)
     head, sep, tail = spec.rpartition(":")
     if sep:
-        run, k = Path(head), int(tail)
+        run, k = storage.local_path(head), int(tail)  # a run dir, or a run in object storage (its mirror)
         if k == 0:
             return Policy(spec, "base", None, 0)
         adapter = RunLayout(run).round(k - 1).train.adapter
+        storage.pull(adapter)  # in object storage: the bucket's (a loop's eval resumed on another machine)
         if not has_adapter(adapter):
             raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
                             f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
@@ -198,7 +199,9 @@ def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
     job of its own for the policy (it resumes that one), or no such job is found."""
     if p.round is None or p.adapter is None or cfg.layout.eval(eval_name(cfg)).policy(p.label).round(0).collect.manifest.is_file():
         return None
-    evals = RunLayout(Path(p.spec.rpartition(":")[0])).evals
+    evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
+    job = f"*/{p.label}/rounds/0/collect"
+    storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
     for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
         try:
             manifest = json.loads(RunLayout(d).round(0).collect.manifest.read_text())
