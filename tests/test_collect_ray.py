@@ -47,7 +47,9 @@ def rounds():
                            capture_output=True, text=True)
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
         assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
-        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "busy", "kill")}
+        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect")
+               for name in ("local", "ray", "busy", "stall", "kill")}
+        got["stall"]["log"] = (out / "stall.log").read_text()
         got["held"] = json.loads((out / "held.json").read_text())
         run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
         conv = run / "rounds" / "0" / "convert"
@@ -175,6 +177,23 @@ def test_a_node_whose_cpu_other_work_holds_is_left_out_not_waited_for(rounds):
     assert sorted(_by_key(busy)) == sorted(_by_key(rounds["local"]))  # every rollout once
     assert busy["manifest"]["counts"]["by_status"] == {"ok": 4}
     assert busy["manifest"]["wall_s"] < 60  # never waited out the readiness bound
+
+
+@pytest.mark.slow
+def test_a_node_whose_trial_hangs_is_taken_out_at_the_straggler_bound(rounds):
+    """The agent hangs on worker 2, by design (tests.fixtures.agents:StallingAgent), and the round
+    has collect.ray_trial_timeout_s=20: worker 2 is named lost as stalled once its trial is 20 s
+    old, and that trial runs on worker 1; the round neither waits for harbor's 120 s agent timeout
+    nor ends."""
+    stall, w2 = rounds["stall"], rounds["held"]["node"]
+    ex = stall["manifest"]["executor"]
+    assert ex["lost_nodes"] == [w2] and w2 in ex["nodes"]
+    assert list(ex["trials_by_node"]) == [n for n in ex["nodes"] if n != w2]  # every recorded trial: worker 1's
+    assert sorted((r["task_id"], r["attempt"]) for r in stall["rollouts"]) == [("answer", a) for a in range(4)]
+    assert stall["manifest"]["counts"]["by_status"] == {"ok": 4}
+    assert f"node {w2} stalled (no answer within 20 s)" in stall["log"]
+    assert 20 <= stall["manifest"]["wall_s"] < 120
+    assert len(stall["trial_dirs"]) >= 5  # the hung try's dir is left, its rollout recorded by the rerun
 
 
 @pytest.mark.slow
@@ -309,13 +328,16 @@ async def _slow(p):
     return p.task.task_id
 
 
-def test_dispatch_takes_out_a_node_that_stops_answering():
-    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
+def test_dispatch_takes_out_a_node_that_stops_answering(caplog):
+    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others, and
+    the node is named as stalled (was: "failed (InvalidStateError: Result is not set.)", the
+    cancelled call read before it had ended)."""
     async def hung(p):
         await asyncio.Event().wait()
 
     out, ran = _dispatch({"a": _healthy, "b": hung}, 1, _todo(4), (), 0.3)
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}
+    assert "node b stalled (no answer within 0.3 s)" in caplog.text
 
 
 class Unavailable(Exception):
