@@ -69,10 +69,13 @@ class _Nodes:
                                      return_when=asyncio.FIRST_COMPLETED)
         self._joined([f for f in done if f in self.joining])
         now = self.loop.time()
-        for fut, (_, _, t0) in self.inflight.items():
-            if fut not in done and self.timeout_s is not None and now - t0 >= self.timeout_s:
-                fut.cancel()  # the straggler's node is taken out, like a failed one
-                done.add(fut)
+        stalled = [fut for fut, (_, _, t0) in self.inflight.items()
+                   if fut not in done and self.timeout_s is not None and now - t0 >= self.timeout_s]
+        for fut in stalled:
+            fut.cancel()  # the straggler's node is taken out, like a failed one
+        if stalled:  # a cancelled call ends on a later turn of the loop: its result is then the cancellation
+            await asyncio.wait(stalled, timeout=5)
+        done.update(stalled)
         return [(fut, *self.inflight.pop(fut)[:2]) for fut in done if fut in self.inflight]
 
     def _joined(self, started: list[asyncio.Future]) -> None:

@@ -77,10 +77,11 @@ def resolve(spec: str, key: str = "eval.policies") -> Policy:
         return Policy(spec, "base", None, 0)
     head, sep, tail = spec.rpartition(":")
     if sep:
-        run, k = Path(head), int(tail)
+        run, k = storage.local_path(head), int(tail)  # a run dir, or a run in object storage (its mirror)
         if k == 0:
             return Policy(spec, "base", None, 0)
         adapter = RunLayout(run).round(k - 1).train.adapter
+        storage.pull(adapter)  # in object storage: the bucket's (a loop's eval resumed on another machine)
         if not has_adapter(adapter):
             raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
                             f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
@@ -108,13 +109,15 @@ def dataset_of(cfg: RunConfig) -> str:
 def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
     """The collect round of one policy: round 0 of its own run dir under the eval, eval's dataset
     and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset),
-    none of its calls to the replicas in `refused`."""
+    none of its calls to the replicas in `refused`. An eval in object storage is named by its URL,
+    not this machine's mirror path: a Ray node works in its own mirror and uploads its shards and
+    trial logs from there (a path of the driver's mirror is no node's, and no URL's on the node)."""
     collect = dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[], attempts=cfg.eval.attempts,
                                   policy=served)
     sampling = dataclasses.replace(cfg.sampling, seed=0 if cfg.sampling.seed is None else cfg.sampling.seed)
     proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None,
                                 refused={**cfg.proxy.refused, **({served: list(refused)} if refused else {})})
-    return dataclasses.replace(cfg, runs_dir=str(ev.root), name=p.label, round=0, collect=collect,
+    return dataclasses.replace(cfg, runs_dir=storage.url_of(ev.root) or str(ev.root), name=p.label, round=0, collect=collect,
                                sampling=sampling, proxy=proxy)
 
 
@@ -196,7 +199,9 @@ def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
     job of its own for the policy (it resumes that one), or no such job is found."""
     if p.round is None or p.adapter is None or cfg.layout.eval(eval_name(cfg)).policy(p.label).round(0).collect.manifest.is_file():
         return None
-    evals = RunLayout(Path(p.spec.rpartition(":")[0])).evals
+    evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
+    job = f"*/{p.label}/rounds/0/collect"
+    storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
     for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
         try:
             manifest = json.loads(RunLayout(d).round(0).collect.manifest.read_text())
@@ -235,8 +240,8 @@ def _interval(iv) -> dict:
 
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
-    return {"spec": p.spec, "label": p.label, "adapter": str(p.adapter) if p.adapter else None, "round": p.round,
-            "collect": str(run.round(0).collect.root), "trials": f.trials, "reward": _interval(f.reward),
+    return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
+            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials, "reward": _interval(f.reward),
             "pass_at": {str(k): v for k, v in f.pass_at.items()},
             "successes": {t: list(cn) for t, cn in f.successes.items()}}
 

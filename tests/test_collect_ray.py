@@ -47,13 +47,18 @@ def rounds():
                            capture_output=True, text=True)
         logs = {p.name: p.read_text()[-2000:] for p in out.glob("*.log")}
         assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}\n{logs}"
-        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect") for name in ("local", "ray", "busy", "kill")}
+        got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect")
+               for name in ("local", "ray", "busy", "stall", "kill")}
+        got["stall"]["log"] = (out / "stall.log").read_text()
         got["held"] = json.loads((out / "held.json").read_text())
         run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
         conv = run / "rounds" / "0" / "convert"
         got["s3"] = {**_round(run / "rounds" / "0" / "collect"), "objects": json.loads((out / "bucket.json").read_text()),
                      "index": json.loads((conv / "index.json").read_text()),
                      "stats": json.loads((conv / "stats.json").read_text())}
+        ev = run / "evals" / "ray"  # `wharf eval` on the cluster into the same run, read back from the bucket
+        got["eval"] = {**_round(ev / "base" / "rounds" / "0" / "collect"), "root": ev,
+                       "summary": json.loads((ev / "summary.json").read_text())}
         print({p.stem: p.read_text().strip() for p in out.glob("*.wall")})  # seconds, for docs/scaling.md
         yield got
     finally:
@@ -132,6 +137,28 @@ def test_a_ray_round_in_s3_is_whole_in_the_bucket_and_converts_from_there(rounds
 
 
 @pytest.mark.slow
+def test_an_eval_on_the_cluster_in_s3_reaches_the_bucket_from_every_node(rounds):
+    """`wharf eval` with collect on Ray and runs_dir=s3://, its driver's mirror hidden from the
+    workers (was: each node was handed a path in the driver's mirror, which it does not see, and
+    refused; on a shared disk its shards and trial logs never went up from the node)."""
+    from pipeline.eval import read_trials
+    from wharf.layout import RunLayout
+
+    ev = rounds["eval"]
+    ex = ev["manifest"]["executor"]
+    assert ev["manifest"]["state"] == "done" and ex["lost_nodes"] == [] and len(ex["nodes"]) == 2
+    assert sorted(ex["trials_by_node"]) == ex["nodes"]  # one trial on each node
+    assert sorted(r["task_id"] for r in ev["rollouts"]) == ["sed-add", "write-answer"]
+    assert all(r["status"] == "ok" for r in ev["rollouts"])
+    # each node's shards and trial logs, as an empty mirror pulled them from the bucket
+    assert {t["rollout_id"] for t in ev["turns"]} == {r["rollout_id"] for r in ev["rollouts"]}
+    assert sorted(ev["trial_dirs"]) == sorted(Path(r["trial_dir"]).name for r in ev["rollouts"])
+    base = ev["summary"]["policies"]["base"]
+    assert base["collect"] == "s3://wharf/runs/s3/evals/ray/base/rounds/0/collect" and base["trials"] == 2
+    assert len(read_trials(RunLayout(ev["root"] / "base"), 1)) == 2  # the eval reads back from the pulled copy
+
+
+@pytest.mark.slow
 def test_nodes_that_see_no_dataset_run_the_tasks_the_driver_ships(rounds):
     """The workers' datasets/ is an empty mount: every trial above ran from a shipped task dir."""
     assert rounds["held"]["datasets"] == []
@@ -150,6 +177,23 @@ def test_a_node_whose_cpu_other_work_holds_is_left_out_not_waited_for(rounds):
     assert sorted(_by_key(busy)) == sorted(_by_key(rounds["local"]))  # every rollout once
     assert busy["manifest"]["counts"]["by_status"] == {"ok": 4}
     assert busy["manifest"]["wall_s"] < 60  # never waited out the readiness bound
+
+
+@pytest.mark.slow
+def test_a_node_whose_trial_hangs_is_taken_out_at_the_straggler_bound(rounds):
+    """The agent hangs on worker 2, by design (tests.fixtures.agents:StallingAgent), and the round
+    has collect.ray_trial_timeout_s=20: worker 2 is named lost as stalled once its trial is 20 s
+    old, and that trial runs on worker 1; the round neither waits for harbor's 120 s agent timeout
+    nor ends."""
+    stall, w2 = rounds["stall"], rounds["held"]["node"]
+    ex = stall["manifest"]["executor"]
+    assert ex["lost_nodes"] == [w2] and w2 in ex["nodes"]
+    assert list(ex["trials_by_node"]) == [n for n in ex["nodes"] if n != w2]  # every recorded trial: worker 1's
+    assert sorted((r["task_id"], r["attempt"]) for r in stall["rollouts"]) == [("answer", a) for a in range(4)]
+    assert stall["manifest"]["counts"]["by_status"] == {"ok": 4}
+    assert f"node {w2} stalled (no answer within 20 s)" in stall["log"]
+    assert 20 <= stall["manifest"]["wall_s"] < 120
+    assert len(stall["trial_dirs"]) >= 5  # the hung try's dir is left, its rollout recorded by the rerun
 
 
 @pytest.mark.slow
@@ -284,13 +328,16 @@ async def _slow(p):
     return p.task.task_id
 
 
-def test_dispatch_takes_out_a_node_that_stops_answering():
-    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others."""
+def test_dispatch_takes_out_a_node_that_stops_answering(caplog):
+    """A straggler bound (collect.ray_trial_timeout_s): a hung node's trials run on the others, and
+    the node is named as stalled (was: "failed (InvalidStateError: Result is not set.)", the
+    cancelled call read before it had ended)."""
     async def hung(p):
         await asyncio.Event().wait()
 
     out, ran = _dispatch({"a": _healthy, "b": hung}, 1, _todo(4), (), 0.3)
     assert out == ["b"] and sorted(r for r, _ in ran) == [f"t{i}" for i in range(4)] and {n for _, n in ran} == {"a"}
+    assert "node b stalled (no answer within 0.3 s)" in caplog.text
 
 
 class Unavailable(Exception):

@@ -38,6 +38,61 @@ def test_an_eval_summary_goes_up_and_a_later_call_on_another_machine_keeps_its_p
     assert set(json.loads(storage.get(f"{s3}/runs/{key}"))["policies"]) == {"base", "x"}
 
 
+def test_an_evals_policy_round_names_the_bucket_so_each_node_works_in_its_own_mirror(monkeypatch, tmp_path):
+    """The collect round of an eval in object storage goes to collect (and Ray's nodes) by its URL:
+    on the driver it lands where the eval reads it, on a node in the node's own mirror, from
+    which the node uploads (was: the driver's mirror path, no node's and no URL on a node)."""
+    from pipeline.eval import policy_config
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "driver"))
+    cfg = load_config(None, ["runs_dir=s3://b/runs", "name=r", "eval.dataset=datasets/learn/heldout"])
+    ev = cfg.layout.eval("e")
+    pcfg = policy_config(cfg, ev, Policy("base", "base", None, 0), "m")
+    assert pcfg.runs_dir == "s3://b/runs/r/evals/e"
+    assert pcfg.round_layout.collect.root == ev.policy("base").round(0).collect.root
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "node"))
+    on_node = pcfg.round_layout.collect.root
+    assert on_node.is_relative_to(tmp_path / "node")
+    assert storage.url_of(on_node) == "s3://b/runs/r/evals/e/base/rounds/0/collect"
+    local = load_config(None, [f"runs_dir={tmp_path}/runs", "eval.dataset=datasets/learn/heldout"])
+    assert policy_config(local, local.layout.eval("e"), Policy("base", "base", None, 0), "m").runs_dir == \
+        str(local.layout.eval("e").root)
+
+
+def test_a_run_in_the_bucket_is_evaluated_from_an_empty_mirror(s3, monkeypatch, tmp_path, capsys):
+    """`wharf eval eval.policies=[s3://.../runs/grpo:2]` on a machine whose mirror is empty (as a
+    loop's eval resumed there, whose publish was done): the adapter and the trials the run's own
+    loop already evaluated come from the bucket (was: the URL was taken for a local path, and an
+    adapter never pulled "held no adapter")."""
+    from conftest import REPO, free_port
+    from pipeline.eval import main, resolve
+    from test_eval import _loop_eval_job
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first"))
+    run = RunLayout.of(f"{s3}/runs", "grpo")
+    adapter = run.round(1).train.adapter
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_model.safetensors").write_bytes(b"the weights of grpo's policy-v2")
+    (adapter / "adapter_config.json").write_text("{}")
+    _loop_eval_job(run, 2, {"a": 4, "b": 3})
+    storage.push(run.root)
+    digest = resolve(f"{run.root}:2").digest
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second"))
+    mirrored = RunLayout.of(f"{s3}/runs", "grpo")
+    p = resolve(f"{mirrored.root}:2")  # as the loop names its own run: its mirror's path
+    assert (p.adapter, p.digest, p.label) == (mirrored.round(1).train.adapter, digest, "grpo-policy-v2")
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "third"))
+    args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={s3}/runs", "name=cmp", "eval.attempts=4",
+            "eval.dataset=datasets/learn/heldout", "sampling.seed=3", "endpoint.launch=false",
+            f"endpoint.url=http://127.0.0.1:{free_port()}", f"eval.policies=[{s3}/runs/grpo:2]"]
+    assert main(args) == 0  # nothing answers at the endpoint: the loop's stored trials were read
+    assert "reward 0.875" in capsys.readouterr().out
+    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
+    assert entry["collect"] == f"{s3}/runs/grpo/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
+    assert entry["adapter"] == f"{s3}/runs/grpo/rounds/1/train/adapter"
+
+
 def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_bucket(s3, monkeypatch, tmp_path):
     from pipeline.stages import has_signal
     from train.stage import convert_dir
