@@ -194,22 +194,31 @@ def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
 
 
 def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
-    """A run round's policy that the run's own loop already evaluated with the same trials
-    (runs/<run>/evals/*/<label>): its job, read instead of run again. None when this eval has a
-    job of its own for the policy (it resumes that one), or no such job is found."""
-    if p.round is None or p.adapter is None or cfg.layout.eval(eval_name(cfg)).policy(p.label).round(0).collect.manifest.is_file():
+    """A run round's policy whose trials were already run: this eval's own finished job (as the
+    bucket has it: a re-run on another machine loads no adapter for it), or one the run's own loop
+    ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has an unfinished job
+    of its own for the policy (it resumes that one), or no such job is found."""
+    if p.round is None or p.adapter is None:
         return None
+    own = cfg.layout.eval(eval_name(cfg)).policy(p.label)
+    storage.pull(own.round(0).collect.root, ("manifest.json", "rollouts.parquet"))
+    if own.round(0).collect.manifest.is_file():
+        return own if _finished(own, cfg) else None
     evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
     job = f"*/{p.label}/rounds/0/collect"
     storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
     for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
-        try:
-            manifest = json.loads(RunLayout(d).round(0).collect.manifest.read_text())
-        except (OSError, ValueError):
-            continue
-        if _same_trials(cfg, manifest):
+        if _finished(RunLayout(d), cfg):
             return RunLayout(d)
     return None
+
+
+def _finished(run: RunLayout, cfg: RunConfig) -> bool:
+    """Whether a policy's collect job there is done, with the trials this eval would run."""
+    try:
+        return _same_trials(cfg, json.loads(run.round(0).collect.manifest.read_text()))
+    except (OSError, ValueError):
+        return False
 
 
 def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:

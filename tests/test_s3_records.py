@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.eval import Policy, eval_name, write_summary
 from pipeline.eval_stats import Trial
-from wharf import storage
+from wharf import schema, storage
 from wharf.config import load_config
 from wharf.layout import RunLayout
 from wharf.replicas import PublishRecord, ReplicaResult
@@ -91,6 +91,37 @@ def test_a_run_in_the_bucket_is_evaluated_from_an_empty_mirror(s3, monkeypatch, 
     entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
     assert entry["collect"] == f"{s3}/runs/grpo/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
     assert entry["adapter"] == f"{s3}/runs/grpo/rounds/1/train/adapter"
+
+
+def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, monkeypatch, tmp_path, capsys):
+    """`wharf eval` re-run on a machine whose mirror is empty, its own job for the policy done in the
+    bucket: the trials are read from there, with no adapter loaded (nothing answers at the
+    endpoint; was: the local mirror alone was checked, and the adapter was loaded first)."""
+    from conftest import REPO, free_port
+    from pipeline.eval import main
+    from test_report import _rollouts
+
+    run = RunLayout.of(f"{s3}/runs", "grpo")
+    adapter = run.round(1).train.adapter
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_model.safetensors").write_bytes(b"the weights of grpo's policy-v2")
+    (adapter / "adapter_config.json").write_text("{}")
+    storage.push(run.root)
+    job = RunLayout.of(f"{s3}/runs", "cmp").eval("learn-heldout").policy("grpo-policy-v2").round(0).collect
+    schema.write_table(job.rollouts, "rollouts", _rollouts(0, {"a": 2, "b": 1}))
+    job.manifest.write_text(json.dumps({
+        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "collect.agents.minimal:MinimalAgent",
+        "environment": "collect.sandbox.bwrap:BwrapEnvironment", "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}}))
+    storage.push(job.root)
+
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second"))
+    args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={s3}/runs", "name=cmp", "eval.attempts=4",
+            "eval.dataset=datasets/learn/heldout", "sampling.seed=3", "endpoint.launch=false",
+            f"endpoint.url=http://127.0.0.1:{free_port()}", f"eval.policies=[{s3}/runs/grpo:2]"]
+    assert main(args) == 0
+    assert "reward 0.375" in capsys.readouterr().out
+    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
+    assert entry["collect"] == f"{s3}/runs/cmp/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
 
 
 def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_bucket(s3, monkeypatch, tmp_path):
