@@ -15,6 +15,7 @@ from pipeline.overlap import allowed_policies, check_lag
 from testing.vllm_stub import StubServer
 from wharf.config import ConfigError, load_config
 from wharf.endpoint import Endpoint
+from wharf.layout import RunLayout
 from train.stage import train_round
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -91,3 +92,28 @@ def test_zero_advantage_rounds_leave_the_init_adapter_bit_for_bit(tmp_path):
     assert out.steps > 0
     a, b = adapter_tensors(init), adapter_tensors(Path(out.adapter))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _first_kl(cfg) -> tuple[float, Path]:
+    out = train_round(cfg, progress=False)
+    metrics = RunLayout.of(cfg.runs_dir, cfg.name).round(0).train.metrics
+    return json.loads(metrics.read_text().splitlines()[0])["kl"], Path(out.adapter)
+
+
+@pytest.mark.slow
+def test_kl_to_the_start_policy_holds_the_init_adapter_as_reference(tmp_path):
+    """train.kl_ref=start: the KL's reference is the warm start's own adapter, so the first step,
+    taken at the start policy, has KL 0 (against the base, the SFT adapter is far off); the
+    reference stays frozen and out of the published adapter."""
+    init = trained_adapter(tmp_path, "sft")
+    kls = {}
+    for ref in ("start", "base"):
+        cfg = run_config(tmp_path, f"name=kl-{ref}", f"loop.init_adapter={tmp_path / 'sft'}:1", "train.kl_coef=0.5",
+                         f"train.kl_ref={ref}", "train.epochs=1")
+        write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0), [1.0, -1.0, 1.0, -1.0], 1.0)
+        kls[ref], out = _first_kl(cfg)
+        assert sorted(p.name for p in out.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+        trained = adapter_tensors(out)
+        assert trained.keys() == adapter_tensors(init).keys()
+        assert any(not torch.equal(v, adapter_tensors(init)[k]) for k, v in trained.items()), "the policy took a step"
+    assert kls["start"] < 1e-6 < kls["base"], kls

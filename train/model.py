@@ -131,6 +131,17 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
     return model, tok
 
 
+REFERENCE = "reference"  # the frozen adapter of train.kl_ref=start, beside the trained 'default'
+
+
+def load_reference(cfg: RunConfig, model, adapter: Path) -> None:
+    """Hold `adapter` (the run's start policy) in `model` as a frozen second adapter, for the KL's
+    reference log-probs; 'default' stays the active, trained one."""
+    check_adapter_dir(cfg, adapter, model.get_base_model())
+    model.load_adapter(str(adapter), adapter_name=REFERENCE, is_trainable=False)
+    model.set_adapter("default")
+
+
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each decoder layer in backward (transformers renamed the call in v5)."""
     kwargs = {"use_reentrant": False}
@@ -167,7 +178,8 @@ class PolicyLogprobs(nn.Module):
 
 def save_adapter(peft_model: nn.Module, out: Path) -> None:
     """adapter_config.json + adapter_model.safetensors (peft's standard layout, what vLLM loads)."""
-    peft_model.save_pretrained(str(out), safe_serialization=True)
+    # only the trained adapter: train.kl_ref=start holds a frozen reference beside it
+    peft_model.save_pretrained(str(out), safe_serialization=True, selected_adapters=["default"])
     for extra in ("README.md",):
         (out / extra).unlink(missing_ok=True)
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import torch
 
 from wharf.config import RunConfig
-from wharf.layout import RunLayout, TrainPaths
+from wharf.layout import RunLayout, TrainPaths, init_adapter_dir
 
 from . import checkpoint
 from .errors import TrainError
 from .loss import LossConfig
-from .model import PolicyLogprobs, load_policy, lora_state, set_lora_state
+from .model import REFERENCE, PolicyLogprobs, load_policy, load_reference, lora_state, set_lora_state
 from .trainer import Trainer
 
 @dataclass
@@ -46,6 +46,9 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
     acc = _accelerator(cfg, run.trackers)
     set_seed(cfg.train.seed)
     peft_model, _ = load_policy(cfg, start_adapter, device="cpu")
+    ref = init_adapter_dir(cfg.loop.init_adapter) if cfg.train.kl_coef > 0 and cfg.train.kl_ref == "start" else None
+    if ref is not None:  # loaded before the optimizer takes the trainable parameters
+        load_reference(cfg, peft_model, ref)
     policy = PolicyLogprobs(peft_model, cfg.train.logprob_chunk)
     params = [p for p in peft_model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
@@ -55,7 +58,7 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
     # The scheduler stays unprepared: accelerate would step it once per process.
     policy, opt = acc.prepare(policy, opt)
     trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
-                      kl=cfg.train.kl_coef > 0)
+                      kl=cfg.train.kl_coef > 0, reference=REFERENCE if ref is not None else None)
     return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every,
                  tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round), sched_offset=done)
 

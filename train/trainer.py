@@ -27,7 +27,7 @@ def shifted(mb: MicroBatch) -> dict[str, torch.Tensor]:
 
 class Trainer:
     def __init__(self, accelerator, policy, peft_model, optimizer, scheduler, batches: list[MicroBatch],
-                 loss_cfg: LossConfig, max_grad_norm: float, kl: bool):
+                 loss_cfg: LossConfig, max_grad_norm: float, kl: bool, reference: str | None = None):
         self.acc = accelerator
         self.policy = policy  # PolicyLogprobs, prepared (DDP under launch)
         self.peft = peft_model
@@ -37,6 +37,7 @@ class Trainer:
         self.loss_cfg = loss_cfg
         self.max_grad_norm = max_grad_norm
         self.kl = kl
+        self.reference = reference  # the KL's reference adapter; None: the base (adapter disabled)
         self.prox: dict[int, torch.Tensor] = {}
         # dropout: a training forward is not the sampling policy, so prox is always precomputed
         self.stochastic = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in peft_model.modules())
@@ -49,9 +50,23 @@ class Trainer:
             ctx.enter_context(torch.no_grad())
             ctx.enter_context(_eval(self.peft))
         if not adapter:
-            ctx.enter_context(self.peft.disable_adapter())
+            ctx.enter_context(self._reference())
         with ctx, self.acc.autocast():
             return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.temperatures)
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The KL's reference policy active: the base, or the frozen start adapter (switching
+        adapters freezes all; 'default' is made trainable again after)."""
+        if self.reference is None:
+            with self.peft.disable_adapter():
+                yield
+            return
+        self.peft.set_adapter(self.reference, inference_mode=True)
+        try:
+            yield
+        finally:
+            self.peft.set_adapter("default")
 
     def compute_prox(self, files: list[int]) -> None:
         """The trainer's log-probs of the sampling policy (the adapter as loaded), before any update."""
@@ -83,12 +98,13 @@ class Trainer:
 
     def _micro(self, mb: MicroBatch, i: int, norm: StepNorm, world: int, first: bool, dummy: bool) -> dict:
         s = shifted(mb)
+        # before the graph is built: switching to the reference adapter toggles requires_grad
+        ref = self.logprobs(mb, grad=False, adapter=False)[0] if self.kl and self.loss_cfg.objective != "sft" else None
         logp, entropy = self.logprobs(mb, grad=True)
         if self.loss_cfg.objective == "sft":  # no behaviour policy: nothing to recompute or correct
             loss, stats = sft_loss(logp, s["mask"], norm)
             self.acc.backward(loss * world)
             return {**stats, "loss": loss.detach(), "entropy": (entropy * s["mask"]).sum()}
-        ref = self.logprobs(mb, grad=False, adapter=False)[0] if self.kl else None
         prox = self.prox.get(i)
         if dummy:
             prox = logp.detach()  # zero weights: any value will do

@@ -129,7 +129,11 @@ class TrainConfig:
     # The constant of `constant`, fixed for the run; 0: sampling.max_tokens x
     # collect.agent_kwargs.max_turns (a rollout's generation budget), refused if either is unset.
     loss_constant: NonNegativeFloat = 0.0
-    kl_coef: NonNegativeFloat = 0.0  # k3 KL to the base model (adapter disabled); 0 skips the extra forward
+    kl_coef: NonNegativeFloat = 0.0  # k3 KL to kl_ref's policy; 0 skips the extra forward
+    # The KL's reference policy: base (the adapter disabled), or start: the run's start policy,
+    # loop.init_adapter's adapter held frozen beside the trained one (the base when unset). A warm
+    # start wants start: a KL to the base pulls the policy away from what SFT taught it.
+    kl_ref: Literal["base", "start"] = "base"
     # Train/inference mismatch: tis (per-token ratio to the behaviour policy capped at mismatch_cap),
     # mask (drop rows whose mean |log-ratio| exceeds mismatch_bound), none.
     mismatch: Literal["tis", "mask", "none"] = "tis"
