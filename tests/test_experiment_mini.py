@@ -39,7 +39,7 @@ def test_each_arm_is_a_loop_of_mini_with_held_out_eval(arm, advantage, init):
     cfg = cmds["loop"][0]
     assert cfg.name == f"mini-{arm}-s7" and cfg.collect.agent == "collect.agents.mini_swe:LocalMiniSweAgent"
     assert cfg.sampling.seed == cfg.train.seed == 7 and cfg.convert.advantage == advantage
-    assert cfg.loop.init_adapter == init and cfg.loop.eval_every == 1 and cfg.loop.eval_dataset == "datasets/multiturn/heldout"
+    assert cfg.loop.init_adapter == init and cfg.loop.eval_every == 5 and cfg.loop.eval_dataset == "datasets/multiturn/heldout"
 
 
 def test_mini_sft_trains_the_adapter_the_arms_start_from():

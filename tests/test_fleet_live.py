@@ -51,3 +51,7 @@ def test_a_replica_restarted_between_rounds_serves_the_policy_again(engine_url, 
         assert any("policy-v1" in m for m in Endpoint(second).models())  # reloaded where it was lost
     finally:
         procs.stop(engine)
+        shared = Endpoint(engine_url)  # the session engine: leave no policy-v<k> for the next test's run
+        for name, root in shared.roots().items():
+            if root and str(tmp_path) in root:
+                shared.unload_adapter(name)
