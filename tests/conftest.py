@@ -4,10 +4,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -58,6 +62,24 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line(f"CI: {skipped} tests skipped, {CI_SKIPS_PAGE} says {expected} (CI skips: N): "
                             "a part a test needs is missing, or that page is out of date", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def kill_when(cmd: list[str], ready: Callable[[], bool], log: Path, what: str, timeout: float,
+              env: dict | None = None, interval: float = 0.2) -> None:
+    """Run `cmd` (in its own session, output to `log`) until `ready()` (which may assert on the way),
+    then SIGKILL its whole process group: a machine lost mid-run, for the resume tests. Fails if it
+    exits first or `what` does not happen within `timeout` seconds."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            assert proc.poll() is None, f"the loop exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
+            time.sleep(interval)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def free_port() -> int:

@@ -9,12 +9,9 @@ the latest policy again.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,7 @@ from wharf import procs, schema
 from wharf.config import load_config
 from wharf.endpoint import Endpoint
 from wharf.layout import RunLayout
-from conftest import REPO, free_port
+from conftest import REPO, free_port, kill_when
 from pipeline.loop import run_loop
 from pipeline.stages import read_marker
 
@@ -55,18 +52,9 @@ def _adapter(run: RunLayout, k: int) -> dict[str, torch.Tensor]:
 
 def _kill_during_train(cmd: list[str], run: RunLayout, log: Path, timeout: float = 1500) -> None:
     """Start the loop, SIGKILL it once round 1's train has finished a step (of at least two)."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     metrics = run.round(1).train.metrics
-    deadline = time.monotonic() + timeout
-    try:
-        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
-            assert proc.poll() is None, f"the loop exited ({proc.returncode}) before round 1 trained:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "round 1's train did not start in time"
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_when(cmd, lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, log,
+              "round 1 trained a step", timeout, interval=0.5)
 
 
 def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):

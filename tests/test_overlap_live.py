@@ -8,10 +8,8 @@ each (task, attempt) once, every call by the policy it started with), nothing is
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from wharf import procs, schema
 from wharf.config import load_config
 from wharf.layout import RunLayout
-from conftest import REPO, free_port
+from conftest import REPO, free_port, kill_when
 from pipeline.loop import run_loop
 from pipeline.stages import read_marker
 
@@ -52,19 +50,12 @@ def _both_halves_running(run: RunLayout) -> bool:
 
 
 def _kill_with_both_halves_running(cmd: list[str], run: RunLayout, log: Path, timeout: float = 900) -> dict:
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while not _both_halves_running(run):
-            assert proc.poll() is None, f"the loop exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
-            assert read_marker(run.round(1), "collect") is None, \
-                "round 1's collect ended before round 0 trained a step: nothing ran at once"
-            assert time.monotonic() < deadline, "the two halves never ran at once"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    def ready() -> bool:
+        assert read_marker(run.round(1), "collect") is None, \
+            "round 1's collect ended before round 0 trained a step: nothing ran at once"
+        return _both_halves_running(run)
+
+    kill_when(cmd, ready, log, "the two halves ran at once", timeout)
     time.sleep(3)  # the collect child and its proxy follow their parent (PDEATHSIG)
     return json.loads(run.round(1).collect.manifest.read_text())
 

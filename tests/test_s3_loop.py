@@ -13,15 +13,12 @@ import hashlib
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO, free_port, kill_when
 from testing.vllm_stub import StubServer
 from wharf import schema, storage
 from wharf.config import load_config
@@ -47,17 +44,8 @@ def _kill_once_round_0_trained(args: list[str], run: str, mirror: Path, log: Pat
     train marker (pushed after the adapter)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WHARF_MIRROR": str(mirror)}
     cmd = [sys.executable, "-m", "pipeline.cli", "loop", "--config", str(CONFIG), *args]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while "train.json" not in storage.listing(f"{run}/rounds/0/done"):
-            assert proc.poll() is None, f"the loop exited ({proc.returncode}) before round 0 trained:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, "round 0's train did not end in time"
-            time.sleep(0.2)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    kill_when(cmd, lambda: "train.json" in storage.listing(f"{run}/rounds/0/done"), log, "round 0 trained",
+              timeout, env=env)
 
 
 def _digest(url: str) -> str:
