@@ -7,11 +7,14 @@ token at t + 1), H hidden size, V vocabulary. Everything per position here is al
 `sampled_logprobs` never holds a [B, S, V] tensor: it walks the sequence in chunks, and its
 backward needs no logits at all (the gradient of log p(y) with respect to the hidden state,
 (W[y] - E_p[W]) / temperature, is a [B, S, H] tensor computed in the same forward pass).
+
+The loss functions name each tensor's shape in its annotation: `Annotated[Tensor, "B S"]`.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from torch import Tensor
@@ -109,41 +112,31 @@ class StepNorm:
     rollouts: float
 
 
-def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor, weights: Tensor,
-              cfg: LossConfig, norm: StepNorm, prox: Tensor | None = None,
-              ref: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def grpo_loss(logp: Annotated[Tensor, "B S"], behaviour: Annotated[Tensor, "B S"], mask: Annotated[Tensor, "B S"],
+              advantages: Annotated[Tensor, "B"], weights: Annotated[Tensor, "B"], cfg: LossConfig, norm: StepNorm,
+              prox: Annotated[Tensor, "B S"] | None = None,
+              ref: Annotated[Tensor, "B S"] | None = None) -> tuple[Annotated[Tensor, ""], dict[str, Tensor]]:
     """This micro-batch's share of the step loss, and metric sums over its loss tokens.
 
-    logp [B, S] the trainer's log-probs (with gradient); behaviour [B, S] the endpoint's stored
-    log-probs; mask [B, S] 1 on loss tokens; advantages [B]; weights [B] each row's share of its
-    rollout's loss tokens (wharf.batches: they sum to 1 over a rollout's rows). The aggregation
-    makes a rollout's loss and per-token gradient independent of how its tokens are split into
-    rows: token_mean weighs every loss token 1; seq_mean averages a rollout over its own loss
-    tokens (weight / the row's tokens = 1 / the rollout's tokens); constant sums a rollout's
-    tokens. The step divides by its loss tokens (token_mean) or its rollouts (seq_mean, x the
-    constant). prox [B, S]: the trainer's log-probs of the sampling policy (no gradient), needed by tis and mask: the PPO ratio is then
-    taken to prox and the train/inference gap prox - behaviour is corrected separately; with
-    mismatch none the ratio is taken to behaviour directly. ref [B, S]: base-model log-probs for KL.
+    logp the trainer's log-probs (with gradient); behaviour the endpoint's stored log-probs; mask
+    1 on loss tokens; weights each row's share of its rollout's loss tokens (wharf.batches: they
+    sum to 1 over a rollout's rows). The aggregation makes a rollout's loss and per-token gradient
+    independent of how its tokens are split into rows: token_mean weighs every loss token 1;
+    seq_mean averages a rollout over its own loss tokens (weight / the row's tokens = 1 / the
+    rollout's tokens); constant sums a rollout's tokens. The step divides by its loss tokens
+    (token_mean) or its rollouts (seq_mean, x the constant). prox: the trainer's log-probs of the
+    sampling policy (no gradient), needed by tis and mask: the PPO ratio is then taken to prox and
+    the train/inference gap prox - behaviour is corrected separately; with mismatch none the ratio
+    is taken to behaviour directly. ref: base-model log-probs for KL.
     Summing the returned loss over the step's micro-batches gives the step's loss.
     """
     mask = mask.float()
-    w_tok = mask * _token_weights(mask, weights, cfg.agg)[:, None]  # [B, S]
-    old = behaviour
-    is_w = torch.ones_like(logp)
-    if cfg.mismatch != "none":
-        if prox is None:
-            raise ValueError(f"mismatch={cfg.mismatch} needs the recomputed log-probs of the sampling policy")
-        old = prox
-        gap = prox - behaviour  # log(pi_train / pi_infer) of the sampling policy
-        if cfg.mismatch == "tis":
-            is_w = torch.exp(gap).clamp(max=cfg.mismatch_cap)
-        else:
-            row_gap = (gap.abs() * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B]
-            w_tok = w_tok * (row_gap <= cfg.mismatch_bound).float()[:, None]
+    w_tok = mask * _token_weights(mask, weights, cfg.agg)[:, None]
+    old, is_w, w_tok = _mismatch_correction(logp, behaviour, prox, mask, w_tok, cfg)
     ratio = torch.exp(logp - old)
     a = advantages[:, None]
     clipped = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)
-    per_tok = -torch.minimum(ratio * a, clipped * a) * is_w  # [B, S]
+    per_tok = -torch.minimum(ratio * a, clipped * a) * is_w
     kl = None
     if ref is not None:
         d = ref - logp
@@ -151,19 +144,46 @@ def grpo_loss(logp: Tensor, behaviour: Tensor, mask: Tensor, advantages: Tensor,
         per_tok = per_tok + cfg.kl_coef * kl
     loss = _aggregate(per_tok, w_tok, mask, cfg, norm)
     with torch.no_grad():
-        r = ratio.detach()
-        stats = {
-            "tokens": mask.sum(),
-            "clip_low": (((r < 1 - cfg.eps_low) & (a < 0)).float() * mask).sum(),
-            "clip_high": (((r > 1 + cfg.eps_high) & (a > 0)).float() * mask).sum(),
-            "ratio": (r * mask).sum(),
-            "kl": (kl.detach() * mask).sum() if kl is not None else torch.zeros(()),
-            "masked_rows": ((w_tok.sum(1) == 0) & (mask.sum(1) > 0)).float().sum(),
-        }
+        stats = _grpo_stats(ratio.detach(), a, mask, w_tok, kl, cfg)
         if cfg.mismatch == "tis":  # the importance weights of the sampling policy's gap (stale rows: larger)
             stats["is_weight"] = (is_w * mask).sum()
-            stats["is_capped"] = ((gap > math.log(cfg.mismatch_cap)).float() * mask).sum()
+            stats["is_capped"] = ((prox - behaviour > math.log(cfg.mismatch_cap)).float() * mask).sum()
     return loss, stats
+
+
+def _mismatch_correction(logp: Annotated[Tensor, "B S"], behaviour: Annotated[Tensor, "B S"],
+                         prox: Annotated[Tensor, "B S"] | None, mask: Annotated[Tensor, "B S"],
+                         w_tok: Annotated[Tensor, "B S"], cfg: LossConfig
+                         ) -> tuple[Annotated[Tensor, "B S"], Annotated[Tensor, "B S"], Annotated[Tensor, "B S"]]:
+    """(the log-probs the ratio is taken to, the importance weights, the token weights) after the
+    train/inference gap prox - behaviour is corrected: tis weighs by exp(gap) capped, mask drops
+    the rows whose mean |gap| is over the bound, none takes the ratio to behaviour directly."""
+    is_w = torch.ones_like(logp)
+    if cfg.mismatch == "none":
+        return behaviour, is_w, w_tok
+    if prox is None:
+        raise ValueError(f"mismatch={cfg.mismatch} needs the recomputed log-probs of the sampling policy")
+    gap = prox - behaviour  # log(pi_train / pi_infer) of the sampling policy
+    if cfg.mismatch == "tis":
+        is_w = torch.exp(gap).clamp(max=cfg.mismatch_cap)
+    else:
+        row_gap = (gap.abs() * mask).sum(1) / mask.sum(1).clamp(min=1)  # [B]
+        w_tok = w_tok * (row_gap <= cfg.mismatch_bound).float()[:, None]
+    return prox, is_w, w_tok
+
+
+def _grpo_stats(r: Annotated[Tensor, "B S"], a: Annotated[Tensor, "B 1"], mask: Annotated[Tensor, "B S"],
+                w_tok: Annotated[Tensor, "B S"], kl: Annotated[Tensor, "B S"] | None,
+                cfg: LossConfig) -> dict[str, Tensor]:
+    """Metric sums over the loss tokens: clipped tokens by side, the ratio, the KL, masked rows."""
+    return {
+        "tokens": mask.sum(),
+        "clip_low": (((r < 1 - cfg.eps_low) & (a < 0)).float() * mask).sum(),
+        "clip_high": (((r > 1 + cfg.eps_high) & (a > 0)).float() * mask).sum(),
+        "ratio": (r * mask).sum(),
+        "kl": (kl.detach() * mask).sum() if kl is not None else torch.zeros(()),
+        "masked_rows": ((w_tok.sum(1) == 0) & (mask.sum(1) > 0)).float().sum(),
+    }
 
 
 def sft_loss(logp: Tensor, mask: Tensor, norm: StepNorm) -> tuple[Tensor, dict[str, Tensor]]:
