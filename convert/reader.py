@@ -5,6 +5,7 @@ and log-probs are zero-copy slices of them, so nothing walks the tokens in Pytho
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import Counter
@@ -153,26 +154,13 @@ def read_job(directory: str | Path, skip_bad: bool = False, progress: bool = Fal
 
 def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip_bad: bool,
                render: Callable | None) -> None:
-    f = job.files[file_index]
-    job.turns_read += table.num_rows
-    job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
-                             for c in ("prompt_token_ids", "completion_token_ids"))
-    # no table.filter: it would copy every token; error and abandoned rows are skipped by index instead
-    ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
-    abandoned = int(pc.sum(pc.equal(table["status"], "abandoned")).as_py() or 0)
-    job.turns_abandoned += abandoned
-    job.turns_error += int((~ok).sum()) - abandoned
+    bad = functools.partial(_bad, job, skip_bad, job.files[file_index])
+    ok = _count_turns(job, table)
     rids = table["rollout_id"].to_pylist()
     job.turn_rows.update(rids)
     turns = table["turn"].to_numpy()
-    n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
-    n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
-    n_p = pc.list_value_length(table["prompt_token_ids"]).fill_null(0).to_numpy()
     text = pc.fill_null(table["text_only"], False).to_numpy(zero_copy_only=False)
-    for i in np.flatnonzero(ok & (n_c != n_l) & ~text):
-        _bad(job, skip_bad, f, f"turn {turns[i]} has {n_c[i]} completion ids but {n_l[i]} log-probs", rids[i])
-    for i in np.flatnonzero(ok & (n_p == 0) & ~text):
-        _bad(job, skip_bad, f, f"turn {turns[i]} is ok but has no prompt ids", rids[i])
+    _check_lengths(bad, table, ok & ~text, turns, rids)
     pv, po = _flat(table["prompt_token_ids"], np.int32)
     cv, co = _flat(table["completion_token_ids"], np.int32)
     lv, lo = _flat(table["completion_logprobs"], np.float32)
@@ -185,27 +173,67 @@ def _add_shard(job: Job, file_index: int, table: pa.Table, known: set[str], skip
             if rid not in job.orphan_rollouts:
                 job.orphan_rollouts.append(rid)
             continue
-        temp = _temperature(samplings[i])
-        if temp is not None and temp <= 0:
-            _bad(job, skip_bad, f, f"turn {turns[i]} was sampled at temperature {temp} (greedy): the endpoint's "
-                 "log-probs are then not those of any distribution the trainer can recompute; collect again "
-                 "with sampling.temperature > 0", rid)
-            continue
+        temp = _call_temperature(job, bad, turns[i], samplings[i], rid)
         if temp is None:
-            job.no_temperature += 1
-            temp = DEFAULT_TEMPERATURE
-        if text[i]:
-            job.text_only.add(rid)
-            if render is None:
-                continue
-            try:
-                prompt, completion = render(table["api"][i].as_py(), table["request"][i].as_py(),
-                                            table["response"][i].as_py())
-            except ValueError as e:
-                _bad(job, skip_bad, f, f"turn {turns[i]}: a text-only call that cannot be rendered: {e}", rid)
-                continue
-            prompt, completion = np.asarray(prompt, np.int32), np.asarray(completion, np.int32)
-            call = Call(int(turns[i]), prompt, completion, np.zeros(len(completion), np.float32), finish[i], temp)
-        else:
+            continue
+        if not text[i]:
             call = Call(int(turns[i]), pv[po[i]:po[i + 1]], cv[co[i]:co[i + 1]], lv[lo[i]:lo[i + 1]], finish[i], temp)
+        else:
+            job.text_only.add(rid)
+            call = _rendered_call(bad, table, i, finish[i], temp, render, rid) if render is not None else None
+            if call is None:
+                continue
         job.calls.setdefault(rid, (file_index, []))[1].append(call)
+
+
+def _count_turns(job: Job, table: pa.Table) -> np.ndarray:
+    """Count a shard's turns, tokens and failed calls into `job`; returns [rows] bool, True where ok
+    (no table.filter: it would copy every token; error and abandoned rows are skipped by index)."""
+    job.turns_read += table.num_rows
+    job.stored_tokens += sum(pc.sum(pc.list_value_length(table[c])).as_py() or 0
+                             for c in ("prompt_token_ids", "completion_token_ids"))
+    ok = pc.fill_null(pc.equal(table["status"], "ok"), False).to_numpy(zero_copy_only=False)
+    abandoned = int(pc.sum(pc.equal(table["status"], "abandoned")).as_py() or 0)
+    job.turns_abandoned += abandoned
+    job.turns_error += int((~ok).sum()) - abandoned
+    return ok
+
+
+def _check_lengths(bad: Callable, table: pa.Table, with_ids: np.ndarray, turns: np.ndarray, rids: list) -> None:
+    """Refuse the calls (of those `with_ids`: ok and not text-only) whose ids do not line up: a
+    log-prob per completion id, and a prompt."""
+    n_c = pc.list_value_length(table["completion_token_ids"]).fill_null(0).to_numpy()
+    n_l = pc.list_value_length(table["completion_logprobs"]).fill_null(0).to_numpy()
+    n_p = pc.list_value_length(table["prompt_token_ids"]).fill_null(0).to_numpy()
+    for i in np.flatnonzero(with_ids & (n_c != n_l)):
+        bad(f"turn {turns[i]} has {n_c[i]} completion ids but {n_l[i]} log-probs", rids[i])
+    for i in np.flatnonzero(with_ids & (n_p == 0)):
+        bad(f"turn {turns[i]} is ok but has no prompt ids", rids[i])
+
+
+def _call_temperature(job: Job, bad: Callable, turn, sampling: str | None, rid: str) -> float | None:
+    """The temperature a call was sampled at (the default where it names none); None, once
+    refused, for a greedy call."""
+    temp = _temperature(sampling)
+    if temp is None:
+        job.no_temperature += 1
+        return DEFAULT_TEMPERATURE
+    if temp <= 0:
+        bad(f"turn {turn} was sampled at temperature {temp} (greedy): the endpoint's log-probs are then not "
+            "those of any distribution the trainer can recompute; collect again with sampling.temperature > 0", rid)
+        return None
+    return temp
+
+
+def _rendered_call(bad: Callable, table: pa.Table, i: int, finish: str | None, temp: float, render: Callable,
+                   rid: str) -> Call | None:
+    """A text-only call as ids, rendered from its request and response (convert.mode=sft); None,
+    once refused, when it cannot be rendered."""
+    turn = table["turn"][i].as_py()
+    try:
+        prompt, completion = render(table["api"][i].as_py(), table["request"][i].as_py(), table["response"][i].as_py())
+    except ValueError as e:
+        bad(f"turn {turn}: a text-only call that cannot be rendered: {e}", rid)
+        return None
+    prompt, completion = np.asarray(prompt, np.int32), np.asarray(completion, np.int32)
+    return Call(int(turn), prompt, completion, np.zeros(len(completion), np.float32), finish, temp)
