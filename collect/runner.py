@@ -13,15 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime as dt
-import json
 import logging
-import os
 import threading
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -32,65 +27,14 @@ from wharf.config import RunConfig, dump_config
 from wharf.layout import JOB_FILES, WAL_DIR, CollectPaths
 from wharf.replicas import PublishRecord, replica_urls
 from collect.executor import check_executor, make_executor
-from collect.proxy_client import ServiceError
+from collect.manifest import (RoundSummary, finished_fields, load_manifest, prefix_cache_summary,
+                             started_manifest, write_json)
 from collect.records import RolloutRow
 from collect.tasksets import PlannedRollout, discover, plan
 from collect.trials import preflight
 from engine.launch import launch
 
 log = logging.getLogger("wharf.collect")
-
-
-@dataclass
-class RoundSummary:
-    job_id: str
-    planned: int
-    rows: list[RolloutRow] = field(default_factory=list)
-    resumed: int = 0
-    nodes: dict[str, int] = field(default_factory=dict)  # trials finished by this run, per node
-    text_only: list[str] = field(default_factory=list)  # rollouts recorded without token ids (SFT rows only)
-    prefix_cache: dict | None = None  # the endpoints' prompt tokens and prefix-cache hits during the round
-
-    @property
-    def counts(self) -> dict[str, int]:
-        return dict(Counter(r.status for r in self.rows))
-
-    @property
-    def mean_reward(self) -> float | None:
-        rewards = [r.reward for r in self.rows if r.reward is not None]
-        return sum(rewards) / len(rewards) if rewards else None
-
-    def mixed_groups(self) -> list[str]:
-        """Groups with both a success and a failure: the only ones GRPO learns from."""
-        by_group: dict[str, set] = {}
-        for r in self.rows:
-            if r.reward is not None:
-                by_group.setdefault(r.group_id, set()).add(r.reward > 0)
-        return sorted(g for g, seen in by_group.items() if seen == {True, False})
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-def _load_manifest(paths: CollectPaths) -> dict:
-    if not paths.manifest.exists():
-        return {}
-    try:
-        return json.loads(paths.manifest.read_text())
-    except json.JSONDecodeError as e:
-        raise ServiceError(f"{paths.manifest}: not valid JSON ({e}); move it aside to start the round afresh") from None
-
-
-def _write_json(path: Path, data: dict) -> None:
-    """Atomically and durably (file fsync, rename, directory fsync), as schema.write_table does."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, default=str))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    schema.fsync_dir(path.parent)
 
 
 # What stays on the node when the round is in object storage: the proxies' WALs (one per node
@@ -220,22 +164,14 @@ class Round:
         return tasks, planned, done, todo
 
     async def run(self, progress: bool = True) -> RoundSummary:
-        cc = self.cfg.collect
         tasks, planned, done, todo = self.plan()
-        preflight(cc)
-        prev = _load_manifest(self.paths)
+        preflight(self.cfg.collect)
+        prev = load_manifest(self.paths)
         job_id = prev.get("job_id") or uuid.uuid4().hex
         summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
         started = time.time()
-        manifest = {
-            "job_id": job_id, "round": self.cfg.round, "policy": self.policy, "dataset": str(cc.dataset),
-            "tasks": [t.task_id for t in tasks], "attempts": cc.attempts, "agent": cc.agent,
-            "environment": cc.environment,
-            "sampling": {"temperature": self.cfg.sampling.temperature, "top_p": self.cfg.sampling.top_p,
-                         "seed": self.cfg.sampling.seed},
-            "started_at": prev.get("started_at") or _now().isoformat(), "state": "running",
-        }
-        _write_json(self.paths.manifest, manifest)
+        manifest = started_manifest(self.cfg, self.policy, [t.task_id for t in tasks], job_id, prev)
+        write_json(self.paths.manifest, manifest)
         storage.push_file(self.paths.manifest)
         if done:
             log.info("resuming round %d: %d of %d rollouts already done", self.cfg.round, len(done), len(planned))
@@ -243,61 +179,38 @@ class Round:
         executor_info: dict = {}
         counters = await asyncio.to_thread(self._prefix_counters) if todo else None
         if todo:
-            executor = make_executor(self.cfg, self.policy, self.config_path)
-            with tqdm(total=len(planned), initial=len(done), desc=f"round {self.cfg.round} rollouts",
-                      unit="rollout", disable=not progress) as bar:
-                try:
-                    executor_info = await executor.run(
-                        todo, job_id, lambda row, node: self._record(summary, bar, row, node))
-                finally:  # every finished row on disk, also when the round stops
-                    await asyncio.to_thread(self.writer.drain, summary.rows)
-            # Each proxy publishes a shard per closed rollout (durability first); fold them now
-            # that every proxy has stopped, so a round is a few files, not thousands.
-            _fold_shards(self.paths)
-
+            executor_info = await self._run_trials(summary, todo, job_id, progress)
         summary.prefix_cache = prev.get("prefix_cache")  # a finished round's, or a resumed one's so far
         if counters is not None:
             summary.prefix_cache = prefix_cache_summary(counters, await asyncio.to_thread(self._prefix_counters),
                                                         summary.prefix_cache)
         orphaned = orphan_turns(self.paths)  # rows of rollouts a killed run never finished: convert ignores them
         summary.text_only = text_only_rollouts(self.paths)
-        manifest.update({
-            "text_only_rollouts": summary.text_only,
-            "orphan_turns": sum(orphaned.values()), "orphan_rollouts": len(orphaned),
-            "state": "done", "ended_at": _now().isoformat(),
-            "wall_s": round(prev.get("wall_s", 0.0) + time.time() - started, 1),  # summed over resumed runs
-            "counts": {"planned": len(planned), "finished": len(summary.rows), "resumed": summary.resumed,
-                       "by_status": summary.counts},
-            "mean_reward": summary.mean_reward, "mixed_groups": summary.mixed_groups(),
-            "success_rate_by_task": _success_by_task(summary.rows),
-        })
+        manifest.update(finished_fields(summary, len(planned), orphaned,
+                                        prev.get("wall_s", 0.0) + time.time() - started))
         if summary.prefix_cache is not None:
             manifest["prefix_cache"] = summary.prefix_cache
         if self.cfg.collect.executor != "local":  # which node ran how many of this run's trials
             manifest["executor"] = {"kind": self.cfg.collect.executor, **executor_info,
                                     "trials_by_node": dict(sorted(summary.nodes.items()))}
-        _write_json(self.paths.manifest, manifest)
+        write_json(self.paths.manifest, manifest)
         _push_round(self.paths)
         return summary
 
-
-def _success_by_task(rows: list[RolloutRow]) -> dict[str, float]:
-    by: dict[str, list[float]] = {}
-    for r in rows:
-        by.setdefault(r.task_id, []).append(1.0 if (r.reward or 0) > 0 else 0.0)
-    return {k: sum(v) / len(v) for k, v in sorted(by.items())}
-
-
-def prefix_cache_summary(before: tuple[float, float], after: tuple[float, float] | None,
-                         prev: dict | None = None) -> dict | None:
-    """Prompt tokens the endpoints looked up during the round and how many came from the prefix
-    cache (added to a resumed round's earlier runs); None if an endpoint restarted meanwhile."""
-    if after is None or after[0] < before[0] or after[1] < before[1]:
-        return None
-    prompt = after[0] - before[0] + (prev or {}).get("prompt_tokens", 0)
-    cached = after[1] - before[1] + (prev or {}).get("cached_tokens", 0)
-    return {"prompt_tokens": int(prompt), "cached_tokens": int(cached),
-            "hit_rate": round(cached / prompt, 4) if prompt else None}
+    async def _run_trials(self, summary: RoundSummary, todo: list[PlannedRollout], job_id: str,
+                          progress: bool) -> dict:
+        """Run the rollouts still to do, recording each as it finishes; returns the executor's info."""
+        executor = make_executor(self.cfg, self.policy, self.config_path)
+        with tqdm(total=summary.planned, initial=len(summary.rows), desc=f"round {self.cfg.round} rollouts",
+                  unit="rollout", disable=not progress) as bar:
+            try:
+                info = await executor.run(todo, job_id, lambda row, node: self._record(summary, bar, row, node))
+            finally:  # every finished row on disk, also when the round stops
+                await asyncio.to_thread(self.writer.drain, summary.rows)
+        # Each proxy publishes a shard per closed rollout (durability first); fold them now
+        # that every proxy has stopped, so a round is a few files, not thousands.
+        _fold_shards(self.paths)
+        return info
 
 
 def with_refusals(cfg: RunConfig) -> RunConfig:

@@ -11,7 +11,7 @@ from aiohttp import web
 from wharf.config import load_config
 from engine.launch import launch
 from wharf.endpoint import Endpoint, EndpointError, parse_prefix_counters
-from collect.runner import prefix_cache_summary
+from collect.manifest import prefix_cache_summary
 from conftest import free_port
 
 
