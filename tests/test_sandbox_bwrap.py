@@ -13,7 +13,8 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from collect.sandbox.bwrap import BwrapEnvironment, SandboxTimeoutError
+from collect.sandbox.bwrap import BwrapEnvironment
+from collect.sandbox.process import SandboxTimeoutError
 
 from tests.conftest import needs_bwrap
 

@@ -26,27 +26,24 @@ What it cannot do: build a Dockerfile (tasks ship their files in environment/), 
 """
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import os
 import shlex
 import shutil
-import signal
 import sys
-import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from harbor.environments.base import BaseEnvironment, ExecResult, transfer_tar_filter
+from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
-from harbor.utils.path_filter import filter_paths_by_patterns
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from wharf import envdefaults
 from collect.sandbox import changes, rewardproof
 from collect.sandbox.ns import SANDBOX_UID, Sandbox, Spec, minimal_expose
+from collect.sandbox.process import run_process
 from collect.sandbox.relay import Relay, parse_forward
+from collect.sandbox.transfer import copy_selected, extract_safely, tar_of
 
 DEFAULT_WORKDIR = "/app"
 HOME = "/home/agent"
@@ -66,10 +63,6 @@ _AGENT_INSTALLS = [str(p) for p in (Path(__file__).resolve().parents[1] / "agent
 # (already shown at its real path above); in the agent phase only.
 _AGENT_BINDS = {target: os.path.realpath(p) for target, p in (
     ("/opt/openhands-venv", Path(__file__).resolve().parents[2] / ".venv-agents" / "openhands"),) if p.is_dir()}
-
-
-class SandboxTimeoutError(RuntimeError):
-    """An exec ran past its timeout (a RuntimeError, as harbor's docker environment raises)."""
 
 
 def bwrap_path() -> str | None:
@@ -177,11 +170,7 @@ class BwrapEnvironment(BaseEnvironment):
         entering = self._abs(target_dir) == PurePosixPath(TESTS_DIR) and self._phase == "agent"
         if entering:
             await self._enter_verification()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for child in sorted(source.iterdir()):
-                tf.add(child, arcname=child.name)
-        await self._untar(buf.getvalue(), str(self._abs(target_dir)), f"upload {source} -> {target_dir}")
+        await self._untar(tar_of(source), str(self._abs(target_dir)), f"upload {source} -> {target_dir}")
         if entering:  # the reward proof's key, for a grader that takes part (rewardproof.py)
             self._reward_key = rewardproof.new_key()
             await self._checked(["sh", "-c", f"umask 077 && cat > {rewardproof.KEY_FILE}"], "write the reward key",
@@ -200,7 +189,7 @@ class BwrapEnvironment(BaseEnvironment):
             rc, key_left, _ = await self._run(["cat", "--", rewardproof.KEY_FILE], cwd="/", timeout_sec=60)
         data = await self._checked(["tar", "-cf", "-", "-C", str(self._abs(source_dir)), "."],
                                    f"download {source_dir}")
-        _extract_safely(data, Path(target_dir), self.logger, source_dir)
+        extract_safely(data, Path(target_dir), self.logger, source_dir)
         if grading and self._reward_key is not None:
             why = rewardproof.enforce(Path(target_dir), self._reward_key, key_left if rc == 0 else None)
             if why:
@@ -213,13 +202,7 @@ class BwrapEnvironment(BaseEnvironment):
         selected files (and `protect`, and the proof's verdict) are kept."""
         with tempfile.TemporaryDirectory() as tmp:
             await self.download_dir(source_dir, tmp)
-            paths = sorted(p.relative_to(tmp).as_posix() for p in Path(tmp).rglob("*") if p.is_file())
-            keep = set(filter_paths_by_patterns(paths, include=include, exclude=exclude))
-            keep |= set(paths) & {*(protect or ()), rewardproof.REJECTED}
-            for rel in sorted(keep):
-                dst = Path(target_dir) / rel
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(Path(tmp) / rel, dst)
+            copy_selected(Path(tmp), Path(target_dir), include, exclude, {*(protect or ()), rewardproof.REJECTED})
 
     # ---- phases ------------------------------------------------------------------------
 
@@ -318,44 +301,8 @@ class BwrapEnvironment(BaseEnvironment):
         full_env = {**self._base_env(), **(env or {})}
         pid = pid and self._sandbox.alive  # a frozen sandbox is read without its pid namespace
         cmd, fds = self._sandbox.join_argv(argv, full_env, cwd or self.workdir, pid=pid)
-        proc = await asyncio.create_subprocess_exec(
-            *cmd, pass_fds=fds,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # one process group to kill on timeout or cancel
-        )
-        callback = self._output_callback() if stream else None
-        chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
-
-        async def pump(reader: asyncio.StreamReader, name: str) -> None:
-            while chunk := await reader.read(65536):
-                chunks[name].append(chunk)
-                if callback is not None:
-                    await callback(chunk.decode(errors="replace"), name)
-
-        async def feed() -> None:
-            if stdin is not None:
-                try:
-                    proc.stdin.write(stdin)
-                    await proc.stdin.drain()
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-                finally:
-                    proc.stdin.close()
-
-        async def run_all() -> int:
-            await asyncio.gather(feed(), pump(proc.stdout, "stdout"), pump(proc.stderr, "stderr"))
-            return await proc.wait()
-
-        try:
-            rc = await asyncio.wait_for(run_all(), timeout=timeout_sec) if timeout_sec else await run_all()
-        except asyncio.TimeoutError:
-            await _kill_group(proc)
-            raise SandboxTimeoutError(f"Command timed out after {timeout_sec} seconds") from None
-        except BaseException:
-            await _kill_group(proc)
-            raise
-        return rc, b"".join(chunks["stdout"]), b"".join(chunks["stderr"])
+        return await run_process(cmd, fds, stdin=stdin, timeout_sec=timeout_sec,
+                                 on_chunk=self._output_callback() if stream else None)
 
     async def _checked(self, argv: list[str], what: str, stdin: bytes | None = None, pid: bool = True) -> bytes:
         rc, out, err = await self._run(argv, cwd="/", stdin=stdin, timeout_sec=600, pid=pid)
@@ -368,32 +315,3 @@ def _visible_path(path: str) -> str:
     """path with its dir resolved (the sandbox binds real paths), the file name kept (a venv's
     bin/python must stay the venv's, not the base interpreter it links to)."""
     return os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-
-
-async def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        await asyncio.wait_for(proc.wait(), timeout=10)
-    except asyncio.TimeoutError:
-        pass
-
-
-def _extract_safely(data: bytes, target: Path, logger, source: str) -> None:
-    """Extract a tar the sandbox made; links or paths leaving the dir are skipped, not followed."""
-    target.mkdir(parents=True, exist_ok=True)
-    skipped: list[str] = []
-
-    def safe(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-        try:
-            return transfer_tar_filter(member, dest)
-        except tarfile.FilterError:
-            skipped.append(member.name)
-            return None
-
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-        tf.extractall(path=target, filter=safe)
-    if skipped:
-        logger.warning(f"download {source}: skipped links/paths leaving the dir: {skipped[:10]}")
