@@ -30,7 +30,7 @@ KINDS = {"aten::addmm": "linear layers", "aten::mm": "linear layers", "aten::lin
 
 
 def sequences(core, batch: int, context: int, tokens: int) -> list:
-    from engine.batcher import Sequence
+    from engine.sequence import Sequence
     from engine.sampling import SamplingParams
 
     ids = core.tok("the quick brown fox " * context)["input_ids"][:context]

@@ -11,6 +11,8 @@ holds are prefilled in turn, the first alone, so the others find its KV. A finis
 KV (prompt and answer) is stored for the next call of its rollout.
 
 All model calls happen on this one thread; adapter loads run on it too, between steps.
+A sequence and when it stops are in sequence.py, the tokens a step draws in sampling.py, the
+batch's KV layout (merging batches, dropping rows) in kv.py.
 """
 from __future__ import annotations
 
@@ -18,61 +20,21 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
 
-from .kv import PrefillRow, prefill_batch, row_kv, slack_cache
+from .kv import PrefillRow, keep_rows, merge_rows, prefill_batch, row_kv, slack_cache
 from .prefix_cache import PrefixCache, common_prefix
-from .sampling import GREEDY_EPS, SamplingParams, processed_logprobs, sample_rows
+from .sampling import next_tokens
+from .sequence import Done, Failed, Sequence, Token, stop_of
 
 log = logging.getLogger("wharf.engine")
 
-LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
 # A prompt admitted beside another waits for that one's KV when they share more than this many
 # tokens beyond what the cache holds (fewer are cheaper to compute again than a pass to wait).
 MIN_SHARED = 32
-
-
-@dataclass
-class Token:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
-
-
-@dataclass
-class Done:
-    finish_reason: str  # stop | length | abort
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class Failed:
-    message: str
-
-
-@dataclass
-class Sequence:
-    prompt_ids: list[int]
-    params: SamplingParams
-    emit: Callable[[Token | Done | Failed], None]  # must be thread-safe
-    adapter: str | None = None  # None: the base model
-    output_ids: list[int] = field(default_factory=list)
-    cancelled: bool = False
-    generator: torch.Generator | None = None
-    finished: bool = False
-    failed: bool = False
-    # Set at admission: the identity of the weights it runs on (prefix cache key), and the
-    # prompt tokens whose KV came from the cache.
-    cache_key: Any = None
-    hit: int = 0
-    past: Any = None  # the prefix cache entry it starts from, until prefilled
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class Batcher:
@@ -264,18 +226,7 @@ class Batcher:
             self.running, self._mask = list(seqs), mask
             self._cache = slack_cache((l.keys, l.values) for l in cache.layers)
             return
-        L = max(self._mask.shape[1], mask.shape[1])
-
-        def left_pad(t: torch.Tensor, n: int) -> torch.Tensor:  # pad dim -2 (seq) of [B, H, S, D]
-            return t if n == 0 else torch.cat([t.new_zeros(*t.shape[:-2], n, t.shape[-1]), t], dim=-2)
-
-        pa, pb = L - self._mask.shape[1], L - mask.shape[1]
-        self._cache = slack_cache((torch.cat([left_pad(la.keys, pa), left_pad(lb.keys, pb)]),
-                                   torch.cat([left_pad(la.values, pa), left_pad(lb.values, pb)]))
-                                  for la, lb in zip(self._cache.layers, cache.layers))
-        self._mask = torch.cat([
-            torch.cat([self._mask.new_zeros(self._mask.shape[0], pa), self._mask], 1),
-            torch.cat([mask.new_zeros(mask.shape[0], pb), mask], 1)])
+        self._cache, self._mask = merge_rows(self._cache, self._mask, cache, mask)
         self.running.extend(seqs)
 
     def _decode_step(self) -> None:
@@ -291,55 +242,21 @@ class Batcher:
         self._after_logits(list(self.running), logits)
 
     def _after_logits(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        logits = logits.float().cpu()
-        live = [i for i, s in enumerate(seqs) if not s.finished]
+        live = [s for s in seqs if not s.finished]
         if not live:
             return
-        # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.
-        temps = torch.tensor([max(seqs[i].params.temperature, 0.0) for i in live])
-        temps = torch.where(temps < GREEDY_EPS, torch.ones_like(temps), temps)
-        lp = torch.log_softmax(logits[live] / temps[:, None], dim=-1)
-        for k, i in enumerate(live):
-            s, p = seqs[i], seqs[i].params
-            if len(s.output_ids) < p.min_tokens or p.top_p < 1.0:
-                row = logits[i].clone()
-                if len(s.output_ids) < p.min_tokens:
-                    row[list(self.eos_ids | set(p.stop_token_ids))] = float("-inf")
-                lp[k] = processed_logprobs(row, p.temperature, p.top_p)
-        tids = sample_rows(lp, [seqs[i].params.temperature for i in live], [seqs[i].generator for i in live])
-        chosen = lp.gather(1, tids[:, None])[:, 0].clamp(min=LOGPROB_FLOOR).tolist()
-        for k, (i, tid) in enumerate(zip(live, tids.tolist())):
-            s, p = seqs[i], seqs[i].params
-            top: list[tuple[int, float]] = []
-            if p.top_logprobs > 0:
-                vals, idx = torch.topk(lp[k], p.top_logprobs)
-                top = [(int(j), max(float(v), LOGPROB_FLOOR)) for v, j in zip(vals, idx)]
+        logits = logits.float().cpu()[[i for i, s in enumerate(seqs) if not s.finished]]
+        chosen = next_tokens(logits, [s.params for s in live], [len(s.output_ids) for s in live], self.eos_ids,
+                             [s.generator for s in live])
+        for s, (tid, logprob, top) in zip(live, chosen):
             s.output_ids.append(tid)
             self.generated += 1
-            s.emit(Token(tid, chosen[k], top))
-            done = self._stop_check(s, tid)
+            s.emit(Token(tid, logprob, top))
+            done = stop_of(s, tid, self.eos_ids, self.max_model_len,
+                           lambda ids: self.tok.decode(ids, skip_special_tokens=True))
             if done is not None:
                 self._finish(s, done)
         self._drop_finished()
-
-    def _stop_check(self, s: Sequence, tid: int) -> Done | None:
-        p = s.params
-        if tid in p.stop_token_ids and len(s.output_ids) > p.min_tokens - 1:
-            return Done("stop", tid)
-        if tid in self.eos_ids and not p.ignore_eos:
-            return Done("stop", None)
-        if p.stop:
-            # Only the tail can contain a new match: decode a window, not the whole output.
-            window = max(len(x) for x in p.stop) + 16
-            text = self.tok.decode(s.output_ids[-window:], skip_special_tokens=True)
-            for stop in p.stop:
-                if stop and stop in text:
-                    return Done("stop", stop)
-        if len(s.output_ids) >= p.max_tokens:
-            return Done("length")
-        if len(s.prompt_ids) + len(s.output_ids) >= self.max_model_len:
-            return Done("length")
-        return None
 
     def fail_adapter(self, name: str, message: str) -> None:
         """Model thread only (via `call`): end the running sequences that use adapter `name`."""
@@ -363,12 +280,8 @@ class Batcher:
         if not keep:
             self._reset_batch()
             return
-        idx = torch.tensor(keep, dtype=torch.long)
-        mask = self._mask[idx]
-        # Columns that are padding in every remaining row carry nothing: cut them off.
-        first = int(mask.any(0).long().argmax())
-        self._cache = slack_cache((l.keys[idx, :, first:], l.values[idx, :, first:]) for l in self._cache.layers)
-        self._mask = mask[:, first:]
+        # Columns that are padding in every remaining row carry nothing: keep_rows cuts them off.
+        self._cache, self._mask = keep_rows(self._cache, self._mask, keep)
         self.running = [self.running[i] for i in keep]
 
     def _store_finished(self) -> None:

@@ -12,7 +12,7 @@ import uuid
 
 from aiohttp import web
 
-from .batcher import Done, Failed, Token
+from .sequence import Done, Failed, Token
 from .chat_format import TOOL_OPEN, ChatError, parse_tool_calls
 from .core import EngineCore
 from .errors import bad_request, internal, read_json

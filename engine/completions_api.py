@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .batcher import Token
+from .sequence import Token
 from .core import EngineCore
 from .errors import bad_request, read_json
 from .protocol import flag, n_choices, sampling_params, usage

@@ -14,7 +14,8 @@ from typing import Any
 
 from wharf.config import EngineConfig
 from wharf import model_store
-from .batcher import Batcher, Done, Failed, Sequence, Token
+from .batcher import Batcher
+from .sequence import Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
 from .adapters import Adapters

@@ -100,3 +100,30 @@ class SlackLayer(DynamicLayer):
 def slack_cache(layers) -> Cache:
     """A cache of SlackLayers holding copies of the given per-layer (keys, values)."""
     return Cache(layers=[SlackLayer(k, v) for k, v in layers])
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    """t [B, H, S, D] with n zero columns before its first (dim -2)."""
+    return t if n == 0 else torch.cat([t.new_zeros(*t.shape[:-2], n, t.shape[-1]), t], dim=-2)
+
+
+def merge_rows(cache_a: Cache, mask_a: torch.Tensor, cache_b: Cache, mask_b: torch.Tensor) -> tuple[Cache, torch.Tensor]:
+    """Batch b's rows after batch a's, the shorter left-padded to the longer: (a slack cache of
+    both, their [Ba + Bb, L] bool mask)."""
+    L = max(mask_a.shape[1], mask_b.shape[1])
+    pa, pb = L - mask_a.shape[1], L - mask_b.shape[1]
+    cache = slack_cache((torch.cat([_left_pad(la.keys, pa), _left_pad(lb.keys, pb)]),
+                         torch.cat([_left_pad(la.values, pa), _left_pad(lb.values, pb)]))
+                        for la, lb in zip(cache_a.layers, cache_b.layers))
+    mask = torch.cat([torch.cat([mask_a.new_zeros(mask_a.shape[0], pa), mask_a], 1),
+                      torch.cat([mask_b.new_zeros(mask_b.shape[0], pb), mask_b], 1)])
+    return cache, mask
+
+
+def keep_rows(cache: Cache, mask: torch.Tensor, keep: list[int]) -> tuple[Cache, torch.Tensor]:
+    """Only the rows `keep` of a batch (a slack cache, its mask), without the leading columns
+    that are padding in every one of them."""
+    idx = torch.tensor(keep, dtype=torch.long)
+    mask = mask[idx]
+    first = int(mask.any(0).long().argmax())
+    return slack_cache((l.keys[idx, :, first:], l.values[idx, :, first:]) for l in cache.layers), mask[:, first:]

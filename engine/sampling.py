@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from wharf.logprobs import GREEDY_EPS, processed_logprobs  # noqa: F401  (batcher's names)
+from wharf.logprobs import GREEDY_EPS, processed_logprobs
+
+LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
 
 
 @dataclass
@@ -39,3 +41,29 @@ def sample_rows(logprobs: torch.Tensor, temperatures: list[float],
         if not greedy[k]:
             noise[k].exponential_(generator=g)
     return torch.where(greedy, logprobs.argmax(-1), (logprobs.exp() / noise).argmax(-1))
+
+
+def next_tokens(logits: torch.Tensor, params: list[SamplingParams], n_out: list[int], eos_ids: set[int],
+                generators: list[torch.Generator | None]) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(token id, its processed log-prob, the top alternatives) for each row of [B, V] float32
+    logits, row k sampled under params[k] with n_out[k] tokens generated so far."""
+    # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.
+    temps = torch.tensor([max(p.temperature, 0.0) for p in params])
+    temps = torch.where(temps < GREEDY_EPS, torch.ones_like(temps), temps)
+    lp = torch.log_softmax(logits / temps[:, None], dim=-1)
+    for k, p in enumerate(params):
+        if n_out[k] < p.min_tokens or p.top_p < 1.0:
+            row = logits[k].clone()
+            if n_out[k] < p.min_tokens:
+                row[list(eos_ids | set(p.stop_token_ids))] = float("-inf")
+            lp[k] = processed_logprobs(row, p.temperature, p.top_p)
+    tids = sample_rows(lp, [p.temperature for p in params], generators)
+    chosen = lp.gather(1, tids[:, None])[:, 0].clamp(min=LOGPROB_FLOOR).tolist()
+    out = []
+    for k, (p, tid) in enumerate(zip(params, tids.tolist())):
+        top: list[tuple[int, float]] = []
+        if p.top_logprobs > 0:
+            vals, idx = torch.topk(lp[k], p.top_logprobs)
+            top = [(int(j), max(float(v), LOGPROB_FLOOR)) for v, j in zip(vals, idx)]
+        out.append((tid, chosen[k], top))
+    return out

@@ -11,7 +11,7 @@ import torch
 
 from wharf.config import EngineConfig
 from wharf import model_store
-from engine.batcher import Done, Failed, Sequence, Token
+from engine.sequence import Done, Failed, Sequence, Token
 from engine.core import EngineCore
 from wharf.adapters import AdapterInvalid
 from engine.sampling import SamplingParams
