@@ -62,7 +62,7 @@ def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_re
     attribute is never called from there), and the C hook hands decide every event it refuses."""
     import dis
 
-    guard = _load("pytest_guard")
+    guard = _load("pytest_decide")
     for fn in guard.SEALED:
         looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
         assert looked_up == [], (fn.__name__, looked_up)

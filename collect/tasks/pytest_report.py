@@ -18,7 +18,7 @@ under test could patch sits between what pytest reported and what is signed.
 
 The code under test runs in this process, so the key and the descriptor are kept where no
 Python object holds them: in an audit hook written in C (wharf_seal.c), which signs a record
-only when pytest_guard.decide found that pytest's own call site asked the plugin for it, and
+only when pytest_decide.decide found that pytest's own call site asked the plugin for it, and
 which refuses the introspection (gc walks, ctypes, /proc/self/mem, other threads' frames) that
 reads around that. docs/judges.md says what is left.
 """
@@ -113,7 +113,7 @@ def _hook_snapshot(pm):
 
 class Recorder:
     """The plugin. It holds no key and no descriptor: each record is asked of the sealer's audit
-    hook (wharf_seal.c), which signs what pytest_guard.decide finds at pytest's own call sites. The checks of pytest's
+    hook (wharf_seal.c), which signs what pytest_decide.decide finds at pytest's own call sites. The checks of pytest's
     machinery run around each test."""
 
     def __init__(self):

@@ -5,7 +5,7 @@
  * once: after it the key, the records descriptor and the sequence number live only in this
  * file's static memory. No Python object holds them or a function that signs: a record is
  * written only by the hook below, only with what decide(ctx, state, event, args, frame)
- * (pytest_guard.py) found at pytest's own call site, and the state decide keeps (the session,
+ * (pytest_decide.py) found at pytest's own call site, and the state decide keeps (the session,
  * its items, pytest's classes) is kept here and handed back read-only.
  *
  * While decide runs, gc is off and signals are blocked in its thread (the handlers already due
@@ -94,7 +94,7 @@ static long long seq = 0;
 static PyObject *decide = NULL, *ctx = NULL, *state = NULL;
 
 /* The events decide looks at: the record requests and the introspection it may refuse (the
- * same names as pytest_guard.REFUSED, checked by tests/test_pytest_grade.py). */
+ * same names as pytest_decide.REFUSED, checked by tests/test_pytest_grade.py). */
 static const char *const EVENTS[] = {
     "wharf.record", "open", "ctypes.dlsym", "object.__setattr__",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",

@@ -1,0 +1,266 @@
+"""What the pytest records say: `decide`, which the sealer (pytest_guard.py) asks for every audit
+event it watches (PEP 578), and whose answer it signs.
+
+Standalone (stdlib only) and plain Python 3.8 syntax; loaded by pytest_guard before collection.
+
+  * A record is asked for with sys.audit("wharf.record", kind, ...). decide gives it only when
+    the request comes from the plugin's own code, called by pluggy, called by the pytest
+    function that owns that moment: wrap_session (start, finish), call_and_report (test: its
+    `report` and `call` are the ones it made, for an item collected in this session, not changed
+    since), the session's collection (collect). Anything else asking gets a tamper record.
+  * It refuses, with a tamper record and a RuntimeError, the introspection that reads around
+    that where an audit event exists: gc object walks, other threads' frames, trace and profile
+    functions, sys.monitoring callbacks, memory and C symbols of the interpreter through ctypes,
+    /proc/*/mem, replacing the code or defaults of a function of pytest, pluggy or this module.
+  * Every name the functions below use is a parameter bound when they are defined (no global or
+    builtin looked up at call time), every object read is first checked to be of the exact type
+    pytest made, that type and its bases unchanged since the session's start; instance data is
+    read from the instance dict, never through a property or __getattr__.
+"""
+import os
+import re
+import sys
+import types
+
+REFUSED = frozenset((
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
+    "sys.setprofile", "sys.monitoring.register_callback", "ctypes.PyObj_FromPtr", "ctypes.string_at",
+    "ctypes.wstring_at", "ctypes.cdata",
+))
+PROC_MEM = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?mem$")
+FUNCTION_FIELDS = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
+MAX_WALK = 32  # frames of pluggy between the plugin and pytest's call site
+HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (a builtin cannot change)
+_MISSING = object()
+
+
+def _classes(prefixes, extra):
+    """{id: (class, read-only copy of its dict)}, read-only, of every class of the modules named with `prefixes`, of
+    `extra`, and of their bases (builtins aside: they cannot be changed)."""
+    found = list(extra)
+    for name, mod in list(sys.modules.items()):
+        if mod is not None and name.split(".")[0] in prefixes:
+            found += [v for v in list(vars(mod).values()) if isinstance(v, type)]
+    out = {}
+    for cls in found:
+        for base in cls.__mro__:
+            if base.__flags__ & HEAPTYPE:
+                out[id(base)] = (base, types.MappingProxyType(dict(vars(base))))
+    return types.MappingProxyType(out)
+
+
+
+
+
+# ---- decide and its helpers: everything they use is a parameter bound here, at definition ----
+# ctx (built by install, a tuple, nothing in it mutable):
+#   0 mine, 1 relay, 3 protected: code objects (frozensets); 2 sites: kind -> {call site's code: its globals}
+#   4 TestReport, 5 CallInfo, 6 Session: pytest's classes; 7 node_slots: Node's slot readers
+#   8 (NodeId, its text reader) on pytest >= 9, else (None, None); 9 the plugin's class; 10 the sealer
+# state (kept by the sealer, replaced only by what decide returns): (session, items, classes)
+
+
+def _unchanged(cls, classes, _type=type, _id=id, _str=str, _bool=bool, _int=int, _float=float,
+               _none=type(None), dget=dict.get, pget=types.MappingProxyType.get, missing=_MISSING,
+               class_dict=type.__dict__["__dict__"].__get__, class_mro=type.__dict__["__mro__"].__get__,
+               class_flags=type.__dict__["__flags__"].__get__, heaptype=HEAPTYPE):
+    """cls and its bases are pytest's, as they were at the session's start."""
+    for base in class_mro(cls):
+        if not class_flags(base) & heaptype:
+            continue  # a builtin: it cannot change
+        kept = pget(classes, _id(base))
+        if kept is None or kept[0] is not base:
+            return False
+        now, then = class_dict(base), kept[1]
+        for name in now:
+            if _type(name) is not _str:
+                return False
+        for name in then:
+            if name not in now:
+                return False
+        for name in now:
+            value = now[name]
+            if pget(then, name, missing) is not value:
+                t = _type(value)  # pytest sets flags on its classes as it runs: plain data runs no code
+                if not (t is _bool or t is _int or t is _str or t is _float or t is _none):
+                    return False
+    return True
+
+
+def _fields(obj, cls, classes, _type=type, _vars=vars, _dict=dict, _str=str, unchanged=_unchanged):
+    """obj's instance dict when obj is exactly a `cls` (unchanged) with plain str keys, else None."""
+    if _type(obj) is not cls or not unchanged(cls, classes):
+        return None
+    d = _vars(obj)
+    if _type(d) is not _dict:
+        return None
+    for name in d:
+        if _type(name) is not _str:
+            return None
+    return d
+
+
+def _node_attr(item, d, name, node_slots, dget=dict.get, pget=types.MappingProxyType.get):
+    """pytest >= 9 keeps a node's session and id in slots (read through their C descriptors)."""
+    get = pget(node_slots, name)
+    return get(item) if get is not None else dget(d, name)
+
+
+def _id_text(nid, node_id, _type=type, _str=str):
+    """The text of a pytest 9 NodeId (its cache, filled when pytest formatted it), or None."""
+    if node_id[0] is not None and _type(nid) is node_id[0]:
+        text = node_id[1](nid)
+        return text if _type(text) is _str else None
+    return None
+
+
+def _nodeid_of(item, d, c, _type=type, _str=str, dget=dict.get, node_attr=_node_attr, id_text=_id_text):
+    """An item's nodeid (pytest < 9: _nodeid; 9: its NodeId, in a slot)."""
+    old = dget(d, "_nodeid")
+    return old if _type(old) is _str else id_text(node_attr(item, d, "_id", c[7]), c[8])
+
+
+def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK, pget=types.MappingProxyType.get):
+    """The pytest frame that called pluggy, which called the plugin's `frame`; None when the
+    plugin did not ask, or was not called from one of the `allowed` code objects (None: any) run
+    with its own module's globals (the same code in a function made with other globals, whose
+    CallInfo never runs the test, is not pytest's call site)."""
+    if frame is None or frame.f_code not in mine:
+        return None
+    frame = frame.f_back
+    while frame is not None and frame.f_code in mine:  # the plugin's own helpers
+        frame = frame.f_back
+    for _ in _range(max_walk):
+        if frame is None or frame.f_code not in relay:
+            break
+        frame = frame.f_back
+    if frame is None or (allowed is not None and pget(allowed, frame.f_code) is not frame.f_globals):
+        return None
+    return frame
+
+
+def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dict, dget=dict.get,
+                 pget=types.MappingProxyType.get, fields=_fields, node_attr=_node_attr, id_text=_id_text,
+                 nodeid_of=_nodeid_of):
+    """(nodeid, when, outcome, xfail) for call_and_report's `report`, or why it is not genuine."""
+    session, items, classes = state
+    loc = site.f_locals
+    if _type(loc) is not _dict:
+        return "a frame without plain locals"
+    item, call = dget(loc, "item"), dget(loc, "call")
+    kept = pget(items, _id(item))
+    if kept is None or kept[0] is not item:
+        return "a report for an item this session did not collect"
+    di, dr, dc = fields(item, kept[1], classes), fields(report, c[4], classes), fields(call, c[5], classes)
+    if di is None or dr is None or dc is None:
+        return "pytest's item, report or call classes changed, or not the objects pytest made"
+    if dget(loc, "report") is not report or node_attr(item, di, "session", c[7]) is not session:
+        return "a report pytest's runner did not make"
+    if dget(di, "_obj") is not kept[2] or "runtest" in di or "ihook" in di or "obj" in di:
+        return "an item changed since collection"
+    nodeid = dget(dr, "nodeid") if "nodeid" in dr else id_text(dget(dr, "_id"), c[8])  # pytest < 9 | 9
+    when, outcome, cwhen = dget(dr, "when"), dget(dr, "outcome"), dget(dc, "when")
+    if _type(nodeid) is not _str or _type(when) is not _str or _type(outcome) is not _str or _type(cwhen) is not _str \
+            or nodeid != nodeid_of(item, di, c) or when != cwhen:
+        return "a report that does not match its item"
+    if when == "call" and outcome == "passed" and dget(dc, "excinfo") is not None:
+        return "a passed report for a call that raised"
+    return (nodeid, when, outcome, "1" if "wasxfail" in dr else "0")
+
+
+def _normalised(path):
+    """os.path.normpath of an absolute path, by hand (os.path's could be replaced)."""
+    parts = []
+    for part in path.split("/"):
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part and part != ".":
+            parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _refused(event, args, protected, _type=type, _len=len, _str=str, _bytes=bytes, refused=REFUSED,
+             match=PROC_MEM.match, normalised=_normalised, function_fields=FUNCTION_FIELDS,
+             function_type=types.FunctionType, code_of=types.FunctionType.__dict__["__code__"].__get__):
+    """Why this audit event is refused, or None (exact types only)."""
+    if event in refused:
+        return event
+    if event == "open" and _len(args) > 0:
+        path = args[0]
+        if _type(path) is _bytes:
+            path = path.decode("utf-8", "replace")
+        if _type(path) is _str and path[:1] == "/" and match(normalised(path)) is not None:
+            return "open " + normalised(path)
+        return None
+    if event == "ctypes.dlsym" and _len(args) > 1 and _type(args[1]) is _str and args[1].lstrip("_")[:2] == "Py":
+        return "ctypes.dlsym " + args[1]
+    if event == "object.__setattr__" and _len(args) > 1 and _type(args[1]) is _str and args[1] in function_fields \
+            and _type(args[0]) is function_type and code_of(args[0]) in protected:
+        return "replacing the %s of a function of pytest, pluggy or the plugin" % args[1]
+    return None
+
+
+def _start(c, state, site, _type=type, _str=str, dget=dict.get, getpid=os.getpid, classes_of=_classes):
+    """The session's start: pytest's classes as they are now (no code under test has run yet)."""
+    if state[0] is not None:
+        return None, ("tamper", "a second start"), None
+    session = dget(site.f_locals, "session")
+    if _type(session) is not c[6]:
+        return None, ("tamper", "a start without pytest's session"), None
+    classes = classes_of(("_pytest", "pluggy"), (c[9],))
+    return (session, state[1], classes), ("start", _str(getpid()), c[10]), None
+
+
+def _items(c, state, items, _type=type, _id=id, _list=list, dget=dict.get, pget=types.MappingProxyType.get,
+           fields=_fields, proxy=types.MappingProxyType):
+    """The session's collected items, kept read-only: (item, class, test function) by id."""
+    kept = {}
+    for i in (items if _type(items) is _list else ()):
+        cls = _type(i)
+        d = fields(i, cls, state[2]) if pget(state[2], _id(cls)) is not None else None
+        if d is not None:
+            kept[_id(i)] = (i, cls, dget(d, "_obj"))
+    return (state[0], proxy(kept), state[2]), None, None
+
+
+def _record(c, state, args, frame, _type=type, _len=len, _str=str, _int=int, _tuple=tuple, pget=types.MappingProxyType.get,
+            call_site=_call_site, test_record=_test_record, start=_start, items=_items, frame_type=types.FrameType):
+    """decide's answer to sys.audit("wharf.record", kind, ...)."""
+    if _type(args) is not _tuple or _len(args) < 2 or _type(args[0]) is not _str:
+        return None, ("tamper", "a malformed record request"), None
+    kind = args[0]
+    allowed = pget(c[2], kind, False)
+    site = call_site(frame, allowed, c[0], c[1]) if allowed is not False else None
+    if site is None or _type(site) is not frame_type:
+        return None, ("tamper", "a %s record asked for outside pytest's own call site" % kind[:20]), None
+    if kind == "start":
+        return start(c, state, site)
+    if state[0] is None:
+        return None, ("tamper", "a %s record before the start" % kind), None
+    if kind == "items":
+        return items(c, state, args[1])
+    if kind == "test":
+        got = test_record(site, args[1], c, state)
+        return None, (("tamper", got) if _type(got) is _str else ("test",) + got), None
+    if kind == "finish" and _type(args[1]) is _int:
+        return None, ("finish", _str(args[1])), None
+    if kind in ("collect", "tamper") and _type(args[1]) is _str:
+        return None, (kind, args[1]), None
+    return None
+
+
+def decide(c, state, event, args, frame, _type=type, _str=str, record=_record, refused=_refused):
+    """The sealer's question for one audit event: None (nothing to do), or (new state or None,
+    record to sign or None, refusal or None). `frame` is the code that raised the event."""
+    if _type(event) is not _str:
+        return None
+    if event == "wharf.record":
+        return record(c, state, args, frame)
+    why = refused(event, args, c[3])
+    return None if why is None else (None, ("tamper", "refused: " + why), why)
+
+
+SEALED = (_unchanged, _fields, _node_attr, _id_text, _nodeid_of, _call_site, _test_record, _normalised, _refused,
+          _start, _items, _record, decide)  # run inside the sealer's hook: no global looked up at call time
+EMPTY = types.MappingProxyType({})
