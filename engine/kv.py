@@ -107,7 +107,8 @@ def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if n == 0 else torch.cat([t.new_zeros(*t.shape[:-2], n, t.shape[-1]), t], dim=-2)
 
 
-def merge_rows(cache_a: Cache, mask_a: torch.Tensor, cache_b: Cache, mask_b: torch.Tensor) -> tuple[Cache, torch.Tensor]:
+def merge_rows(cache_a: Cache, mask_a: torch.Tensor, cache_b: Cache,
+               mask_b: torch.Tensor) -> tuple[Cache, torch.Tensor]:
     """Batch b's rows after batch a's, the shorter left-padded to the longer: (a slack cache of
     both, their [Ba + Bb, L] bool mask)."""
     L = max(mask_a.shape[1], mask_b.shape[1])
