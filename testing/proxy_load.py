@@ -117,9 +117,24 @@ def admin(access: AdminAccess, method: str, path: str, body: dict | None = None)
         return json.loads(r.read())
 
 
+def recorded_calls(base: str) -> int:
+    """The calls a proxy has recorded since it started, every status (its /metrics)."""
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("wharf_proxy_calls_total{"))
+
+
 # -- load generator ---------------------------------------------------------------------------
-async def _drive(targets: list[tuple[int, str, dict, bytes]], n_calls: int, seconds: float | None) -> list[tuple]:
-    """One task per target (a client with its own connection), pulling calls from a shared count."""
+def load_stopper():
+    """An event run_load's processes watch: set it to end the load."""
+    return mp.get_context("spawn").Event()
+
+
+async def _drive(targets: list[tuple[int, str, dict, bytes]], n_calls: int, seconds: float | None,
+                 stop=None) -> list[tuple]:
+    """One task per target (a client with its own connection), pulling calls from a shared count
+    until it runs out, `seconds` pass or the `stop` event is set."""
     results: list[tuple] = []
     budget = iter(range(n_calls))
     deadline = time.monotonic() + seconds if seconds else None
@@ -128,7 +143,7 @@ async def _drive(targets: list[tuple[int, str, dict, bytes]], n_calls: int, seco
         async def client(idx: int, url: str, headers: dict, body: bytes) -> None:
             stream = b'"stream": true' in body
             for _ in budget:
-                if deadline and time.monotonic() > deadline:
+                if (deadline and time.monotonic() > deadline) or (stop is not None and stop.is_set()):
                     return
                 t0 = time.perf_counter()
                 try:
@@ -145,18 +160,19 @@ async def _drive(targets: list[tuple[int, str, dict, bytes]], n_calls: int, seco
     return results
 
 
-def _worker(targets, n_calls, seconds, cpus, queue) -> None:
+def _worker(targets, n_calls, seconds, cpus, queue, stop) -> None:
     if cpus:
         try:
             os.sched_setaffinity(0, cpus)
         except OSError:
             pass
-    queue.put(asyncio.run(_drive(targets, n_calls, seconds)))
+    queue.put(asyncio.run(_drive(targets, n_calls, seconds, stop)))
 
 
 def run_load(targets: list[tuple[str, dict, bytes]], n_calls: int, procs: int = 2, cpus=None,
-             seconds: float | None = None) -> tuple[list[tuple], float]:
+             seconds: float | None = None, stop=None) -> tuple[list[tuple], float]:
     """Spread the targets (one connection each) over `procs` processes; returns (results, wall seconds).
+    `stop`: an event of the spawn context (load_stopper()) that ends the load when set.
 
     A result is (target index, HTTP status or -1, complete, x-wharf-request-id, latency[, error]).
     """
@@ -165,7 +181,8 @@ def run_load(targets: list[tuple[str, dict, bytes]], n_calls: int, procs: int = 
     groups = [[(i, *t) for i, t in enumerate(targets) if i % procs == p] for p in range(procs)]
     shares = [n_calls * len(g) // len(targets) for g in groups]
     shares[0] += n_calls - sum(shares)
-    workers = [ctx.Process(target=_worker, args=(g, s, seconds, cpus, queue)) for g, s in zip(groups, shares) if g]
+    workers = [ctx.Process(target=_worker, args=(g, s, seconds, cpus, queue, stop))
+               for g, s in zip(groups, shares) if g]
     t0 = time.perf_counter()
     for w in workers:
         w.start()
