@@ -97,6 +97,21 @@ def test_5000_calls_64_clients_5pct_upstream_errors(tmp_path):
     print(f"\n5000 calls, 64 clients: {5000 / wall:.0f} calls/s (shared CPUs), {n_err} injected errors recorded")
 
 
+def check_every_answered_call_kept(results, rows, killed_at: float):
+    """Load ran on both sides of a kill, and every call a client got an answer to is a row, once."""
+    answered = [r[3] for r in results if r[2]]
+    failed = [r for r in results if not r[2]]
+    assert len(answered) > 50 and failed, "load ran on both sides of the kill"
+    check_turns(rows)
+    counts = collections.Counter(r["request_id"] for r in rows)
+    missing = [i for i in answered if counts[i] != 1]
+    assert not missing, f"{len(missing)} answered calls are not in the shards exactly once"
+    assert all(r["status"] == "ok" for r in rows if r["request_id"] in set(answered))
+    after = [r for r in rows if r["started_at"].timestamp() > killed_at]
+    assert after, "the restarted proxy kept recording the same rollouts"
+    return answered
+
+
 @pytest.mark.slow
 def test_sigkill_during_load_loses_no_answered_call(tmp_path):
     stub_port, proxy_port = free_port(), free_port()
@@ -138,17 +153,8 @@ def test_sigkill_during_load_loses_no_answered_call(tmp_path):
             assert stop(proxy2) == 0
         stop(stub)
     results, _ = box["res"]
-    answered = [r[3] for r in results if r[2]]
-    failed = [r for r in results if not r[2]]
-    assert len(answered) > 50 and failed, "load ran on both sides of the kill"
     rows = read_dir(out, "turns").to_pylist()
-    check_turns(rows)
-    counts = collections.Counter(r["request_id"] for r in rows)
-    missing = [i for i in answered if counts[i] != 1]
-    assert not missing, f"{len(missing)} answered calls are not in the shards exactly once"
-    assert all(r["status"] == "ok" for r in rows if r["request_id"] in set(answered))
-    after = [r for r in rows if r["started_at"].timestamp() > killed_at]
-    assert after, "the restarted proxy kept recording the same rollouts"
+    answered = check_every_answered_call_kept(results, rows, killed_at)
     assert sum(c["n_turns"] for c in closed) == len(rows)
     text = (tmp_path / "proxy.log").read_text()
     assert "folded" in text and "left-over WAL" in text, text[-2000:]
