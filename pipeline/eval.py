@@ -213,6 +213,14 @@ def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
     return None
 
 
+def stored_note(ev: EvalLayout, p: Policy, run: RunLayout) -> str:
+    """The log line of a policy whose trials are read, not run: this eval's own finished job, or
+    the one its run's loop ran (stored_trials)."""
+    if run.root == ev.policy(p.label).root:
+        return f"eval {ev.root.name}: {p.spec}: its trials are already in this eval, {run.root}: not run again"
+    return f"eval {ev.root.name}: {p.spec}: reading the trials its run's loop already ran, {run.root}"
+
+
 def _finished(run: RunLayout, cfg: RunConfig) -> bool:
     """Whether a policy's collect job there is done, with the trials this eval would run."""
     try:
@@ -230,7 +238,7 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
     for p in policies:
         run = stored_trials(cfg, p)
         if run is not None:
-            log.info("eval %s: %s: reading the trials its run already ran, %s", ev.root.name, p.spec, run.root)
+            log.info(stored_note(ev, p, run))
         else:
             run = ev.policy(p.label)
             with serving(ep, cfg, p) as (served, refused):

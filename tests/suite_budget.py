@@ -25,7 +25,7 @@ _GROUPS = {
                "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",
                "test_publish_replicas", "test_proxy_engine", "test_eval", "test_warmstart_live"],
     "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage", "test_warmstart_loop"],
-    "ray": ["test_collect_ray"],
+    "ray": ["test_collect_ray", "test_collect_ray_dispatch", "test_collect_ray_nodes"],
     "s3": ["test_s3_round", "test_s3_shards", "test_storage"],
 }
 MODULE_GROUPS = {module: group for group, modules in _GROUPS.items() for module in modules}

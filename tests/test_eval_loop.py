@@ -78,6 +78,20 @@ def test_rounds_without_evaluation_keep_their_line_and_plot(tmp_path):
     assert "Evaluations" not in write_report(layout.root).read_text()
 
 
+def test_a_stored_policy_is_named_as_read_from_this_eval_or_from_its_runs_loop(tmp_path):
+    """The log line of a policy not run again says whose trials are read (was: "its run already
+    ran" for this eval's own finished job too)."""
+    from pipeline.eval import stored_note
+    from wharf.layout import EvalLayout
+
+    ev = EvalLayout(tmp_path / "cmp" / "evals" / "heldout")
+    p = Policy("runs/grpo:2", "grpo-policy-v2", tmp_path / "adapter", 2)
+    own = stored_note(ev, p, ev.policy(p.label))
+    loops = stored_note(ev, p, RunLayout(tmp_path / "grpo" / "evals" / "heldout" / p.label))
+    assert "already in this eval" in own and "run's loop" not in own and str(ev.policy(p.label).root) in own
+    assert "run's loop already ran" in loops and str(tmp_path / "grpo") in loops
+
+
 def test_a_warm_started_loop_is_measured_against_its_init_adapter(tmp_path, monkeypatch):
     """With loop.init_adapter the reference is policy-v0 (the SFT adapter), not the base: the
     difference is what the run's own rounds added (the warm-start experiment's measure)."""

@@ -4,6 +4,7 @@ and an overlapped loop resumed there goes on where the bucket says it stands."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_a_run_in_the_bucket_is_evaluated_from_an_empty_mirror(s3, monkeypatch, 
     assert entry["adapter"] == f"{s3}/runs/grpo/rounds/1/train/adapter"
 
 
-def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, monkeypatch, tmp_path, capsys):
+def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, monkeypatch, tmp_path, capsys, caplog):
     """`wharf eval` re-run on a machine whose mirror is empty, its own job for the policy done in the
     bucket: the trials are read from there, with no adapter loaded (nothing answers at the
     endpoint; was: the local mirror alone was checked, and the adapter was loaded first)."""
@@ -118,8 +119,10 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={s3}/runs", "name=cmp", "eval.attempts=4",
             "eval.dataset=datasets/learn/heldout", "sampling.seed=3", "endpoint.launch=false",
             f"endpoint.url=http://127.0.0.1:{free_port()}", f"eval.policies=[{s3}/runs/grpo:2]"]
+    caplog.set_level(logging.INFO, logger="wharf.eval")
     assert main(args) == 0
     assert "reward 0.375" in capsys.readouterr().out
+    assert "grpo:2: its trials are already in this eval" in caplog.text  # its own job, not its run's loop's
     entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
     assert entry["collect"] == f"{s3}/runs/cmp/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
 

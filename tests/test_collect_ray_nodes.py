@@ -1,0 +1,60 @@
+"""collect.executor=ray without a shared filesystem, or without Ray: a task dir reaches a node as
+an archive, a node that cannot see a local run dir refuses naming the fix, and a machine without
+Ray refuses the round before anything starts (the live cluster: tests/test_collect_ray.py)."""
+from __future__ import annotations
+
+import pytest
+
+
+def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    import builtins
+
+    from collect import runner
+    from collect.ray_executor import RayExecutorError
+    from wharf.config import load_config
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=t", "collect.executor=ray",
+                             "endpoint.url=http://127.0.0.1:9", "endpoint.launch=false"])
+    with pytest.raises(RayExecutorError, match=r"pip install -e '\.\[ray\]'"):
+        runner.run(cfg, progress=False)
+    assert not (tmp_path / "t").exists()  # nothing written, no endpoint tried
+
+
+def test_a_task_dir_travels_to_a_node_as_an_archive_unpacked_once(tmp_path):
+    """No shared filesystem: a node runs the task from its own copy, files and modes as packed."""
+    from collect.ship import ShipError, TaskCache, pack
+
+    task = tmp_path / "datasets" / "sed-add"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.toml").write_text("[verifier]\n")
+    (task / "tests" / "test.sh").write_text("#!/bin/sh\nexit 0\n")
+    (task / "tests" / "test.sh").chmod(0o755)
+    digest, data = pack(task)
+    assert pack(task)[0] == digest  # the same dir, the same archive: fetched once per node
+    cache = TaskCache(tmp_path / "node")
+    here = cache.dir(digest, "sed-add", data)
+    assert here != task and (here / "task.toml").read_text() == "[verifier]\n"
+    assert (here / "tests" / "test.sh").stat().st_mode & 0o111  # still executable
+    assert cache.has(digest) and cache.dir(digest, "sed-add") == here  # unpacked once
+    with pytest.raises(ShipError, match="did not arrive whole"):
+        TaskCache(tmp_path / "other").dir(digest, "sed-add", data[:-1])
+
+
+def test_a_node_that_does_not_see_a_local_run_dir_refuses_naming_the_fix(tmp_path):
+    """No shared filesystem and a local runs_dir: the node's actor fails to start (so the round
+    leaves it out, naming why) instead of writing shards the driver never sees."""
+    pytest.importorskip("ray")
+    from collect.ray_executor import NodeActor, RayExecutorError
+    from wharf.config import load_config
+
+    cfg = load_config(None, [f"runs_dir={tmp_path / 'driver-only'}", "name=t", "endpoint.url=http://127.0.0.1:9"])
+    with pytest.raises(RayExecutorError, match=r"does not see the run dir .*runs_dir=s3://"):
+        NodeActor(cfg, "p", "node-a", str(tmp_path / "not-here"))
