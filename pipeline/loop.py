@@ -33,7 +33,6 @@ from train.stage import convert_dir
 from wharf import storage
 from wharf.config import RunConfig, cli_config, dump_config
 from wharf.endpoint import Endpoint, with_key
-from wharf.batches import read_index
 from wharf.entry import guarded
 from wharf.errors import WharfError
 from wharf.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
@@ -44,7 +43,8 @@ from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
-from .stages import LoopError, convert_stage, drop_marker, read_marker, run_stage, train_stage, write_report
+from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, train_stage,
+                     write_report)
 
 log = logging.getLogger("wharf.loop")
 
@@ -176,7 +176,7 @@ def train_checked(cfg: RunConfig) -> dict:
     """Round k's train, once its rows are known to be at most loop.max_staleness policies behind
     policy-v<k> (rows named by convert.jobs are the user's choice, and not checked)."""
     if not cfg.convert.jobs:
-        index = read_index(convert_dir(cfg))
+        index = round_index(cfg)
         policies = Counter(r.get("policy") for r in index.rollouts)
         check_lag(policies, cfg.round, cfg.loop.max_staleness, cfg.start_policy,
                   str(ConvertPaths(convert_dir(cfg)).index))

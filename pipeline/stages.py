@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from wharf.batches import read_index
+from wharf.batches import BatchIndex, read_index
 from convert.stage import convert_round
 from pipeline.report import write_report as _write_report
 from train.stage import convert_dir, push_outputs, train_round
@@ -74,10 +74,16 @@ def convert_stage(cfg: RunConfig) -> dict:
     return {"rows": (stats.get("rows") or {}).get("count"), "convert_wall_s": stats.get("wall_s")}
 
 
+def round_index(cfg: RunConfig) -> BatchIndex:
+    """Round cfg.round's index.json; in a run in object storage the bucket's (a loop resumed on an
+    empty mirror, its round converted but not trained)."""
+    storage.pull_file(ConvertPaths(convert_dir(cfg)).index)
+    return read_index(convert_dir(cfg))
+
+
 def has_signal(cfg: RunConfig) -> bool:
     """Whether convert kept any loss token (False: every group's rewards were all equal)."""
-    storage.pull_file(ConvertPaths(convert_dir(cfg)).index)  # a run in object storage resumed on an empty mirror
-    return read_index(convert_dir(cfg)).loss_tokens > 0
+    return round_index(cfg).loss_tokens > 0
 
 
 def carry_policy(cfg: RunConfig) -> dict:

@@ -141,6 +141,25 @@ def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_b
     assert has_signal(cfg)  # was: "no index.json; run convert on this round first"
 
 
+def test_a_converted_round_resumed_on_an_empty_mirror_checks_its_lag_on_the_bucket_index(s3, monkeypatch, tmp_path):
+    """The overlapped loop's lag check before train (train_checked) read index.json from the mirror:
+    a round converted but not trained when the loop was killed failed there on another machine."""
+    from pipeline.loop import train_checked
+    from pipeline.overlap import StaleRowsError
+    from train.stage import convert_dir
+    from wharf.batches import BatchFile, BatchIndex, write_index
+
+    over = [f"runs_dir={s3}/runs", "name=r", "round=2", "loop.max_staleness=1"]
+    d = convert_dir(load_config(None, over))
+    d.mkdir(parents=True)
+    rows = [{"rollout_id": "x", "policy": "policy-v1"}, {"rollout_id": "y", "policy": "policy-v0"}]
+    write_index(BatchIndex(files=[BatchFile("mb-0.pt", 2, 8, 12, 5, 2.0)], rollouts=rows), d / "index.json")
+    storage.push(d, last=("index.json",))
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-machine"))
+    with pytest.raises(StaleRowsError, match=r"1 rollouts by policy-v0 \(2 behind\)"):  # was: no index.json
+        train_checked(load_config(None, over))
+
+
 def test_the_health_checks_of_a_finished_round_read_its_files_from_the_bucket(s3, monkeypatch, tmp_path):
     """A loop resumed on an empty mirror checked its finished rounds on missing files, failed them,
     and pushed the failing health.json over the good one: the files the checks read are pulled first."""
