@@ -7,7 +7,9 @@ are deterministic for a given prompt and `seed`.
 Error injection, for the proxy's tests and benchmark:
 - `error_rate` (0..1): that fraction of requests fails, the kind drawn from `error_kinds`;
 - a request body field `stub_fail: <kind>` forces one; `stub_delay: <seconds>` delays the answer,
-  `stub_chunk_delay: <seconds>` each chunk of a stream.
+  `stub_chunk_delay: <seconds>` each chunk of a stream;
+- `hold=predicate`: a chat call whose body it accepts waits until `release()` (`held` counts
+  those waiting): some rollouts of a round kept unfinished, whatever the machine's load.
 Kinds: 500 | 503 | 400 (HTTP errors with an OpenAI error body), invalid_json, no_token_ids,
 drop (closes the connection; in streaming after a few chunks), short_usage (ids that do not add
 up to usage: one id missing from a stream, or usage one higher in a full answer).
@@ -35,8 +37,10 @@ import asyncio
 import collections
 import json
 import random
+import threading
 import uuid
 import zlib
+from typing import Callable
 
 from aiohttp import web
 
@@ -61,7 +65,7 @@ class Stub:
     def __init__(self, error_rate: float = 0.0, seed: int = 0, error_kinds=ERROR_KINDS,
                  completion_tokens: int = 16, model: str = "stub-model", keep_requests: int = 200,
                  script: str | None = None, max_model_len: int | None = None, api_key: str | None = None,
-                 loras: bool = False, teacher: bool = False):
+                 loras: bool = False, teacher: bool = False, hold: Callable[[dict], bool] | None = None):
         """`loras`: serve runtime LoRA loading as vLLM does (/v1/load_lora_adapter, /v1/models listing
         each adapter with its root) and answer a call for a model it does not serve with vLLM's 404."""
         if script is not None and not script.startswith("shell:"):
@@ -79,6 +83,23 @@ class Stub:
         self.requests: collections.deque = collections.deque(maxlen=keep_requests)
         self.loras = loras
         self.adapters: dict[str, str] = {}  # runtime-loaded LoRAs: name -> path
+        self.hold = hold
+        self.held = 0  # chat calls waiting for release() now
+        self._released = threading.Event()
+
+    def release(self) -> None:
+        """Let the held chat calls (and every later one) through."""
+        self._released.set()
+
+    async def _hold(self, body: dict) -> None:
+        if self.hold is None or self._released.is_set() or not self.hold(body):
+            return
+        self.held += 1
+        try:
+            while not self._released.is_set():  # a thread's event: release() comes from the test's thread
+                await asyncio.sleep(0.05)
+        finally:
+            self.held -= 1
 
     def restart(self) -> None:
         """What a vLLM restart does to runtime-loaded LoRAs: forgets them."""
@@ -145,6 +166,7 @@ class Stub:
             return web.json_response(_error_body(400, "invalid JSON body"), status=400)
         self.requests.append(body)
         self.stats["requests"] += 1
+        await self._hold(body)
         refused = await self._refusal(body)
         if refused is not None:
             return refused
@@ -297,6 +319,10 @@ class StubServer(AppThread):
     def __init__(self, port: int = 0, **kwargs):
         self.stub = Stub(**kwargs)
         super().__init__(self.stub.app, port, "vllm-stub")
+
+    def stop(self) -> None:
+        self.stub.release()  # held calls answer, so that the server's shutdown need not wait on them
+        super().stop()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """Shared fixtures. `engine_url`: one real local engine (SmolLM2-135M on the CPU) per test session."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -65,10 +66,12 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 def kill_when(cmd: list[str], ready: Callable[[], bool], log: Path, what: str, timeout: float,
-              env: dict | None = None, interval: float = 0.2) -> None:
+              env: dict | None = None, interval: float = 0.2, tree: bool = False) -> None:
     """Run `cmd` (in its own session, output to `log`) until `ready()` (which may assert on the way),
     then SIGKILL its whole process group: a machine lost mid-run, for the resume tests. Fails if it
-    exits first or `what` does not happen within `timeout` seconds."""
+    exits first or `what` does not happen within `timeout` seconds. `tree`: its descendants in
+    sessions of their own (a loop's collect child, its proxy, their sandboxes) too, stopped first so
+    that none of them goes on after its parent (PDEATHSIG) as nothing does on a machine lost."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout
@@ -78,8 +81,40 @@ def kill_when(cmd: list[str], ready: Callable[[], bool], log: Path, what: str, t
             assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s"
             time.sleep(interval)
     finally:
+        rest = _stopped_tree(proc.pid) if tree else []
         os.killpg(proc.pid, signal.SIGKILL)
+        _signal(rest, signal.SIGKILL)
         proc.wait()
+
+
+def _stopped_tree(pid: int) -> list[int]:
+    """`pid`'s descendants, each SIGSTOPped (again until no new one appears)."""
+    stopped: set[int] = set()
+    while new := set(_descendants(pid)) - stopped:
+        _signal(new, signal.SIGSTOP)
+        stopped |= new
+    return sorted(stopped)
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        out.append(todo.pop())
+        todo += children.get(out[-1], [])
+    return out
+
+
+def _signal(pids, sig: int) -> None:
+    for p in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, sig)
 
 
 def free_port() -> int:
