@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, free_port, kill_when
+from collect.proxy.forward import call_seed
 from collect.tasksets import PlannedRollout, discover, rollout_seed
 from testing.vllm_stub import StubServer
 from wharf import schema, storage
@@ -109,10 +110,10 @@ HELD, CALLS = (2, 3), 2  # CoinAgent's calls a rollout
 
 
 def _held_seeds() -> set[int]:
-    """The seeds the proxy sends for round 1's held attempts (each call: the rollout's + its turn)."""
+    """The seeds the proxy sends for round 1's held attempts, each of their calls."""
     (task,) = discover(TASKS, ["answer"])
     firsts = {rollout_seed(SEED, 1, PlannedRollout(task, a)) for a in HELD}
-    return {s + turn for s in firsts for turn in range(CALLS)}
+    return {call_seed(s, turn) for s in firsts for turn in range(CALLS)}
 
 
 def _rows(url: str) -> list[dict]:

@@ -53,7 +53,7 @@ def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | Non
     up["temperature"] = rollout.temperature
     up["top_p"] = rollout.top_p
     if rollout.seed is not None:
-        up["seed"] = (rollout.seed + turn) % 2**31
+        up["seed"] = call_seed(rollout.seed, turn)
     if text_only:
         for k in ("logprobs", "top_logprobs", "return_token_ids"):
             up.pop(k, None)
@@ -78,6 +78,12 @@ def forced_request(req: dict, rollout: Rollout, turn: int, max_tokens: int | Non
     if notes:
         sampling[NOTES] = notes
     return jsonx.dumps(up), sampling
+
+
+def call_seed(rollout_seed: int, turn: int) -> int:
+    """The seed the proxy sends upstream for a rollout's call `turn`: each call of a rollout draws
+    its own tokens, and the same ones again when the rollout is replayed."""
+    return (rollout_seed + turn) % 2**31
 
 
 def requested_max_tokens(req: dict, cap: int | None) -> int | None:
