@@ -224,6 +224,32 @@ def test_shift_measured_on_real_adapters(tmp_path):
     assert again["weight_delta"] == pytest.approx(off["weight_delta"])
 
 
+@pytest.mark.slow  # shares test_shift_measured_on_real_adapters's sampled rows
+def test_measured_log_probs_are_a_full_forward_s_at_the_loss_tokens(tmp_path):
+    """The update's measurement and the replay check score the loss tokens alone (train.offpolicy),
+    with the log-probs of a full forward there (all positions through the model's own head)."""
+    import torch
+
+    from wharf.batches import load_micro_batch
+    from train.offpolicy import _logprobs
+    from train_util import base, sample_rows
+    from train_util import write_round as write_batches
+
+    write_batches(tmp_path / "convert", sample_rows(4, 8, 1.0, 0), [1.0, -1.0, 1.0, -1.0], 1.0)
+    files = sorted((tmp_path / "convert").glob("mb-*.safetensors"))
+    model = base()[0]
+    for f in files:
+        mb = load_micro_batch(f)
+        got, keep = _logprobs(model, mb), mb.completion_mask[:, 1:].numpy() > 0
+        assert keep.sum() == 16 and (got[~keep] == 0).all()
+        with torch.no_grad():
+            z = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+        full = torch.log_softmax(z[:, :-1].float(), -1).gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1).numpy()
+        # float32 summation order alone (a logsumexp over 49,152 logits taken in other blocks): ~1e-5
+        assert abs(got[keep] - full[keep]).max() < 5e-5 and abs(got[keep] - full[keep]).mean() < 2e-5
+        assert abs(got[keep] - mb.old_logprobs[:, 1:].numpy()[keep]).max() < 1e-4  # on-policy samples
+
+
 def test_a_replica_that_refused_the_published_policy_is_named(tmp_path):
     from wharf.replicas import PublishRecord, ReplicaResult
 

@@ -128,6 +128,44 @@ def test_chunked_logprobs_equal_a_full_log_softmax(chunk):
     torch.testing.assert_close(gh, wh, rtol=1e-5, atol=1e-5)
 
 
+def test_scoring_only_the_kept_positions_gives_the_same_values_and_gradient():
+    g = torch.Generator().manual_seed(2)
+    B, S, H, V = 3, 9, 8, 40
+    hidden = torch.randn(B, S, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64)
+    targets = torch.randint(0, V, (B, S), generator=g)
+    temps = torch.tensor([1.0, 0.6, 0.8], dtype=torch.float64)
+    keep = torch.rand(B, S, generator=g) > 0.6
+    keep[2] = False  # a row without loss tokens
+    full, full_ent = sampled_logprobs(hidden, weight, targets, temps, 4)
+    got, ent = sampled_logprobs(hidden, weight, targets, temps, 4, keep=keep)
+    assert keep.sum() > 3 and (got[~keep] == 0).all() and (ent[~keep] == 0).all()
+    torch.testing.assert_close(got[keep].double(), full[keep].double(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ent[keep].double(), full_ent[keep].double(), rtol=1e-6, atol=1e-6)
+    coef = torch.randn(B, S, generator=g, dtype=torch.float64) * keep
+    (gk,) = torch.autograd.grad((got.double() * coef).sum(), hidden)
+    (gf,) = torch.autograd.grad((full.double() * coef).sum(), hidden)
+    torch.testing.assert_close(gk, gf, rtol=1e-6, atol=1e-6)
+    assert gk[2].abs().max() == 0  # nothing kept, nothing flows
+    none, _ = sampled_logprobs(hidden, weight, targets, temps, 4, keep=torch.zeros(B, S, dtype=torch.bool))
+    assert none.shape == (B, S) and (none == 0).all()
+
+
+def test_unscored_positions_off_the_mask_leave_the_loss_finite_and_unchanged():
+    """Trainer log-probs are 0 off the mask; behaviour there may be anything stored (the -9999
+    floor of a masked completion token): exp(0 - (-9999)) must not reach the sum as inf * 0."""
+    logp, behaviour, prox, ref, mask, adv, w = batch()
+    behaviour = behaviour.masked_fill(mask == 0, -9999.0)
+    for mismatch in ("none", "tis", "mask"):
+        cfg, norm = LossConfig(mismatch=mismatch, kl_coef=0.3), StepNorm(30.0, 3.0)
+        want, st_w = grpo_loss(logp, behaviour, mask, adv, w, cfg, norm, prox=prox, ref=ref)
+        z = lambda t: t * mask  # noqa: E731 -- what the trainer holds: 0 off the mask
+        got, st = grpo_loss(z(logp), behaviour, mask, adv, w, cfg, norm, prox=z(prox), ref=z(ref))
+        assert math.isfinite(got.item()) and got.item() == pytest.approx(want.item(), rel=1e-9)
+        assert all(torch.isfinite(v).all() for v in st.values())
+        assert st["ratio"].item() == pytest.approx(st_w["ratio"].item(), rel=1e-9)
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="loss_agg"):
         LossConfig(agg="mean")

@@ -165,15 +165,23 @@ class PolicyLogprobs(nn.Module):
         self.scale = head_scale(peft_model.get_base_model().config)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                temperatures: Tensor) -> tuple[Tensor, Tensor]:
-        causal_lm = self.peft.get_base_model()
-        hidden = causal_lm.model(input_ids=input_ids, attention_mask=attention_mask,
-                                 position_ids=position_ids, use_cache=False).last_hidden_state  # [B, T, H]
-        head = causal_lm.get_output_embeddings()
-        if getattr(head, "bias", None) is not None:
-            raise ModelError("lm_head with a bias is not supported by the chunked log-probs")
-        # softmax(z * scale / T) = softmax(z / (T / scale))
-        return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures / self.scale, self.chunk)
+                temperatures: Tensor, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        return token_logprobs(self.peft.get_base_model(), input_ids, attention_mask, position_ids,
+                              temperatures / self.scale, self.chunk, keep)
+
+
+def token_logprobs(causal_lm: nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                   temperatures: Tensor, chunk: int, keep: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """([B, T-1] log-probs of input_ids[:, 1:], entropy) under a causal LM (its adapters as set):
+    the decoder for hidden states, then the frozen head chunk by chunk (loss.sampled_logprobs),
+    only at `keep` [B, T-1] where given (0 elsewhere). temperatures [B] already divided by the
+    head's scale (softmax(z * scale / T) = softmax(z / (T / scale)))."""
+    hidden = causal_lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                             position_ids=position_ids, use_cache=False).last_hidden_state  # [B, T, H]
+    head = causal_lm.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ModelError("lm_head with a bias is not supported by the chunked log-probs")
+    return sampled_logprobs(hidden[:, :-1], head.weight, input_ids[:, 1:], temperatures, chunk, keep)
 
 
 def save_adapter(peft_model: nn.Module, out: Path) -> None:

@@ -64,20 +64,27 @@ def row_diffs(logp, behaviour, mask) -> list[np.ndarray]:
 
 
 def _logprobs(model, mb):
-    """[B, T-1] log-probs of input_ids[:, 1:] under `model`, temperature applied; one row at a time
-    keeps the [T, vocab] float32 logits small."""
+    """[B, T-1] log-probs of input_ids[:, 1:] under `model` (a causal LM or a peft model of one, its
+    adapters as set), temperature applied, at the loss tokens only (0 elsewhere, where nothing
+    reads them); one row at a time, and none for a row without loss tokens."""
     import torch
 
-    rows = []
+    from .model import head_scale, token_logprobs
+
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    scale = head_scale(causal_lm.config)
+    keep = mb.completion_mask[:, 1:] > 0
+    out = torch.zeros(keep.shape, dtype=torch.float32)
     with torch.no_grad():
         for b in range(mb.input_ids.shape[0]):
             n = int(mb.attention_mask[b].sum())
-            out = model(input_ids=mb.input_ids[b:b + 1, :n], attention_mask=mb.attention_mask[b:b + 1, :n],
-                        position_ids=mb.position_ids[b:b + 1, :n])
-            z = out.logits[0, :-1].float() / float(mb.temperatures[b])
-            lp = torch.log_softmax(z, -1).gather(-1, mb.input_ids[b, 1:n, None]).squeeze(-1)
-            rows.append(torch.nn.functional.pad(lp, (0, mb.input_ids.shape[1] - n)))
-    return torch.stack(rows).numpy()
+            if not keep[b, :n - 1].any():
+                continue
+            lp, _ = token_logprobs(causal_lm, mb.input_ids[b:b + 1, :n], mb.attention_mask[b:b + 1, :n],
+                                   mb.position_ids[b:b + 1, :n], mb.temperatures[b:b + 1] / scale, 1024,
+                                   keep[b:b + 1, :n - 1])
+            out[b, :n - 1] = lp[0]
+    return out.numpy()
 
 
 def compute(convert_dir: Path, model) -> list[dict]:

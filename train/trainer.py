@@ -52,7 +52,8 @@ class Trainer:
         if not adapter:
             ctx.enter_context(self._reference())
         with ctx, self.acc.autocast():
-            return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.temperatures)
+            # only the loss tokens are scored: nothing reads a log-prob anywhere else
+            return module(mb.input_ids, mb.attention_mask, mb.position_ids, mb.temperatures, mb.completion_mask[:, 1:])
 
     @contextlib.contextmanager
     def _reference(self):
