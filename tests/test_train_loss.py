@@ -166,6 +166,23 @@ def test_unscored_positions_off_the_mask_leave_the_loss_finite_and_unchanged():
         assert st["ratio"].item() == pytest.approx(st_w["ratio"].item(), rel=1e-9)
 
 
+def test_the_kl_estimate_is_bounded_per_token():
+    """A token the update pushed far below the reference (d = ref - logp = 12 nats) adds at most
+    KL_CAP and no KL gradient; one within the bound keeps k3 and its gradient 1 - exp(d)."""
+    from train.loss import KL_CAP
+
+    logp = torch.tensor([[-13.0, -3.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
+    mask, one = torch.ones(1, 2, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    cfg = LossConfig(mismatch="none", kl_coef=1.0)
+    loss, st = grpo_loss(logp, logp.detach(), mask, torch.zeros(1, dtype=torch.float64), one, cfg,
+                         StepNorm(1.0, 1.0), ref=ref)  # advantage 0: the loss is the KL alone
+    assert st["kl"].item() == pytest.approx(KL_CAP + math.exp(2.0) - 2.0 - 1.0)
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(1.0 - math.exp(2.0))
+
+
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="loss_agg"):
         LossConfig(agg="mean")

@@ -22,6 +22,7 @@ from torch import Tensor
 AGGREGATIONS = ("token_mean", "seq_mean", "constant")
 OBJECTIVES = ("grpo", "sft")
 MISMATCH_MODES = ("tis", "mask", "none")
+KL_CAP = 10.0  # the most one token's k3 estimate adds to the loss (x kl_coef)
 
 
 class _SampledLogprobs(torch.autograd.Function):
@@ -153,8 +154,12 @@ def grpo_loss(logp: Annotated[Tensor, "B S"], behaviour: Annotated[Tensor, "B S"
     per_tok = -torch.minimum(ratio * a, clipped * a) * is_w
     kl = None
     if ref is not None:
-        d = (ref - logp) * mask
-        kl = torch.exp(d) - d - 1  # k3: unbiased, >= 0
+        # k3 (unbiased, >= 0) grows as exp(ref - logp): a token one step made 10+ nats less
+        # likely than the reference gave k3 ~ 7e3 and a gradient norm of ~1e5, which the
+        # gradient clip then spent on those few tokens. Bounded as verl and OpenRLHF bound it:
+        # the log-ratio to +-20, the estimate to KL_CAP (no KL gradient from a token beyond it).
+        d = ((ref - logp) * mask).clamp(-20.0, 20.0)
+        kl = (torch.exp(d) - d - 1).clamp(max=KL_CAP)
         per_tok = per_tok + cfg.kl_coef * kl
     loss = _aggregate(per_tok, w_tok, mask, cfg, norm)
     with torch.no_grad():
