@@ -60,6 +60,7 @@ class RoundFacts:
     rollouts_read: int | None = None
     left_out: dict[str, int] = field(default_factory=dict)  # convert's reasons, groups excluded
     rows_trained: int = 0
+    steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl: step, grad_norm, kl, tokens
     rows_masked: int = 0
     files: dict[str, str] = field(default_factory=dict)  # fact -> the file it came from
     published: str | None = None  # the policy this round trained, when it was published
@@ -139,6 +140,23 @@ def check_bad_share(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
     return HealthCheck("bad_share", f.k, ok, expected, seen, file, relax)
 
 
+def check_steps(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    limit = cfg.max_grad_norm
+    expected = f"every optimizer step's gradient norm before clipping <= {limit:g}"
+    norms = [(float(s.get("grad_norm") or 0.0), s) for s in f.steps]
+    if not norms:
+        return HealthCheck("steps_stable", f.k, True, expected, "no optimizer step", f.files.get("metrics", "?"),
+                           "loop.health.max_grad_norm=0")
+    g, worst = max(norms, key=lambda n: n[0])
+    kl = worst.get("kl")
+    seen = f"largest {g:.3g} (step {worst.get('step')}" + (f", KL estimate {kl:.3g}" if kl else "") + ")"
+    ok = limit == 0 or g <= limit
+    if not ok:
+        seen += ": a few tokens outweighed the step and train.max_grad_norm clipped it to their direction"
+    return HealthCheck("steps_stable", f.k, ok, expected, seen, f.files.get("metrics", "?"),
+                       "loop.health.max_grad_norm=0")
+
+
 def check_replicas(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
     expected = "every replica the proxy routes to serves the published policy"
     if f.published is None:
@@ -151,7 +169,7 @@ def check_replicas(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
                        f.files.get("published", "?"), "loop.health.all_replicas_serve=false")
 
 
-CHECKS = (check_served, check_trainable, check_shift, check_bad_share, check_replicas)
+CHECKS = (check_served, check_trainable, check_shift, check_steps, check_bad_share, check_replicas)
 
 
 def run_checks(f: RoundFacts, cfg: HealthConfig) -> list[HealthCheck]:
@@ -205,6 +223,7 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
             step = json.loads(line)
         except ValueError:
             continue  # a line cut by a kill
+        f.steps.append(step)
         f.rows_trained += int(step.get("rows") or 0)
         f.rows_masked += int(step.get("masked_rows") or 0)
     _published(f, rnd, live)

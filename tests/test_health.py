@@ -28,7 +28,8 @@ OK_SHIFT = {"tokens": 120, "delta_mean": 0.05, "delta_max": 0.4, "kl": 0.002, "w
 
 def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_policy: str | None = None,
                 turn_status: str = "ok", trainable: int = 500, left_out: dict | None = None,
-                mismatch: float = 1e-5, shift: dict | None = OK_SHIFT, masked: int = 0) -> None:
+                mismatch: float = 1e-5, shift: dict | None = OK_SHIFT, masked: int = 0,
+                grad_norms: tuple[float, ...] = (0.4, 1.2)) -> None:
     """A finished round: 4 attempts per task, rewards[task] of them successful."""
     rows = _rollouts(rnd.k, rewards)
     for r in rows:
@@ -52,7 +53,9 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
         "prefix_breaks": {"total": 2, "by_agent": {"wharf-minimal": {"pairs": 8, "breaks": 2}}}}))
     rnd.train.root.mkdir(parents=True)
     if trainable:
-        rnd.train.metrics.write_text(json.dumps({"step": 1, "rows": len(rows), "masked_rows": masked}) + "\n")
+        rnd.train.metrics.write_text("".join(json.dumps({"step": i + 1, "rows": len(rows) if i == 0 else 0,
+                                                         "masked_rows": masked if i == 0 else 0, "grad_norm": g,
+                                                         "kl": 0.01 * g}) + "\n" for i, g in enumerate(grad_norms)))
         TrainResult(round=rnd.k, policy=f"policy-v{rnd.k + 1}", adapter=str(rnd.train.adapter), steps=1, skipped_steps=0,
                     loss_tokens=trainable, mismatch_mean=mismatch, mismatch_max=10 * mismatch, wall_s=1.0).write(rnd.train.result)
         if shift is not None:
@@ -70,10 +73,11 @@ def test_a_healthy_round_passes_and_is_written(tmp_path):
     rnd = RunLayout(tmp_path / "run").round(1)
     write_round(rnd, "policy-v1", {"a": 1, "b": 3})
     checks = check_round(rnd, "policy-v1", HealthConfig())
-    assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "bad_share", "replicas_serve"]
+    assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "steps_stable", "bad_share",
+                                        "replicas_serve"]
     assert failed(checks) == {}
     enforce(checks)
-    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 5
+    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 6
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):
@@ -248,6 +252,19 @@ def test_measured_log_probs_are_a_full_forward_s_at_the_loss_tokens(tmp_path):
         # float32 summation order alone (a logsumexp over 49,152 logits taken in other blocks): ~1e-5
         assert abs(got[keep] - full[keep]).max() < 5e-5 and abs(got[keep] - full[keep]).mean() < 2e-5
         assert abs(got[keep] - mb.old_logprobs[:, 1:].numpy()[keep]).max() < 1e-4  # on-policy samples
+
+
+def test_a_step_a_few_tokens_outweighed_is_named(tmp_path):
+    """The #34 anchor runs: a KL estimate of 6,942 gave a gradient norm of 137,376, which the clip
+    turned into a step in those tokens' direction alone; every other check passed."""
+    rnd = RunLayout(tmp_path / "run").round(0)
+    write_round(rnd, "policy-v0", {"a": 1, "b": 3}, grad_norms=(0.67, 111.2, 1.3, 137375.75))
+    bad = failed(check_round(rnd, "policy-v0", HealthConfig()))
+    assert list(bad) == ["steps_stable"] and bad["steps_stable"].file == str(rnd.train.metrics)
+    assert "largest 1.37e+05 (step 4, KL estimate 1.37e+03)" in bad["steps_stable"].seen
+    assert "loop.health.max_grad_norm=0" in bad["steps_stable"].message()
+    assert failed(check_round(rnd, "policy-v0", HealthConfig(max_grad_norm=0))) == {}
+    assert failed(check_round(rnd, "policy-v0", HealthConfig(max_grad_norm=2e5))) == {}
 
 
 def test_a_replica_that_refused_the_published_policy_is_named(tmp_path):

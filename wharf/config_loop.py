@@ -29,6 +29,9 @@ class HealthConfig:
     # Share of the round's rollouts left out as infra errors or unscorable (no turns, no reward,
     # bad input), and share of rows the trainer masked; 1: off.
     max_bad_share: Annotated[float, Field(ge=0, le=1)] = 0.5
+    # Every optimizer step's gradient norm before clipping at most this: a step a few tokens
+    # outweigh (a KL or ratio blow-up) is clipped to their direction alone; 0: off.
+    max_grad_norm: NonNegativeFloat = 20.0
     # Every replica the proxy routes to (endpoint.url, proxy.upstreams) took the round's new
     # policy when it was published (one that refused gets none of its calls); false: off.
     all_replicas_serve: bool = True
