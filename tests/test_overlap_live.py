@@ -11,7 +11,6 @@ import json
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -55,8 +54,9 @@ def _kill_with_both_halves_running(cmd: list[str], run: RunLayout, log: Path, ti
             "round 1's collect ended before round 0 trained a step: nothing ran at once"
         return _both_halves_running(run)
 
-    kill_when(cmd, ready, log, "the two halves ran at once", timeout)
-    time.sleep(3)  # the collect child and its proxy follow their parent (PDEATHSIG)
+    # tree: the collect child and its proxy die with the loop, as on a lost machine (left to
+    # follow their parent, a proxy under load still held round 1's WAL when the resume began)
+    kill_when(cmd, ready, log, "the two halves ran at once", timeout, tree=True)
     return json.loads(run.round(1).collect.manifest.read_text())
 
 

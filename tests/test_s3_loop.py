@@ -23,6 +23,7 @@ import pytest
 from conftest import REPO, free_port, kill_when
 from collect.proxy.forward import call_seed
 from collect.tasksets import PlannedRollout, discover, rollout_seed
+from pipeline.health import CHECKS
 from testing.vllm_stub import StubServer
 from wharf import schema, storage
 from wharf.config import load_config
@@ -73,7 +74,7 @@ def _resumed_elsewhere(run: str, args: list[str], stub: StubServer, monkeypatch,
     assert run_loop(load_config(CONFIG, args)) == [0, 1]
     for k in (0, 1):
         checks = json.loads(storage.get(f"{run}/rounds/{k}/health.json"))
-        assert len(checks) == 5 and all(c["ok"] for c in checks), (k, checks)
+        assert len(checks) == len(CHECKS) and all(c["ok"] for c in checks), (k, checks)
         assert json.loads(storage.get(f"{run}/rounds/{k}/done/train.json"))["steps"] > 0, k  # both rounds trained
     assert json.loads(storage.get(f"{run}/rounds/1/done/publish.json"))["policy"] == "policy-v2"
     assert "policy-v2" in stub.stub.adapters  # left serving the newest policy
