@@ -59,12 +59,18 @@ class RoundFacts:
     shift: dict | None = None  # train/shift.py: delta_mean, weight_delta, kl, tokens
     rollouts_read: int | None = None
     left_out: dict[str, int] = field(default_factory=dict)  # convert's reasons, groups excluded
-    rows_trained: int = 0
-    steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl: step, grad_norm, kl, tokens
-    rows_masked: int = 0
+    steps: list[dict] = field(default_factory=list)  # train's metrics.jsonl: step, rows, grad_norm, kl, ...
     files: dict[str, str] = field(default_factory=dict)  # fact -> the file it came from
     published: str | None = None  # the policy this round trained, when it was published
     refused: dict[str, str] = field(default_factory=dict)  # replica url -> why it does not serve it
+
+    @property
+    def rows_trained(self) -> int:
+        return sum(int(s.get("rows") or 0) for s in self.steps)
+
+    @property
+    def rows_masked(self) -> int:
+        return sum(int(s.get("masked_rows") or 0) for s in self.steps)
 
 
 def check_served(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
@@ -143,16 +149,14 @@ def check_bad_share(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
 def check_steps(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
     limit = cfg.max_grad_norm
     expected = f"every optimizer step's gradient norm before clipping <= {limit:g}"
-    norms = [(float(s.get("grad_norm") or 0.0), s) for s in f.steps]
-    if not norms:
-        return HealthCheck("steps_stable", f.k, True, expected, "no optimizer step", f.files.get("metrics", "?"),
-                           "loop.health.max_grad_norm=0")
-    g, worst = max(norms, key=lambda n: n[0])
-    kl = worst.get("kl")
-    seen = f"largest {g:.3g} (step {worst.get('step')}" + (f", KL estimate {kl:.3g}" if kl else "") + ")"
-    ok = limit == 0 or g <= limit
-    if not ok:
-        seen += ": a few tokens outweighed the step and train.max_grad_norm clipped it to their direction"
+    ok, seen = True, "no optimizer step"
+    if f.steps:
+        worst = max(f.steps, key=lambda s: float(s.get("grad_norm") or 0.0))
+        g, kl = float(worst.get("grad_norm") or 0.0), worst.get("kl")
+        seen = f"largest {g:.3g} (step {worst.get('step')}" + (f", KL estimate {kl:.3g}" if kl else "") + ")"
+        ok = limit == 0 or g <= limit
+        if not ok:
+            seen += ": a few tokens outweighed the step and train.max_grad_norm clipped it to their direction"
     return HealthCheck("steps_stable", f.k, ok, expected, seen, f.files.get("metrics", "?"),
                        "loop.health.max_grad_norm=0")
 
@@ -224,8 +228,6 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
         except ValueError:
             continue  # a line cut by a kill
         f.steps.append(step)
-        f.rows_trained += int(step.get("rows") or 0)
-        f.rows_masked += int(step.get("masked_rows") or 0)
     _published(f, rnd, live)
     return f
 
