@@ -162,6 +162,11 @@ def test_health_config_is_validated():
         load_config(None, ["loop.health.max_bad_share=1.5"])
     with pytest.raises(ConfigError, match="unknown key 'loop.health.min_shift'"):
         load_config(None, ["loop.health.min_shift=0"])
+    assert load_config(None, ["loop.health.max_grad_norm=0"]).loop.health.max_grad_norm == 0
+    with pytest.raises(ConfigError, match="loop.health.max_grad_norm"):
+        load_config(None, ["loop.health.max_grad_norm=-1"])
+    with pytest.raises(ConfigError, match="loop.health.max_grad_norm"):
+        load_config(None, ["loop.health.max_grad_norm=big"])
 
 
 def test_shift_stats_by_hand():
