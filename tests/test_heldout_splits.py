@@ -1,7 +1,8 @@
 """The held-out splits (datasets/multiturn/heldout, datasets/learn/heldout): the same kinds of task
 as the training split with values never trained on, at least as many instances, written by the
 set's make_tasks.py and graded by the checker judge like the training tasks; real harbor trials
-grade their reference solution 1.0 and an untouched sandbox 0.0."""
+grade their reference solution 1.0 and an untouched sandbox 0.0. datasets/multiturn/train, the
+larger training split, is written the same way with values new to both."""
 from __future__ import annotations
 
 import re
@@ -67,6 +68,21 @@ def test_learn_heldout_checks_are_the_training_checks_with_other_values():
         assert re.sub(r'family = "[^"]*"\n', "", held_toml) == (train / "task.toml").read_text(), t.name
 
 
+def test_multiturn_train_split_has_two_new_instances_of_every_kind():
+    mt = REPO / "datasets" / "multiturn"
+    split = tasks(mt / "train")
+    assert sorted(t.name for t in split) == sorted(f"{k.name}-t{i}" for k in tasks(mt) for i in (1, 2))
+    for t in split:
+        spec = assert_judged_task_dir(t, "checker")
+        assert spec["FAIL_TO_PASS"] == ["check.py::test_result"], t.name
+        assert f'family = "{t.name[:-3]}"\n' in (t / "task.toml").read_text(), t.name
+        assert answer(t) not in (t / "instruction.md").read_text(), t.name
+    values = [answer(t) for t in split]
+    others = {answer(t) for t in tasks(mt) + tasks(mt / "heldout")}
+    assert len(set(values)) == len(values) and not others & set(values)
+    assert [t.path for t in discover(mt / "train")] == [t.resolve() for t in split]
+
+
 def test_no_heldout_value_is_a_training_value():
     mt = REPO / "datasets" / "multiturn"
     train_values = {answer(t) for t in tasks(mt)}
@@ -82,12 +98,13 @@ def test_no_heldout_value_is_a_training_value():
 
 @pytest.mark.parametrize("name", SETS)
 def test_generator_writes_the_committed_dirs(tmp_path, name):
-    """The whole set (training tasks and held-out split) is what its make_tasks.py writes: the
-    held-out dir is removed first, so a stale file there fails too."""
+    """The whole set (training tasks and held-out split, multiturn's train split) is what its
+    make_tasks.py writes: the split dirs are removed first, so a stale file there fails too."""
     src = REPO / "datasets" / name
     shutil.copytree(src, tmp_path / name)
     shutil.copy(REPO / "datasets" / "taskdir.py", tmp_path)  # what both generators import
     shutil.rmtree(tmp_path / name / "heldout")
+    shutil.rmtree(tmp_path / name / "train", ignore_errors=True)
     subprocess.run([sys.executable, str(tmp_path / name / "make_tasks.py")], check=True, capture_output=True)
     diff = subprocess.run(["diff", "-r", str(src), str(tmp_path / name), "-x", "__pycache__"],
                           capture_output=True, text=True)
@@ -96,6 +113,7 @@ def test_generator_writes_the_committed_dirs(tmp_path, name):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-def test_oracle_solves_every_heldout_task_and_nop_none(tmp_path, monkeypatch):
+def test_oracle_solves_every_split_task_and_nop_none(tmp_path, monkeypatch):
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
-    assert_oracle_1_nop_0([t for name in SETS for t in tasks(REPO / "datasets" / name / "heldout")], tmp_path)
+    split = [t for name in SETS for t in tasks(REPO / "datasets" / name / "heldout")]
+    assert_oracle_1_nop_0(split + tasks(REPO / "datasets" / "multiturn" / "train"), tmp_path)

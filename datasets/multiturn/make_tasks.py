@@ -11,6 +11,11 @@ The held-out split, heldout/ (never trained on: for `wharf eval` and `loop.eval_
 HELDOUT_COPIES instances of each kind, named <kind>-<i>, whose values come from other seeds:
 seeds from HELDOUT_SEED up, each kept only when none of its values is a value of the training
 split or of an instance kept before (so a policy that remembered the training values fails them).
+
+The larger training split, train/ (for `collect.dataset`: more tasks of each kind a round, so that
+a round's GRPO update rests on more than one task a kind), holds TRAIN_COPIES instances of each
+kind, named <kind>-t<i>, drawn the same way from seeds TRAIN_SEED up, with values new to both the
+eight tasks above and the held-out split.
 """
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ HERE = Path(__file__).resolve().parent
 SEED = 17
 HELDOUT_SEED = 1000
 HELDOUT_COPIES = 2  # 16 held-out instances for the 8 trained on
+TRAIN_SEED = 2000
+TRAIN_COPIES = 2  # 16 more training instances: 64 trials a round at 4 attempts
 WORDS = ["tulip", "falcon", "copper", "meadow", "violet", "harbor", "pepper", "lantern", "walnut",
          "orchid", "glacier", "canyon", "saffron", "pebble", "thistle", "marble"]
 
@@ -110,18 +117,17 @@ def task_dir(t: dict) -> TaskDir:
                               f"    assert {kept_text!r} in state.read_text({kept_file!r})\n"))
 
 
-def heldout(train: list[dict]) -> list[dict]:
-    """HELDOUT_COPIES instances of every kind, from the first seeds >= HELDOUT_SEED whose values
-    are all new (disjoint from the training values and from each other)."""
-    seen = {t["value"] for t in train}
-    out, seed = [], HELDOUT_SEED
-    while len(out) < HELDOUT_COPIES * len(train):
+def copies(seen: set[str], seed: int, n: int, label: str = "") -> list[dict]:
+    """n instances of every kind, named <kind>-<label><i>, from the first seeds >= `seed` whose
+    values are all new (disjoint from `seen`, which grows, and from each other)."""
+    out, kinds = [], len(tasks(random.Random(seed)))
+    while len(out) < n * kinds:
         drawn = tasks(random.Random(seed))
         values = [t["value"] for t in drawn]
         if len(set(values)) == len(values) and not seen & set(values):
             seen |= set(values)
-            copy = len(out) // len(train) + 1
-            out += [{**t, "name": f"{t['name']}-{copy}", "kind": t["name"]} for t in drawn]
+            copy = len(out) // kinds + 1
+            out += [{**t, "name": f"{t['name']}-{label}{copy}", "kind": t["name"]} for t in drawn]
         seed += 1
     return out
 
@@ -131,10 +137,12 @@ def main() -> None:
     for t in train:
         write(task_dir(t), HERE, "multiturn", TOML)
         print(f"{t['name']}: {t['value']}")
-    shutil.rmtree(HERE / "heldout", ignore_errors=True)
-    for t in heldout(train):
-        write(task_dir(t), HERE / "heldout", "multiturn", task_toml("multiturn", TAGS, family=t["kind"]))
-        print(f"heldout/{t['name']}: {t['value']}")
+    seen = {t["value"] for t in train}
+    for split, seed, n, label in [("heldout", HELDOUT_SEED, HELDOUT_COPIES, ""), ("train", TRAIN_SEED, TRAIN_COPIES, "t")]:
+        shutil.rmtree(HERE / split, ignore_errors=True)
+        for t in copies(seen, seed, n, label):
+            write(task_dir(t), HERE / split, "multiturn", task_toml("multiturn", TAGS, family=t["kind"]))
+            print(f"{split}/{t['name']}: {t['value']}")
 
 
 if __name__ == "__main__":

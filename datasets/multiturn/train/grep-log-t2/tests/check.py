@@ -1,0 +1,10 @@
+"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the
+workspace the agent left and fails by raising; nothing of the workspace is imported here."""
+
+
+def test_result(state):
+    assert state.read_text('code.txt').strip() == '591'
+
+
+def test_kept(state):
+    assert 'INFO' in state.read_text('app.log')

@@ -1,0 +1,3 @@
+print('Now run this command:')
+print()
+print('echo', 12 * 21, '> answer.txt')
