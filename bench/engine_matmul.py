@@ -6,7 +6,8 @@ the 210 projections of SmolLM2-135M (30 layers x q, k, v, o, gate, up, down; 425
 weights, each a separate tensor as in the model, so every step streams them from memory) and the
 tied 49,152 x 576 head, at a few row counts, and prints the best of --repeats for each, the ratio,
 and the weight bandwidth each implies. At one row both are bound by reading the weights; at 4-16
-rows torch's matmul slows down while the kernel still reads each weight once.
+rows torch's matmul slows down while the kernel still reads each weight once; a prefill's
+hundreds of rows go through the kernel 128 at a time.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def best_ms(fn, weights, xs, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.engine_matmul", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16, 32, 128, 1024],
+                    help="rows a step: decode (one a running sequence), prefill (prompt tokens)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     from engine import cpu_linear

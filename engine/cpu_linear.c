@@ -1,4 +1,5 @@
-/* y = x @ w.T + b for a few rows of x (a decode step): fp32, the weight read once from memory.
+/* y = x @ w.T + b for a chunk of rows of x (a decode step's, or 128 of a prefill's): fp32, each
+ * weight read once from memory for the whole chunk.
  *
  * x [M, K], w [N, K] (nn.Linear's layout, row-major), b [N] or NULL, y [M, N]. Each output is a
  * dot product over K in vector lanes, summed across the lanes at the end; a tile of MB rows x NB

@@ -1,6 +1,6 @@
-"""engine/cpu_linear: the decode steps' C kernel gives torch's linear to float rounding, for every
-row count, tail and tile it handles, on AVX-512 and on AVX2; the engine's layers take it only for
-few-row fp32 inference and read swapped weights; without a compiler the model runs as it was."""
+"""engine/cpu_linear: the engine's C kernel gives torch's linear to float rounding, for every row
+count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; the engine's layers take
+it only for fp32 inference and read swapped weights; without a compiler the model runs as it was."""
 from __future__ import annotations
 
 import logging
@@ -32,7 +32,7 @@ def kernel(tmp_path, extra: list[str] = []) -> cpu_linear.Kernel:
 
 def assert_matches_torch(k: cpu_linear.Kernel):
     g = torch.Generator().manual_seed(0)
-    for M in (1, 2, 3, 4, 5, 7, 16, 17, 32):
+    for M in (1, 2, 3, 4, 5, 7, 16, 17, 32, cpu_linear.CHUNK + 3):
         for K, N in SHAPES:
             x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
             for bias in (None, b):
@@ -67,7 +67,7 @@ def model() -> torch.nn.Module:
 
 
 @pytest.mark.skipif(" avx2 " not in cpu_flags(), reason="no AVX2")
-def test_installed_layers_take_few_row_inference_only_and_read_swapped_weights(tmp_path, monkeypatch):
+def test_installed_layers_take_inference_only_and_read_swapped_weights(tmp_path, monkeypatch):
     m, ref = model(), model()
     k = cpu_linear.install(m, tmp_path)
     assert k is not None
@@ -78,8 +78,8 @@ def test_installed_layers_take_few_row_inference_only_and_read_swapped_weights(t
     with torch.no_grad():
         assert torch.allclose(m(x), ref(x), atol=1e-5) and calls == [6, 6]
         calls.clear()
-        big = torch.randn(cpu_linear.MAX_ROWS + 1, 64)
-        assert torch.allclose(m(big), ref(big), atol=1e-5) and calls == []  # prefill-sized: torch
+        big = torch.randn(2 * cpu_linear.CHUNK + 1, 64)  # a prefill: in chunks
+        assert torch.allclose(m(big), ref(big), atol=1e-5) and calls == [2 * cpu_linear.CHUNK + 1] * 2
         m[2].weight = torch.nn.Parameter(ref[2].weight * 2)  # as the adapters swap a merged weight in
         assert torch.allclose(m(x)[..., :5], 2 * ref(x)[..., :5], atol=1e-5)
     calls.clear()
