@@ -19,6 +19,7 @@ from .sequence import Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
 from .adapters import Adapters
+from . import cpu_linear
 from .prefix_cache import PrefixCache
 from .protocol import flag
 
@@ -33,6 +34,9 @@ class EngineCore:
         self.model_dir = model_store.resolve_model_dir(cfg.model)
         device = model_store.pick_device(cfg.device)
         model, self.tok = model_store.load_model(self.model_dir, device, cfg.dtype)
+        self.cpu_kernel = None
+        if cfg.cpu_kernel and str(device) == "cpu" and cfg.dtype == "float32":
+            self.cpu_kernel = cpu_linear.install(model, model_store.cache_dir() / "kernels")
         self.max_model_len = min(cfg.max_model_len, getattr(model.config, "max_position_embeddings", 1 << 30))
         gen = model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tok.eos_token_id

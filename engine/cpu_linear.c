@@ -1,0 +1,102 @@
+/* y = x @ w.T + b for a chunk of rows of x (a decode step's, or 128 of a prefill's): fp32, each
+ * weight read once from memory for the whole chunk.
+ *
+ * x [M, K], w [N, K] (nn.Linear's layout, row-major), b [N] or NULL, y [M, N]. Each output is a
+ * dot product over K in vector lanes, summed across the lanes at the end; a tile of MB rows x NB
+ * weight rows keeps MB * NB accumulators in registers, so each weight vector loaded is used MB
+ * times. Weight rows are split across threads. Built by engine/cpu_linear.py with -march=native:
+ * AVX-512 where the CPU has it, else AVX2 + FMA. */
+#include <immintrin.h>
+#include <stddef.h>
+
+#if defined(__AVX512F__)
+#define LANES 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VSUM(v) _mm512_reduce_add_ps(v)
+#define ISA 512
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LANES 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float VSUM(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#define ISA 256
+#else
+#define ISA 0
+#endif
+
+int wharf_linear_isa(void) { return ISA; }
+
+#if ISA
+#define NB 6 /* weight rows a tile: 4 x 6 accumulators fit AVX-512's 32 registers and AVX2's 16 as 4 x 3 */
+/* The K % LANES tail is summed in scalar after the vector sum (K is a multiple of LANES for the
+ * models served here: 576, 1536). */
+#define TILE(MB, NBT)                                                                              \
+  static void tile_##MB##_##NBT(const float *x, const float *w, float *y, int K, int N, int m0,   \
+                                int n0) {                                                          \
+    vec acc[MB][NBT];                                                                              \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++)                                           \
+      _Pragma("GCC unroll 8") for (int j = 0; j < NBT; j++) acc[i][j] = VZERO();                   \
+    int kv = K - K % LANES;                                                                        \
+    for (int k = 0; k < kv; k += LANES) {                                                          \
+      vec wv[NBT];                                                                                 \
+      _Pragma("GCC unroll 8") for (int j = 0; j < NBT; j++) wv[j] = VLOAD(w + (size_t)(n0 + j) * K + k); \
+      _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) {                                       \
+        vec xv = VLOAD(x + (size_t)(m0 + i) * K + k);                                              \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NBT; j++) acc[i][j] = VFMA(xv, wv[j], acc[i][j]); \
+      }                                                                                            \
+    }                                                                                              \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++)                                           \
+      _Pragma("GCC unroll 8") for (int j = 0; j < NBT; j++) {                                      \
+        float s = VSUM(acc[i][j]);                                                                 \
+        for (int k = kv; k < K; k++) s += x[(size_t)(m0 + i) * K + k] * w[(size_t)(n0 + j) * K + k]; \
+        y[(size_t)(m0 + i) * N + n0 + j] = s;                                                      \
+      }                                                                                            \
+  }
+
+#if ISA == 512
+TILE(4, 6) TILE(3, 6) TILE(2, 6) TILE(1, 6)
+#else
+#undef NB
+#define NB 3
+TILE(4, 3) TILE(3, 3) TILE(2, 3) TILE(1, 3)
+#endif
+TILE(4, 1) TILE(3, 1) TILE(2, 1) TILE(1, 1)
+
+typedef void (*tile_fn)(const float *, const float *, float *, int, int, int, int);
+#if ISA == 512
+static const tile_fn FULL[5] = {0, tile_1_6, tile_2_6, tile_3_6, tile_4_6};
+#else
+static const tile_fn FULL[5] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3};
+#endif
+static const tile_fn ONE[5] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
+
+/* One block of NB weight rows (or the last, narrower one) against every row of x. */
+static void block(const float *x, const float *w, float *y, int M, int K, int N, int n0) {
+  for (int m0 = 0; m0 < M; m0 += 4) {
+    int mb = M - m0 < 4 ? M - m0 : 4;
+    if (n0 + NB <= N)
+      FULL[mb](x, w, y, K, N, m0, n0);
+    else
+      for (int n = n0; n < N; n++) ONE[mb](x, w, y, K, N, m0, n);
+  }
+}
+
+void wharf_linear(const float *x, const float *w, const float *b, float *y, int M, int K, int N,
+                  int threads) {
+  int blocks = (N + NB - 1) / NB;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int i = 0; i < blocks; i++) block(x, w, y, M, K, N, i * NB);
+  if (b)
+    for (int m = 0; m < M; m++)
+      for (int n = 0; n < N; n++) y[(size_t)m * N + n] += b[n];
+}
+#endif

@@ -1,0 +1,97 @@
+"""engine/cpu_linear: the engine's C kernel gives torch's linear to float rounding, for every row
+count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; the engine's layers take
+it only for fp32 inference and read swapped weights; without a compiler the model runs as it was."""
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+
+from engine import cpu_linear
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler")
+
+SHAPES = [(576, 576), (576, 192), (1536, 576), (20, 7), (33, 13), (576, 1000)]  # (K, N): tails of both
+
+
+def cpu_flags() -> str:
+    return next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "")
+
+
+def kernel(tmp_path, extra: list[str] = []) -> cpu_linear.Kernel:
+    flags = cpu_linear.FLAGS
+    cpu_linear.FLAGS = flags + extra
+    try:
+        return cpu_linear.Kernel(cpu_linear.build(tmp_path))
+    finally:
+        cpu_linear.FLAGS = flags
+
+
+def assert_matches_torch(k: cpu_linear.Kernel):
+    g = torch.Generator().manual_seed(0)
+    for M in (1, 2, 3, 4, 5, 7, 16, 17, 32, cpu_linear.CHUNK + 3):
+        for K, N in SHAPES:
+            x, w, b = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g) * 0.05, torch.randn(N, generator=g)
+            for bias in (None, b):
+                ref = torch.nn.functional.linear(x, w, bias)
+                err = ((k.linear(x, w, bias) - ref).abs() / (ref.abs() + 1)).max().item()
+                assert err < 1e-5, (M, K, N, bias is not None, err)
+
+
+@pytest.mark.skipif(" avx512f " not in cpu_flags() and " avx2 " not in cpu_flags(), reason="neither AVX-512 nor AVX2")
+def test_native_kernel_matches_torch(tmp_path):
+    k = kernel(tmp_path)
+    assert k.isa == (512 if " avx512f " in cpu_flags() else 256)
+    assert_matches_torch(k)
+
+
+@pytest.mark.skipif(" avx2 " not in cpu_flags() or " fma " not in cpu_flags(), reason="no AVX2 + FMA")
+def test_avx2_kernel_matches_torch(tmp_path):
+    k = kernel(tmp_path, ["-mno-avx512f"])
+    assert k.isa == 256
+    assert_matches_torch(k)
+
+
+def test_build_is_cached_per_source_and_flags(tmp_path):
+    a = cpu_linear.build(tmp_path)
+    assert cpu_linear.build(tmp_path) == a and a.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == [a.name]  # nothing half-built left beside it
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48, bias=False))
+
+
+@pytest.mark.skipif(" avx2 " not in cpu_flags(), reason="no AVX2")
+def test_installed_layers_take_inference_only_and_read_swapped_weights(tmp_path, monkeypatch):
+    m, ref = model(), model()
+    k = cpu_linear.install(m, tmp_path)
+    assert k is not None
+    calls = []
+    real = k.linear
+    monkeypatch.setattr(k, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    x = torch.randn(2, 3, 64)  # 6 rows
+    with torch.no_grad():
+        assert torch.allclose(m(x), ref(x), atol=1e-5) and calls == [6, 6]
+        calls.clear()
+        big = torch.randn(2 * cpu_linear.CHUNK + 1, 64)  # a prefill: in chunks
+        assert torch.allclose(m(big), ref(big), atol=1e-5) and calls == [2 * cpu_linear.CHUNK + 1] * 2
+        m[2].weight = torch.nn.Parameter(ref[2].weight * 2)  # as the adapters swap a merged weight in
+        assert torch.allclose(m(x)[..., :5], 2 * ref(x)[..., :5], atol=1e-5)
+    calls.clear()
+    m(x).sum().backward()  # with gradients: torch's matmul, so autograd works
+    assert calls == [] and m[0].weight.grad is not None
+
+
+def test_without_a_compiler_the_model_runs_as_it_was(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    m = model()
+    forwards = [l.forward for l in m if isinstance(l, torch.nn.Linear)]
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        assert cpu_linear.install(m, tmp_path / "cache") is None
+    assert "decode runs on torch's matmul" in caplog.text and "no-such-cc" in caplog.text
+    assert [l.forward for l in m if isinstance(l, torch.nn.Linear)] == forwards
