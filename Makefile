@@ -212,6 +212,7 @@ test-fast: setup
 
 bench: setup
 	$(PY) -m bench.engine
+	$(PY) -m bench.engine_matmul
 	$(PY) -m bench.proxy
 	$(PY) -m bench.sandbox
 	$(PY) -m bench.grading
