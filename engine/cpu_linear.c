@@ -36,7 +36,6 @@ static inline float VSUM(__m256 v) {
 int wharf_linear_isa(void) { return ISA; }
 
 #if ISA
-#define NB 6 /* weight rows a tile: 4 x 6 accumulators fit AVX-512's 32 registers and AVX2's 16 as 4 x 3 */
 /* The K % LANES tail is summed in scalar after the vector sum (K is a multiple of LANES for the
  * models served here: 576, 1536). */
 #define TILE(MB, NBT)                                                                              \
@@ -62,21 +61,18 @@ int wharf_linear_isa(void) { return ISA; }
       }                                                                                            \
   }
 
-#if ISA == 512
-TILE(4, 6) TILE(3, 6) TILE(2, 6) TILE(1, 6)
-#else
-#undef NB
-#define NB 3
-TILE(4, 3) TILE(3, 3) TILE(2, 3) TILE(1, 3)
-#endif
-TILE(4, 1) TILE(3, 1) TILE(2, 1) TILE(1, 1)
-
 typedef void (*tile_fn)(const float *, const float *, float *, int, int, int, int);
+/* NB weight rows a full tile: 4 x 6 accumulators fit AVX-512's 32 registers, 4 x 3 AVX2's 16. */
 #if ISA == 512
+#define NB 6
+TILE(4, 6) TILE(3, 6) TILE(2, 6) TILE(1, 6)
 static const tile_fn FULL[5] = {0, tile_1_6, tile_2_6, tile_3_6, tile_4_6};
 #else
+#define NB 3
+TILE(4, 3) TILE(3, 3) TILE(2, 3) TILE(1, 3)
 static const tile_fn FULL[5] = {0, tile_1_3, tile_2_3, tile_3_3, tile_4_3};
 #endif
+TILE(4, 1) TILE(3, 1) TILE(2, 1) TILE(1, 1)
 static const tile_fn ONE[5] = {0, tile_1_1, tile_2_1, tile_3_1, tile_4_1};
 
 /* One block of NB weight rows (or the last, narrower one) against every row of x. */

@@ -1,4 +1,4 @@
-"""The engine's linear layers for decode steps on a CPU: a small C kernel instead of MKL.
+"""The engine's linear layers on a CPU: a small C kernel instead of MKL.
 
 A decode step multiplies a few rows (one a running sequence) by every weight of the model, so it
 is bound by reading the weights from memory. On this machine's CPU (AMD, AVX-512) torch's fp32
@@ -43,9 +43,9 @@ def _cpu_id() -> str:
     return "\n".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
 
 
-def build(cache: Path) -> Path:
-    """The compiled kernel for this CPU and source, built into `cache` if not there yet."""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
+def build(cache: Path, flags: list[str] = FLAGS) -> Path:
+    """The compiled kernel for this CPU, source and flags, built into `cache` if not there yet."""
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, _cpu_id()]).encode()).hexdigest()[:16]
     lib = cache / f"cpu_linear-{key}.so"
     if not lib.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -54,7 +54,7 @@ def build(cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, renamed: never half a file
             out = Path(tmp) / lib.name
-            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
+            r = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
             if r.returncode != 0:
                 raise OSError(f"{cc} failed on {SOURCE}: {r.stderr.strip()[-500:]}")
             os.replace(out, lib)

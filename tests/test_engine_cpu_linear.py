@@ -22,12 +22,7 @@ def cpu_flags() -> str:
 
 
 def kernel(tmp_path, extra: list[str] = []) -> cpu_linear.Kernel:
-    flags = cpu_linear.FLAGS
-    cpu_linear.FLAGS = flags + extra
-    try:
-        return cpu_linear.Kernel(cpu_linear.build(tmp_path))
-    finally:
-        cpu_linear.FLAGS = flags
+    return cpu_linear.Kernel(cpu_linear.build(tmp_path, cpu_linear.FLAGS + extra))
 
 
 def assert_matches_torch(k: cpu_linear.Kernel):

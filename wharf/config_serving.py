@@ -25,8 +25,8 @@ class EngineConfig:
     # at the base's speed. Each costs the adapted layers' size (~0.4 GB fp32 for SmolLM2-135M).
     merged_loras: NonNegative = 2
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
-    # Decode steps' linear layers on a small C kernel built here (engine/cpu_linear.py: 1.5-3x
-    # torch's fp32 matmul at 1-16 rows); CPU and float32 only, torch's matmul where no cc.
+    # The linear layers on a small C kernel built here (engine/cpu_linear.py: 1.5-2.8x torch's
+    # fp32 matmul in decode steps, 1.6x in prefills); CPU and float32 only, torch's where no cc.
     cpu_kernel: bool = True
     seed: int = 0
     # Reuse the KV of prompt prefixes already computed (other attempts of a task, the previous
