@@ -26,7 +26,8 @@ import torch  # noqa: E402
 
 KINDS = {"wharf::cpu_linear": "linear layers", "aten::addmm": "linear layers", "aten::mm": "linear layers", "aten::linear": "linear layers",
          "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
-         "aten::_scaled_dot_product_attention_math": "attention", "aten::exponential_": "sampling noise"}
+         "aten::_scaled_dot_product_attention_math": "attention", "aten::exponential_": "sampling noise",
+         "wharf::race": "sampling noise"}
 
 
 def sequences(core, batch: int, context: int, tokens: int) -> list:
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=100, help="prompt tokens of every sequence")
     ap.add_argument("--tokens", type=int, default=40, help="tokens each sequence generates")
     ap.add_argument("--cpu-kernel", choices=["on", "off"], default="on",
-                    help="engine.cpu_kernel: decode's linear layers on engine/cpu_linear.c, or on torch's matmul")
+                    help="engine.cpu_kernel: the linear layers on engine/cpu_linear.c and the sampling race on "
+                         "engine/cpu_race.c, or both on torch")
     args = ap.parse_args(argv)
     from engine.core import EngineCore
     from wharf.config import EngineConfig
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     weights = sum(p.numel() * p.element_size() for p in b._model.parameters())
     ms = lambda s: 1000 * s / steps  # noqa: E731
     print(f"decode, {args.batch} sequences of {args.context} + {args.tokens} tokens, torch threads "
-          f"{torch.get_num_threads()}, cpu kernel {'on' if core.cpu_kernel else 'off'}, "
+          f"{torch.get_num_threads()}, cpu kernels {'on' if core.cpu_kernel else 'off'} (linear) / {'on' if core.race else 'off'} (race), "
           f"load average {os.getloadavg()[0]:.1f}:")
     print(f"  step {ms(wall):.1f} ms ({args.batch * steps / wall:.1f} tok/s): forward {ms(fwd):.1f} ms "
           f"({fwd / wall:.0%}), sampling and bookkeeping {ms(wall - fwd):.1f} ms ({(wall - fwd) / wall:.0%})")

@@ -27,6 +27,7 @@ from transformers import DynamicCache
 
 from .kv import PrefillRow, keep_rows, merge_rows, prefill_batch, row_kv, slack_cache
 from .prefix_cache import PrefixCache, common_prefix
+from .cpu_race import Race
 from .sampling import next_tokens
 from .sequence import Done, Failed, Sequence, Token, stop_of
 
@@ -45,8 +46,10 @@ class Batcher:
                  forward_model: Callable[[list[str | None]], Any] | None = None,
                  adapter_ok: Callable[[str], bool] = lambda name: False,
                  prefix_cache: PrefixCache | None = None,
-                 cache_key: Callable[[str | None], Any] = lambda adapter: adapter):
+                 cache_key: Callable[[str | None], Any] = lambda adapter: adapter,
+                 race: Race | None = None):
         self.tok = tokenizer
+        self.race = race  # engine/cpu_race.py: torch's draws, faster (None: torch's own)
         self.device = next(model.parameters()).device
         self._model = model
         # Given each row's adapter (None: the base), the adapter registry readies the model's
@@ -247,7 +250,7 @@ class Batcher:
             return
         logits = logits.float().cpu()[[i for i, s in enumerate(seqs) if not s.finished]]
         chosen = next_tokens(logits, [s.params for s in live], [len(s.output_ids) for s in live], self.eos_ids,
-                             [s.generator for s in live])
+                             [s.generator for s in live], self.race)
         for s, (tid, logprob, top) in zip(live, chosen):
             s.output_ids.append(tid)
             self.generated += 1

@@ -16,49 +16,23 @@ runs on torch's matmul and says so once. `engine.cpu_kernel: false` turns it off
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import types
 from pathlib import Path
 
 import torch
 
+from . import cbuild
+
 log = logging.getLogger("engine")
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 CHUNK = 128  # rows a kernel call: x's chunk stays in cache while the weights stream past (bench)
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-
-
-def _cpu_id() -> str:
-    """What -march=native compiles for: the CPU's model name and feature flags."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    return "\n".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
+FLAGS = cbuild.FLAGS
 
 
 def build(cache: Path, flags: list[str] = FLAGS) -> Path:
     """The compiled kernel for this CPU, source and flags, built into `cache` if not there yet."""
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *flags, _cpu_id()]).encode()).hexdigest()[:16]
-    lib = cache / f"cpu_linear-{key}.so"
-    if not lib.exists():
-        cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if cc is None:
-            raise OSError("no C compiler (cc) on PATH")
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, renamed: never half a file
-            out = Path(tmp) / lib.name
-            r = subprocess.run([cc, *flags, str(SOURCE), "-o", str(out)], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise OSError(f"{cc} failed on {SOURCE}: {r.stderr.strip()[-500:]}")
-            os.replace(out, lib)
-    return lib
+    return cbuild.build(SOURCE, cache, flags)
 
 
 class Kernel:

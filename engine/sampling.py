@@ -8,10 +8,14 @@ tokens whatever else shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from wharf.logprobs import GREEDY_EPS, processed_logprobs
+
+if TYPE_CHECKING:
+    from .cpu_race import Race
 
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
 
@@ -29,22 +33,35 @@ class SamplingParams:
     top_logprobs: int = 0  # top alternatives to report per position
 
 
+def torch_race(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. [R, V] probabilities -> [R]
+    ids, row k's noise from generators[k] (None: torch's default generator)."""
+    noise = torch.empty_like(p)
+    for k, g in enumerate(generators):
+        noise[k].exponential_(generator=g)
+    return (p / noise).argmax(-1)
+
+
 def sample_rows(logprobs: torch.Tensor, temperatures: list[float],
-                generators: list[torch.Generator | None]) -> torch.Tensor:
+                generators: list[torch.Generator | None], race: "Race | None" = None) -> torch.Tensor:
     """One token per row of [B, V] log-probs (argmax where the temperature is ~0); returns [B] ids.
 
-    Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. Each row's noise comes from its
-    own generator, so a seeded request draws the same tokens whatever shares its batch."""
-    greedy = torch.tensor([t < GREEDY_EPS for t in temperatures])
-    noise = torch.ones_like(logprobs)
-    for k, g in enumerate(generators):
-        if not greedy[k]:
-            noise[k].exponential_(generator=g)
-    return torch.where(greedy, logprobs.argmax(-1), (logprobs.exp() / noise).argmax(-1))
+    Each drawn row's noise comes from its own generator, so a seeded request draws the same tokens
+    whatever shares its batch. `race` (engine/cpu_race.py) draws the same tokens as torch_race,
+    faster; where it cannot, torch_race does."""
+    ids = logprobs.argmax(-1)
+    drawn = [k for k, t in enumerate(temperatures) if t >= GREEDY_EPS]
+    if drawn:
+        p = logprobs.exp()
+        gens = [generators[k] or torch.default_generator for k in drawn]
+        got = race.draw(p, drawn, gens) if race is not None else None
+        ids[drawn] = got if got is not None else torch_race(p[drawn], gens)
+    return ids
 
 
 def next_tokens(logits: torch.Tensor, params: list[SamplingParams], n_out: list[int], eos_ids: set[int],
-                generators: list[torch.Generator | None]) -> list[tuple[int, float, list[tuple[int, float]]]]:
+                generators: list[torch.Generator | None],
+                race: "Race | None" = None) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """(token id, its processed log-prob, the top alternatives) for each row of [B, V] float32
     logits, row k sampled under params[k] with n_out[k] tokens generated so far."""
     # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.
@@ -57,7 +74,7 @@ def next_tokens(logits: torch.Tensor, params: list[SamplingParams], n_out: list[
             if n_out[k] < p.min_tokens:
                 row[list(eos_ids | set(p.stop_token_ids))] = float("-inf")
             lp[k] = processed_logprobs(row, p.temperature, p.top_p)
-    tids = sample_rows(lp, [p.temperature for p in params], generators)
+    tids = sample_rows(lp, [p.temperature for p in params], generators, race)
     chosen = lp.gather(1, tids[:, None])[:, 0].clamp(min=LOGPROB_FLOOR).tolist()
     out = []
     for k, (p, tid) in enumerate(zip(params, tids.tolist())):
