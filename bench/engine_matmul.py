@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="rows a step: decode (one a running sequence), prefill (prompt tokens)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    from engine import cpu_linear
+    from wharf import cpu_linear
     from wharf.model_store import cache_dir
 
     kernel = cpu_linear.Kernel(cpu_linear.build(cache_dir() / "kernels"))

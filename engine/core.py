@@ -13,13 +13,13 @@ import time
 from typing import Any
 
 from wharf.config import EngineConfig
-from wharf import model_store
+from wharf import cpu_linear, model_store
 from .batcher import Batcher
 from .sequence import Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
 from .adapters import Adapters
-from . import cpu_linear, cpu_race
+from . import cpu_race
 from .prefix_cache import PrefixCache
 from .protocol import flag
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from . import cbuild
+from wharf import cbuild
 from .sampling import torch_race
 
-log = logging.getLogger("engine")
+log = logging.getLogger("wharf.engine")
 SOURCE = Path(__file__).with_name("cpu_race.c")
 STATE_BYTES = 5056  # a CPU torch.Generator's get_state(): the layout cpu_race.c reads
 

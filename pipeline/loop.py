@@ -106,7 +106,8 @@ def measure_shift(cfg: RunConfig) -> None:
     for d in (convert_dir(cfg), rnd.train.adapter, prev):  # a run in object storage resumed on another machine
         if d is not None:
             storage.pull(d)
-    write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev))
+    write(rnd.train.shift, measure(convert_dir(cfg), base_model_dir(cfg), rnd.train.adapter, prev,
+                                   cpu_kernel=cfg.train.cpu_kernel))
     storage.push_file(rnd.train.shift)
 
 

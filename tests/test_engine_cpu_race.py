@@ -13,7 +13,8 @@ import logging
 import pytest
 import torch
 
-from engine import cbuild, cpu_race
+from engine import cpu_race
+from wharf import cbuild
 from engine.sampling import sample_rows, torch_race
 
 
@@ -71,12 +72,12 @@ def test_a_state_it_does_not_know_changes_nothing(race):
 
 def test_load_falls_back_when_it_disagrees_or_cannot_build(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(cpu_race.Race, "agrees_with_torch", lambda self: False)
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="wharf.engine"):
         assert cpu_race.load(tmp_path) is None
     assert "does not draw as this torch" in caplog.text
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setattr(cpu_race, "SOURCE", tmp_path / "x.c")
     (tmp_path / "x.c").write_text("int broken(")
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="wharf.engine"):
         assert cpu_race.load(tmp_path / "k") is None
     assert "race kernel is off" in caplog.text

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from wharf import cpu_linear, model_store
 from wharf.config import RunConfig
 from wharf.layout import RunLayout, TrainPaths, init_adapter_dir
 
@@ -46,6 +47,8 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
     acc = _accelerator(cfg, run.trackers)
     set_seed(cfg.train.seed)
     peft_model, _ = load_policy(cfg, start_adapter, device="cpu")
+    if cfg.train.cpu_kernel and acc.device.type == "cpu":
+        cpu_linear.install(peft_model, model_store.cache_dir() / "kernels", who="train")
     ref = init_adapter_dir(cfg.loop.init_adapter) if cfg.train.kl_coef > 0 and cfg.train.kl_ref == "start" else None
     if ref is not None:  # loaded before the optimizer takes the trainable parameters
         load_reference(cfg, peft_model, ref)

@@ -18,7 +18,8 @@ import numpy as np
 
 from wharf.batches import load_micro_batch, read_index
 from wharf.layout import adapter_weights
-from wharf.model_store import load_model
+from wharf import cpu_linear
+from wharf.model_store import cache_dir, load_model
 
 from .offpolicy import _logprobs, row_diffs
 
@@ -46,12 +47,15 @@ def weight_delta(new: dict, prev: dict | None) -> float:
     return out
 
 
-def measure(convert_dir: Path, model_dir: Path, new: Path, prev: Path | None) -> dict:
-    """Log-probs of the round's micro-batches under `new` and `prev` (None: the base model)."""
+def measure(convert_dir: Path, model_dir: Path, new: Path, prev: Path | None, cpu_kernel: bool = False) -> dict:
+    """Log-probs of the round's micro-batches under `new` and `prev` (None: the base model);
+    cpu_kernel: the linear layers on wharf/cpu_linear.c."""
     from peft import PeftModel
     from safetensors.torch import load_file
 
     base, _ = load_model(model_dir, "cpu", "float32")
+    if cpu_kernel:
+        cpu_linear.install(base, cache_dir() / "kernels", who="train")
     model = PeftModel.from_pretrained(base, str(new), adapter_name="new").eval()
     if prev is not None:
         model.load_adapter(str(prev), adapter_name="prev")

@@ -141,6 +141,9 @@ class TrainConfig:
     mismatch_bound: PositiveFloat = 0.5
     logprob_chunk: Positive = 1024  # positions per lm_head chunk (no [B, T, V] fp32 tensor)
     grad_checkpointing: bool = False  # recompute decoder layers in backward (memory for time)
+    # On a CPU in fp32, the frozen base weights' matmuls (forward and the input gradient) on the C
+    # kernel the engine uses (wharf/cpu_linear.py: ~1.6-2x torch's here); torch's where no cc.
+    cpu_kernel: bool = True
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # accelerate's; fp32 is faster on this CPU
     device: Device = "auto"  # accelerate picks the process's device under launch
     checkpoint_every: NonNegative = 1  # optimizer steps between checkpoints (0: only at the end)

@@ -1,6 +1,8 @@
-"""engine/cpu_linear: the engine's C kernel gives torch's linear to float rounding, for every row
-count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; the engine's layers take
-it only for fp32 inference and read swapped weights; without a compiler the model runs as it was."""
+"""wharf/cpu_linear: the C kernel gives torch's linear and its input gradient to float rounding,
+for every row count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; layers
+take it for fp32 inference (reading swapped weights) and, under autograd, only where the weight and
+bias are frozen (LoRA's base), with gradients equal to torch's; without a compiler the model runs
+as it was."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +11,7 @@ import shutil
 import pytest
 import torch
 
-from engine import cpu_linear
+from wharf import cpu_linear
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler")
@@ -34,6 +36,10 @@ def assert_matches_torch(k: cpu_linear.Kernel):
                 ref = torch.nn.functional.linear(x, w, bias)
                 err = ((k.linear(x, w, bias) - ref).abs() / (ref.abs() + 1)).max().item()
                 assert err < 1e-5, (M, K, N, bias is not None, err)
+            dy = torch.randn(M, N, generator=g)
+            ref = dy @ w
+            err = ((k.linear_dx(dy, w) - ref).abs() / (ref.abs() + 1)).max().item()
+            assert err < 1e-5, ("dx", M, K, N, err)
 
 
 @pytest.mark.skipif(" avx512f " not in cpu_flags() and " avx2 " not in cpu_flags(), reason="neither AVX-512 nor AVX2")
@@ -82,11 +88,40 @@ def test_installed_layers_take_inference_only_and_read_swapped_weights(tmp_path,
     assert calls == [] and m[0].weight.grad is not None
 
 
+def test_frozen_layers_train_on_the_kernel_with_torchs_gradients(tmp_path, monkeypatch):
+    """LoRA's shape: frozen base layers, a trainable layer between them. The frozen ones run
+    forward and backward on the kernel; the gradients equal torch's; the trainable one, and any
+    layer under autocast, stays on torch."""
+    m, ref = model(), model()
+    for net in (m, ref):
+        net[0].requires_grad_(False)
+        net[2].requires_grad_(False)
+        net.insert(1, torch.nn.Linear(96, 96))  # trainable
+    ref[1].load_state_dict(m[1].state_dict())
+    k = cpu_linear.install(m, tmp_path)
+    fwd, bwd = [], []
+    real_fwd, real_bwd = k.linear, k.linear_dx
+    monkeypatch.setattr(k, "linear", lambda x, *a: fwd.append(x.shape[0]) or real_fwd(x, *a))
+    monkeypatch.setattr(k, "linear_dx", lambda dy, w: bwd.append(tuple(w.shape)) or real_bwd(dy, w))
+    x = torch.randn(2, 5, 64)
+    xs = [x.clone().requires_grad_(True), x.clone().requires_grad_(True)]
+    for net, xi in zip((m, ref), xs):
+        (net(xi) ** 2).sum().backward()
+    assert fwd == [10, 10]  # the two frozen layers; the trainable one went to torch
+    assert bwd == [(48, 96), (96, 64)]  # dx of both, last first
+    assert torch.allclose(xs[0].grad, xs[1].grad, atol=1e-5)
+    assert torch.allclose(m[1].weight.grad, ref[1].weight.grad, atol=1e-4, rtol=1e-5)
+    fwd.clear()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        m(x)
+    assert fwd == []
+
+
 def test_without_a_compiler_the_model_runs_as_it_was(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     m = model()
     forwards = [l.forward for l in m if isinstance(l, torch.nn.Linear)]
-    with caplog.at_level(logging.WARNING, logger="engine"):
+    with caplog.at_level(logging.WARNING, logger="wharf"):
         assert cpu_linear.install(m, tmp_path / "cache") is None
-    assert "decode runs on torch's matmul" in caplog.text and "no-such-cc" in caplog.text
+    assert "linear layers run on torch's matmul" in caplog.text and "no-such-cc" in caplog.text
     assert [l.forward for l in m if isinstance(l, torch.nn.Linear)] == forwards

@@ -16,6 +16,8 @@ typedef __m512 vec;
 #define VLOAD(p) _mm512_loadu_ps(p)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VSUM(v) _mm512_reduce_add_ps(v)
+#define VSET1(a) _mm512_set1_ps(a)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
 #define ISA 512
 #elif defined(__AVX2__) && defined(__FMA__)
 #define LANES 8
@@ -23,6 +25,8 @@ typedef __m256 vec;
 #define VZERO() _mm256_setzero_ps()
 #define VLOAD(p) _mm256_loadu_ps(p)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VSET1(a) _mm256_set1_ps(a)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
 static inline float VSUM(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -94,5 +98,62 @@ void wharf_linear(const float *x, const float *w, const float *b, float *y, int 
   if (b)
     for (int m = 0; m < M; m++)
       for (int n = 0; n < N; n++) y[(size_t)m * N + n] += b[n];
+}
+
+/* dx = dy @ w, the input gradient of y = x @ w.T when w is frozen (LoRA's base weights): dy [M, N],
+ * w [N, K], dx [M, K]. A tile of MB rows x KB vectors of dx stays in registers while the rows of
+ * w stream past, each w vector serving MB rows; blocks of columns are split across threads. */
+#define DXTILE(MB, KB)                                                                             \
+  static void dxtile_##MB##_##KB(const float *dy, const float *w, float *dx, int N, int K, int m0, \
+                                 int k0) {                                                         \
+    vec acc[MB][KB];                                                                               \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++)                                           \
+      _Pragma("GCC unroll 8") for (int j = 0; j < KB; j++) acc[i][j] = VZERO();                    \
+    for (int n = 0; n < N; n++) {                                                                  \
+      vec wv[KB];                                                                                  \
+      _Pragma("GCC unroll 8") for (int j = 0; j < KB; j++) wv[j] = VLOAD(w + (size_t)n * K + k0 + j * LANES); \
+      _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++) {                                       \
+        vec d = VSET1(dy[(size_t)(m0 + i) * N + n]);                                               \
+        _Pragma("GCC unroll 8") for (int j = 0; j < KB; j++) acc[i][j] = VFMA(d, wv[j], acc[i][j]); \
+      }                                                                                            \
+    }                                                                                              \
+    _Pragma("GCC unroll 8") for (int i = 0; i < MB; i++)                                           \
+      _Pragma("GCC unroll 8") for (int j = 0; j < KB; j++)                                         \
+        VSTORE(dx + (size_t)(m0 + i) * K + k0 + j * LANES, acc[i][j]);                             \
+  }
+
+#if ISA == 512
+DXTILE(4, 6) DXTILE(3, 6) DXTILE(2, 6) DXTILE(1, 6)
+static const tile_fn DXFULL[5] = {0, dxtile_1_6, dxtile_2_6, dxtile_3_6, dxtile_4_6};
+#else
+DXTILE(4, 3) DXTILE(3, 3) DXTILE(2, 3) DXTILE(1, 3)
+static const tile_fn DXFULL[5] = {0, dxtile_1_3, dxtile_2_3, dxtile_3_3, dxtile_4_3};
+#endif
+DXTILE(4, 1) DXTILE(3, 1) DXTILE(2, 1) DXTILE(1, 1)
+static const tile_fn DXONE[5] = {0, dxtile_1_1, dxtile_2_1, dxtile_3_1, dxtile_4_1};
+
+/* The columns [k0, k0 + NB * LANES) of dx (fewer in the last block: single vectors, then the
+ * K % LANES tail in scalar). */
+static void dxblock(const float *dy, const float *w, float *dx, int M, int N, int K, int k0) {
+  int width = K - k0 < NB * LANES ? K - k0 : NB * LANES, kv = k0 + width - width % LANES;
+  for (int m0 = 0; m0 < M; m0 += 4) {
+    int mb = M - m0 < 4 ? M - m0 : 4;
+    if (width == NB * LANES)
+      DXFULL[mb](dy, w, dx, N, K, m0, k0);
+    else
+      for (int k = k0; k < kv; k += LANES) DXONE[mb](dy, w, dx, N, K, m0, k);
+    for (int m = m0; m < m0 + mb; m++)
+      for (int k = kv; k < k0 + width; k++) {
+        float s = 0.0f;
+        for (int n = 0; n < N; n++) s += dy[(size_t)m * N + n] * w[(size_t)n * K + k];
+        dx[(size_t)m * K + k] = s;
+      }
+  }
+}
+
+void wharf_linear_dx(const float *dy, const float *w, float *dx, int M, int N, int K, int threads) {
+  int blocks = (K + NB * LANES - 1) / (NB * LANES);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int i = 0; i < blocks; i++) dxblock(dy, w, dx, M, N, K, i * NB * LANES);
 }
 #endif

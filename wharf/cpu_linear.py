@@ -1,0 +1,131 @@
+"""Linear layers on a CPU on a small C kernel instead of MKL: the engine's, and the trainer's
+frozen base weights.
+
+A decode step multiplies a few rows (one a running sequence) by every weight of the model, so it
+is bound by reading the weights from memory. On this machine's CPU (AMD, AVX-512) torch's fp32
+matmul (MKL) reads them at ~15 GB/s for one row and ~5 GB/s at 16 rows, where the same weights
+read once could serve every row; cpu_linear.c does that: 1.6x torch's speed at 1 row, 2.2-2.8x
+at 4-64 (`python -m bench.engine_matmul`). Longer inputs (a prefill, a training row) go through it
+CHUNK rows at a time, each chunk reading the weights once: ~1.6-2x torch at 128-1100 rows.
+
+In LoRA training the base weights take no gradient, so a layer needs y = x W^T + b forward and
+dx = dy W backward, both on the kernel (an autograd Function); a weight or bias that does take a
+gradient (LoRA's own A and B, or full fine-tuning) stays on torch, as does anything under
+autocast or off the CPU. The results agree with torch's to float rounding (the same products,
+summed in another order).
+
+The kernel is compiled once per machine with the system's C compiler (`cc -O3 -march=native
+-fopenmp`) into the wharf cache (wharf/cbuild.py); without a compiler, or on a CPU without AVX2 +
+FMA, the layers run on torch's matmul and the caller says so once. `engine.cpu_kernel: false` and
+`train.cpu_kernel: false` turn it off.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import types
+from pathlib import Path
+
+import torch
+
+from . import cbuild
+
+log = logging.getLogger("wharf")
+SOURCE = Path(__file__).with_name("cpu_linear.c")
+CHUNK = 128  # rows a kernel call: x's chunk stays in cache while the weights stream past (bench)
+FLAGS = cbuild.FLAGS
+
+
+def build(cache: Path, flags: list[str] = FLAGS) -> Path:
+    """The compiled kernel for this CPU, source and flags, built into `cache` if not there yet."""
+    return cbuild.build(SOURCE, cache, flags)
+
+
+class Kernel:
+    """The loaded library: `linear(x, w, b)` for a 2-D fp32 x."""
+
+    def __init__(self, path: Path):
+        self.lib = ctypes.CDLL(str(path))
+        self.isa = self.lib.wharf_linear_isa()
+        if self.isa == 0:
+            raise OSError("the CPU has neither AVX-512 nor AVX2 + FMA")
+        self.lib.wharf_linear.restype = None
+        self.lib.wharf_linear.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+        self.lib.wharf_linear_dx.restype = None
+        self.lib.wharf_linear_dx.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """x [M, K] @ w[N, K].T + b, all fp32 and contiguous on the CPU."""
+        M, K = x.shape
+        N = w.shape[0]
+        y = torch.empty((M, N), dtype=torch.float32)
+        bias, threads = None if b is None else b.data_ptr(), torch.get_num_threads()
+        for m in range(0, M, CHUNK):
+            rows = min(CHUNK, M - m)
+            self.lib.wharf_linear(x.data_ptr() + 4 * m * K, w.data_ptr(), bias, y.data_ptr() + 4 * m * N,
+                                  rows, K, N, threads)
+        return y
+
+    def linear_dx(self, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """dy [M, N] @ w [N, K]: the input gradient of linear(x, w), fp32 and contiguous."""
+        M, N = dy.shape
+        K = w.shape[1]
+        dx = torch.empty((M, K), dtype=torch.float32)
+        threads = torch.get_num_threads()
+        for m in range(0, M, CHUNK):
+            rows = min(CHUNK, M - m)
+            self.lib.wharf_linear_dx(dy.data_ptr() + 4 * m * N, w.data_ptr(), dx.data_ptr() + 4 * m * K,
+                                     rows, N, K, threads)
+        return dx
+
+
+def usable(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> bool:
+    """fp32 on the CPU, not autocast, and (under autograd) a weight and bias that take no gradient."""
+    return (x.device.type == "cpu" and x.dtype == w.dtype == torch.float32 and w.is_contiguous()
+            and (b is None or b.is_contiguous()) and not torch.is_autocast_enabled("cpu")
+            and (not torch.is_grad_enabled() or not (w.requires_grad or (b is not None and b.requires_grad))))
+
+
+class FrozenLinear(torch.autograd.Function):
+    """x [M, K] -> x W^T + b on the kernel, with dx = dy W on it too; W and b get no gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, kernel: Kernel) -> torch.Tensor:
+        ctx.kernel = kernel
+        ctx.save_for_backward(w)
+        return kernel.linear(x, w, b)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        (w,) = ctx.saved_tensors
+        dx = ctx.kernel.linear_dx(dy.contiguous(), w) if ctx.needs_input_grad[0] else None
+        return dx, None, None, None
+
+
+def _forward(kernel: Kernel):
+    def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        # Read at call time: the engine's adapters swap merged weights in by reference.
+        w, b = self.weight, self.bias
+        if not usable(x, w, b):
+            return torch.nn.functional.linear(x, w, b)
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
+        with torch.profiler.record_function("wharf::cpu_linear"):  # its kind in bench.engine_profile
+            y = FrozenLinear.apply(flat, w, b, kernel) if torch.is_grad_enabled() else kernel.linear(flat, w, b)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    return forward
+
+
+def install(model: torch.nn.Module, cache: Path, who: str = "engine") -> Kernel | None:
+    """Route the model's nn.Linear layers through the kernel (None, and a warning naming `who`,
+    where it cannot be built or loaded here: the model then runs as it was)."""
+    try:
+        kernel = Kernel(build(cache))
+    except OSError as e:
+        log.warning("%s: linear layers run on torch's matmul (the CPU kernel is off: %s)", who, e)
+        return None
+    fwd = _forward(kernel)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = types.MethodType(fwd, m)
+    log.info("%s: linear layers run on the CPU kernel (AVX%d)", who, kernel.isa)
+    return kernel
