@@ -17,11 +17,19 @@ from pathlib import Path
 import torch
 
 from wharf import cbuild
-from .sampling import torch_race
 
 log = logging.getLogger("wharf.engine")
 SOURCE = Path(__file__).with_name("cpu_race.c")
 STATE_BYTES = 5056  # a CPU torch.Generator's get_state(): the layout cpu_race.c reads
+
+
+def torch_race(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. [R, V] probabilities -> [R]
+    ids, row k's noise from generators[k] (None: torch's default generator)."""
+    noise = torch.empty_like(p)
+    for k, g in enumerate(generators):
+        noise[k].exponential_(generator=g)
+    return (p / noise).argmax(-1)
 
 
 class Race:

@@ -8,14 +8,11 @@ tokens whatever else shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
 from wharf.logprobs import GREEDY_EPS, processed_logprobs
 
-if TYPE_CHECKING:
-    from .cpu_race import Race
+from .cpu_race import Race, torch_race
 
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in responses
 
@@ -33,17 +30,8 @@ class SamplingParams:
     top_logprobs: int = 0  # top alternatives to report per position
 
 
-def torch_race(p: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
-    """Exponential race: argmax(p / E) with E ~ Exp(1) draws from p. [R, V] probabilities -> [R]
-    ids, row k's noise from generators[k] (None: torch's default generator)."""
-    noise = torch.empty_like(p)
-    for k, g in enumerate(generators):
-        noise[k].exponential_(generator=g)
-    return (p / noise).argmax(-1)
-
-
 def sample_rows(logprobs: torch.Tensor, temperatures: list[float],
-                generators: list[torch.Generator | None], race: "Race | None" = None) -> torch.Tensor:
+                generators: list[torch.Generator | None], race: Race | None = None) -> torch.Tensor:
     """One token per row of [B, V] log-probs (argmax where the temperature is ~0); returns [B] ids.
 
     Each drawn row's noise comes from its own generator, so a seeded request draws the same tokens
@@ -61,7 +49,7 @@ def sample_rows(logprobs: torch.Tensor, temperatures: list[float],
 
 def next_tokens(logits: torch.Tensor, params: list[SamplingParams], n_out: list[int], eos_ids: set[int],
                 generators: list[torch.Generator | None],
-                race: "Race | None" = None) -> list[tuple[int, float, list[tuple[int, float]]]]:
+                race: Race | None = None) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """(token id, its processed log-prob, the top alternatives) for each row of [B, V] float32
     logits, row k sampled under params[k] with n_out[k] tokens generated so far."""
     # The common case (top_p = 1, no banned tokens) in one batched log_softmax; the rest per row.

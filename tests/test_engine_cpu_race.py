@@ -15,7 +15,8 @@ import torch
 
 from engine import cpu_race
 from wharf import cbuild
-from engine.sampling import sample_rows, torch_race
+from engine.cpu_race import torch_race
+from engine.sampling import sample_rows
 
 
 @pytest.fixture(scope="module", params=[[], ["-mno-avx512f"]], ids=["native", "avx2"])
