@@ -117,6 +117,20 @@ def test_frozen_layers_train_on_the_kernel_with_torchs_gradients(tmp_path, monke
     assert fwd == []
 
 
+def test_install_aligns_weights_that_sit_off_a_cache_line(tmp_path):
+    """A weight viewed at an odd offset of a buffer (as safetensors loads them) gets aligned storage
+    with the same values; a tied weight stays one tensor."""
+    m = model()
+    buf = torch.zeros(96 * 64 + 10)
+    w = buf[10:10 + 96 * 64].view(96, 64)  # 40 bytes off a 64-byte line
+    w.copy_(m[0].weight.detach())
+    m[0].weight = torch.nn.Parameter(w)
+    before = m[0].weight.detach().clone()
+    assert m[0].weight.data_ptr() % 64 == 40
+    cpu_linear.install(m, tmp_path)
+    assert m[0].weight.data_ptr() % 64 == 0 and torch.equal(m[0].weight, before)
+
+
 def test_without_a_compiler_the_model_runs_as_it_was(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     m = model()
