@@ -64,7 +64,7 @@ def test_build_is_cached_per_source_and_flags(tmp_path):
 
 def model() -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 48, bias=False))
+    return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 80, bias=False))
 
 
 @pytest.mark.skipif(" avx2 " not in cpu_flags(), reason="no AVX2")
@@ -108,13 +108,16 @@ def test_frozen_layers_train_on_the_kernel_with_torchs_gradients(tmp_path, monke
     for net, xi in zip((m, ref), xs):
         (net(xi) ** 2).sum().backward()
     assert fwd == [10, 10]  # the two frozen layers; the trainable one went to torch
-    assert bwd == [(48, 96), (96, 64)]  # dx of both, last first
+    assert bwd == [(80, 96), (96, 64)]  # dx of both, last first
     assert torch.allclose(xs[0].grad, xs[1].grad, atol=1e-5)
     assert torch.allclose(m[1].weight.grad, ref[1].weight.grad, atol=1e-4, rtol=1e-5)
     fwd.clear()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         m(x)
     assert fwd == []
+    with torch.no_grad():  # a rank-16 LoRA A: narrower than MIN_DIM, torch's
+        assert not cpu_linear.usable(torch.randn(3, 96), torch.randn(16, 96), None)
+        assert cpu_linear.usable(torch.randn(3, 96), torch.randn(64, 96), None)
 
 
 def test_install_aligns_weights_that_sit_off_a_cache_line(tmp_path):
