@@ -70,31 +70,50 @@ def measurement(peft, mb, keep: bool) -> None:
             token_logprobs(causal, mb.input_ids, mb.attention_mask, mb.position_ids, mb.temperatures, 1024, mask)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.train_head", description=__doc__.splitlines()[0])
+def row_args(prog: str, description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The row options this bench and bench.train_kernel share."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--prompt", type=int, default=960, help="prompt and observation tokens of a synthetic row")
     ap.add_argument("--completion", type=int, default=140, help="loss tokens of a synthetic row")
     ap.add_argument("--rows", type=int, default=4, help="synthetic rows (one micro-batch each)")
     ap.add_argument("--convert", type=Path, help="time a stored round's micro-batches instead")
     ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def setup(args: argparse.Namespace) -> tuple:
+    """(micro-batches, the peft model with LoRA r16 and checkpointing, its PolicyLogprobs, tokens)."""
     from bench.train import _model
     from train.model import PolicyLogprobs
 
     batches = stored(args.convert) if args.convert else synthetic(args.prompt, args.completion, args.rows)
     peft = _model("cpu", ckpt=True)
-    policy = PolicyLogprobs(peft, 1024)
-    tokens = sum(int(mb.attention_mask.sum()) for mb in batches)
-    loss = sum(int(mb.completion_mask.sum()) for mb in batches)
+    return batches, peft, PolicyLogprobs(peft, 1024), sum(int(mb.attention_mask.sum()) for mb in batches)
+
+
+def alternate(batches: list, repeats: int, switch, steps: dict) -> dict[tuple[str, bool], float]:
+    """Seconds of each step (fn(micro-batch, variant) over every micro-batch) under the variants
+    False and True in turn, switch(variant) first, the order reversed every other repeat (a load
+    that drifts weighs on both alike); summed over the repeats."""
     spent: dict[tuple[str, bool], float] = {}
-    for rep in range(args.repeats):
-        for keep in ((False, True) if rep % 2 == 0 else (True, False)):
-            for name, fn in (("micro-step", lambda mb: micro_step(policy, peft, mb, keep)),
-                             ("measurement", lambda mb: measurement(peft, mb, keep))):
+    for rep in range(repeats):
+        for variant in ((False, True) if rep % 2 == 0 else (True, False)):
+            switch(variant)
+            for name, fn in steps.items():
                 t0 = time.perf_counter()
                 for mb in batches:
-                    fn(mb)
-                spent[name, keep] = spent.get((name, keep), 0.0) + time.perf_counter() - t0
+                    fn(mb, variant)
+                spent[name, variant] = spent.get((name, variant), 0.0) + time.perf_counter() - t0
+    return spent
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = row_args("python -m bench.train_head", __doc__.splitlines()[0], argv)
+    batches, peft, policy, tokens = setup(args)
+    loss = sum(int(mb.completion_mask.sum()) for mb in batches)
+    spent = alternate(batches, args.repeats, lambda keep: None,
+                      {"micro-step": lambda mb, keep: micro_step(policy, peft, mb, keep),
+                       "measurement": lambda mb, keep: measurement(peft, mb, keep)})
     print(f"{len(batches)} micro-batches, {tokens} tokens, {loss} loss tokens ({loss / tokens:.0%}), "
           f"torch threads {torch.get_num_threads()}, {args.repeats} repeats:")
     for name in ("micro-step", "measurement"):

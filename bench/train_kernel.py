@@ -18,9 +18,6 @@ from wharf import envdefaults
 
 envdefaults.apply()  # before torch loads
 
-import argparse  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -38,31 +35,13 @@ def kernel(peft, on: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.train_kernel", description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt", type=int, default=960, help="prompt and observation tokens of a synthetic row")
-    ap.add_argument("--completion", type=int, default=140, help="loss tokens of a synthetic row")
-    ap.add_argument("--rows", type=int, default=4, help="synthetic rows (one micro-batch each)")
-    ap.add_argument("--convert", type=Path, help="time a stored round's micro-batches instead")
-    ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args(argv)
-    from bench.train import _model
-    from bench.train_head import measurement, micro_step, stored, synthetic
-    from train.model import PolicyLogprobs
+    from bench.train_head import alternate, measurement, micro_step, row_args, setup
 
-    batches = stored(args.convert) if args.convert else synthetic(args.prompt, args.completion, args.rows)
-    peft = _model("cpu", ckpt=True)
-    policy = PolicyLogprobs(peft, 1024)
-    tokens = sum(int(mb.attention_mask.sum()) for mb in batches)
-    spent: dict[tuple[str, bool], float] = {}
-    for rep in range(args.repeats):
-        for on in ((False, True) if rep % 2 == 0 else (True, False)):
-            kernel(peft, on)
-            for name, fn in (("micro-step", lambda mb: micro_step(policy, peft, mb, True)),
-                             ("measurement", lambda mb: measurement(peft, mb, True))):
-                t0 = time.perf_counter()
-                for mb in batches:
-                    fn(mb)
-                spent[name, on] = spent.get((name, on), 0.0) + time.perf_counter() - t0
+    args = row_args("python -m bench.train_kernel", __doc__.splitlines()[0], argv)
+    batches, peft, policy, tokens = setup(args)
+    spent = alternate(batches, args.repeats, lambda on: kernel(peft, on),
+                      {"micro-step": lambda mb, on: micro_step(policy, peft, mb, True),
+                       "measurement": lambda mb, on: measurement(peft, mb, True)})
     print(f"{len(batches)} micro-batches, {tokens} tokens, torch threads {torch.get_num_threads()}, "
           f"{args.repeats} repeats:")
     for name in ("micro-step", "measurement"):
