@@ -18,7 +18,7 @@ import numpy as np
 
 from convert.advantages import advantages_by_group
 from convert.reader import ConvertInputError, Job
-from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows
+from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows, repeated_answers
 
 INFRA = ("infra_error", "verifier_error")
 # stats.json `rules`: what each rule masked or dropped, from RolloutRows' counters (calls, tokens)
@@ -102,6 +102,7 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
         for k in ("truncated_rows", "dropped_overlong", "dropped_empty", "masked_length", "temperature_splits"):
             rstats[k] += getattr(built, k)
         rstats["duplicates"] += len(built.duplicates)
+        rstats["repeated_answers"] += repeated_answers(calls[1], built.duplicates)
         rstats["calls"] += len(calls[1]) - len(built.duplicates)
         out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows, built))
     return out
@@ -166,6 +167,7 @@ def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) 
                   "abandoned": sum(j.turns_abandoned for j in jobs),
                   "stored_tokens": sum(j.stored_tokens for j in jobs),
                   "used_calls": rstats["calls"], "duplicates_dropped": rstats["duplicates"],
+                  "repeated_answers": rstats["repeated_answers"],
                   "orphans": sum(j.orphan_turns for j in jobs),
                   "without_temperature": sum(j.no_temperature for j in jobs)},
         "rows": {"count": len(out.rows), "merged": sum(n > 1 for n in n_turns), "single_call": sum(n == 1 for n in n_turns),

@@ -126,6 +126,13 @@ def drop_duplicates(calls: list[Call]) -> tuple[list[Call], list[int]]:
     return [c for c, k in zip(calls, keep) if k], [c.turn for c, k in zip(calls, keep) if not k]
 
 
+def repeated_answers(calls: list[Call], dropped: list[int]) -> int:
+    """Calls whose answer repeats the previous kept call's token for token: an agent stuck in a
+    loop (a small policy's usual collapse under RL: it re-sends its last action)."""
+    kept = [c for c in calls if c.turn not in set(dropped)]
+    return sum(np.array_equal(a.completion, b.completion) for a, b in zip(kept, kept[1:]))
+
+
 def extends(prev: Call, nxt: Call) -> bool:
     """Does `nxt`'s prompt start with prev.prompt + prev.completion?"""
     p, c = len(prev.prompt), len(prev.completion)

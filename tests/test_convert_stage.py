@@ -21,7 +21,7 @@ from wharf.layout import CollectPaths
 from testing.synthetic_job import make_job
 from convert.reader import ConvertInputError
 from wharf.batches import load_micro_batch, read_index
-from convert.stage import convert_round
+from convert.stage import convert_round, summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,6 +114,26 @@ def test_abandoned_turns_are_skipped_and_counted(jobs, tmp_path):
     assert stats["turns"]["used_calls"] + stats["turns"]["duplicates_dropped"] == \
         base["turns"]["used_calls"] + base["turns"]["duplicates_dropped"] - marked
     assert all(1 not in turns for r in read_index(tmp_path / "out").rollouts for turns in r["row_turns"])
+
+
+def test_answers_that_repeat_the_previous_one_are_counted(jobs, tmp_path):
+    """An agent stuck re-sending its last action: a rollout's last answer made its previous one,
+    token for token (log-probs with it), is counted in stats.json and the summary."""
+    job = copy_job(jobs, tmp_path)
+    base = convert_round(cfg_for([job], tmp_path / "base"), progress=False)
+    shard = schema.shard_files(CollectPaths(job).turns)[0]
+    t = schema.read_table(shard, "turns").to_pylist()
+    by_rollout: dict[str, list[int]] = {}
+    for i, r in enumerate(t):
+        by_rollout.setdefault(r["rollout_id"], []).append(i)
+    rows = sorted(next(v for v in by_rollout.values() if len(v) >= 2), key=lambda i: t[i]["turn"])
+    last, prev = t[rows[-1]], t[rows[-2]]
+    last["completion_token_ids"], last["completion_logprobs"] = prev["completion_token_ids"], prev["completion_logprobs"]
+    schema.write_table(shard, "turns", t)
+    stats = convert_round(cfg_for([job], tmp_path / "out"), progress=False)
+    assert stats["turns"]["repeated_answers"] == base["turns"]["repeated_answers"] + 1
+    assert f"{stats['turns']['repeated_answers']} of {stats['turns']['used_calls']} answers repeat" in \
+        summary(stats, tmp_path / "out")
 
 
 def _mismatch(job: Path) -> Path:
