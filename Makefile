@@ -166,14 +166,21 @@ MINI_EXPERT_PORT ?= 8300
 MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines,grep-log,run-script]
 MINI_SFT_ARGS ?= train.epochs=8
 MINI_SFT = runs/mini-sft-s$(SEED)
+# DESIGN=split, the fourth design: the RL rounds on datasets/multiturn/train (two tasks a kind,
+# 64 trials a round), 12 rows an optimizer step, a KL anchor to the SFT adapter; its runs are
+# runs/mini-split-<arm>-s<seed> (the demonstrations and the SFT adapter are the same).
+MINI_SPLIT_ARGS = collect.dataset=datasets/multiturn/train collect.concurrency=16 train.rows_per_step=12 \
+	train.kl_ref=start train.kl_coef=0.1
 experiment-mini: setup
 	$(if $(filter base sft sft-grpo,$(ARM)),,$(error ARM=$(ARM): use ARM=base, sft or sft-grpo))
+	$(if $(filter-out split,$(DESIGN)),$(error DESIGN=$(DESIGN): leave it out, or DESIGN=split))
 	$(if $(filter base,$(ARM)),,$(MAKE) --no-print-directory mini-sft SEED=$(SEED))
-	$(WHARF) loop --config configs/mini.yaml rounds=$(or $(ROUNDS),5) name=mini-$(ARM)-s$(SEED) \
+	$(WHARF) loop --config configs/mini.yaml rounds=$(or $(ROUNDS),5) \
+		name=mini-$(if $(DESIGN),$(DESIGN)-)$(ARM)-s$(SEED) \
 		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) \
 		convert.advantage=$(if $(filter sft,$(ARM)),zero,grpo) \
 		$(if $(filter base,$(ARM)),,loop.init_adapter=$(MINI_SFT):1) \
-		$(if $(filter sft,$(ARM)),loop.health.min_policy_shift=0) $(ARGS)
+		$(if $(filter sft,$(ARM)),loop.health.min_policy_shift=0) $(if $(DESIGN),$(MINI_SPLIT_ARGS)) $(ARGS)
 
 mini-sft: setup
 	@if [ -f $(MINI_SFT)/rounds/0/train/result.json ]; then echo "mini-sft: $(MINI_SFT) is trained"; exit 0; fi; \
