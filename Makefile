@@ -225,6 +225,7 @@ bench: setup
 	$(PY) -m bench.grading
 	$(PY) -m bench.convert
 	MALLOC_MMAP_THRESHOLD_=1048576 $(PY) -m bench.train
+	$(PY) -m bench.train_kernel
 
 clean:
 	rm -rf runs .pytest_cache $(NODE_DIR)/node_modules
