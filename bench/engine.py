@@ -151,13 +151,16 @@ def matmul_gflops(threads: int, n: int = 1024) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
-def throughput_rows(url: str, key: str | None, tokens: int, label: str, levels) -> list[tuple[str, int, int, float]]:
+def throughput_rows(url: str, key: str | None, tokens: int, label: str, levels,
+                    repeats: int = 1) -> list[tuple[str, int, int, float]]:
+    """Tokens/s at each concurrency, `repeats` runs each summed (one run of 16 requests moves by
+    +-25% from one bench to the next: its prefills and the machine's moment weigh on it)."""
     run_engine(url, 1, 1, 4, key)  # warm-up
     rows = []
     for conc in levels:
         n_req = max(conc, 2)
-        n, dt = run_engine(url, conc, n_req, tokens, key)
-        rows.append((f"{label}, {conc} concurrent", n_req, n, dt))
+        runs = [run_engine(url, conc, n_req, tokens, key) for _ in range(repeats)]
+        rows.append((f"{label}, {conc} concurrent", n_req * repeats, sum(n for n, _ in runs), sum(dt for _, dt in runs)))
     return rows
 
 
@@ -189,7 +192,7 @@ def measure(args) -> dict:
         on = stack.enter_context(launch(cfg))
         off = stack.enter_context(launch(engine_config(args.threads, "engine.prefix_cache=false",
                                                        "engine.max_batch=16")))
-        r["rows"] = throughput_rows(on.url, on.api_key, args.tokens, "engine", (1, 4, 16))
+        r["rows"] = throughput_rows(on.url, on.api_key, args.tokens, "engine", (1, 4, 16), args.repeats)
         run_engine(off.url, 1, 1, 4, off.api_key)  # warm-up
 
         def at_32(ep):
@@ -262,7 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m bench.engine", description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=32, help="tokens generated per request")
     ap.add_argument("--threads", type=int, default=2, help="torch threads (engine and generate), llama.cpp threads")
-    ap.add_argument("--repeats", type=int, default=2, help="alternate base/adapter runs per concurrency")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="runs per throughput row, prefix row and base/adapter row, summed (alternated where two are compared)")
     ap.add_argument("--no-llama", action="store_true", help="skip the llama.cpp anchor")
     ap.add_argument("--llama-threads", type=int, default=0,
                     help="llama.cpp threads (default --threads; on cores other work shares, 1 can be faster: its "
