@@ -1,5 +1,5 @@
 """`python -m bench.engine_matmul [--rows 1 4 16 32]`: the linear layers of one decode step, torch's
-fp32 matmul (MKL) against the engine's C kernel (engine/cpu_linear.c), side by side.
+fp32 matmul (MKL) against the engine's C kernel (wharf/cpu_linear.c), side by side.
 
 A decode step multiplies every running sequence's row by all of the model's weights. This runs
 the 210 projections of SmolLM2-135M (30 layers x q, k, v, o, gate, up, down; 425 MB of fp32

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=100, help="prompt tokens of every sequence")
     ap.add_argument("--tokens", type=int, default=40, help="tokens each sequence generates")
     ap.add_argument("--cpu-kernel", choices=["on", "off"], default="on",
-                    help="engine.cpu_kernel: the linear layers on engine/cpu_linear.c and the sampling race on "
+                    help="engine.cpu_kernel: the linear layers on wharf/cpu_linear.c and the sampling race on "
                          "engine/cpu_race.c, or both on torch")
     args = ap.parse_args(argv)
     from engine.core import EngineCore

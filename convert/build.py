@@ -18,7 +18,7 @@ import numpy as np
 
 from convert.advantages import advantages_by_group
 from convert.reader import ConvertInputError, Job
-from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows, repeated_answers
+from convert.rows import Row, RowError, RowOptions, RolloutRows, build_rows
 
 INFRA = ("infra_error", "verifier_error")
 # stats.json `rules`: what each rule masked or dropped, from RolloutRows' counters (calls, tokens)
@@ -99,10 +99,10 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
         a["rollouts"] += 1
         if built.breaks:
             breaks[f"{job.job_id}/{rid}"] = built.breaks
-        for k in ("truncated_rows", "dropped_overlong", "dropped_empty", "masked_length", "temperature_splits"):
+        for k in ("truncated_rows", "dropped_overlong", "dropped_empty", "masked_length", "temperature_splits",
+                  "repeated_answers"):
             rstats[k] += getattr(built, k)
         rstats["duplicates"] += len(built.duplicates)
-        rstats["repeated_answers"] += repeated_answers(calls[1], built.duplicates)
         rstats["calls"] += len(calls[1]) - len(built.duplicates)
         out.append(_Candidate(job, r, f"{job.job_id}/{r['group_id']}", float(reward), built.rows, built))
     return out

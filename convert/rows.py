@@ -93,6 +93,7 @@ class RolloutRows:
     dropped_empty: int = 0  # rows with no trainable token left
     masked_length: int = 0  # finish_reason=length completions masked
     temperature_splits: int = 0
+    repeated_answers: int = 0  # kept calls whose answer repeats the previous one (repeated_answers)
     # loss tokens each rule took out: length completions masked, rows dropped overlong, the part
     # of rows cut at max_seq_len, retried duplicates dropped
     masked_length_tokens: int = 0
@@ -126,11 +127,10 @@ def drop_duplicates(calls: list[Call]) -> tuple[list[Call], list[int]]:
     return [c for c, k in zip(calls, keep) if k], [c.turn for c, k in zip(calls, keep) if not k]
 
 
-def repeated_answers(calls: list[Call], dropped: list[int]) -> int:
-    """Calls whose answer repeats the previous kept call's token for token: an agent stuck in a
-    loop (a small policy's usual collapse under RL: it re-sends its last action)."""
-    kept = [c for c in calls if c.turn not in set(dropped)]
-    return sum(np.array_equal(a.completion, b.completion) for a, b in zip(kept, kept[1:]))
+def repeated_answers(calls: list[Call]) -> int:
+    """Calls whose answer repeats the previous call's token for token: an agent stuck in a loop
+    (a small policy's usual collapse under RL: it re-sends its last action)."""
+    return sum(np.array_equal(a.completion, b.completion) for a, b in zip(calls, calls[1:]))
 
 
 def extends(prev: Call, nxt: Call) -> bool:
@@ -187,6 +187,7 @@ def build_rows(calls: list[Call], opts: RowOptions, rollout_id: str = "?") -> Ro
     dup = set(out.duplicates)
     out.duplicate_tokens = sum(len(c.completion) for c in calls if c.turn in dup)
     calls = kept
+    out.repeated_answers = repeated_answers(calls)
     current: list[Call] = []
     for c in calls:
         if current:

@@ -1,4 +1,5 @@
-"""Compile one of the engine's C files (cpu_linear.c, cpu_race.c) once per machine into a cache.
+"""Compile one of wharf's C files (wharf/cpu_linear.c, engine/cpu_race.c) once per machine into
+a cache.
 
 `cc -march=native` code runs only on CPUs like the one that built it, so a build is keyed by the
 source, the flags and the CPU's model and feature flags; it is made in a temporary folder and
