@@ -171,16 +171,21 @@ MINI_SFT = runs/mini-sft-s$(SEED)
 # runs/mini-split-<arm>-s<seed> (the demonstrations and the SFT adapter are the same).
 MINI_SPLIT_ARGS = collect.dataset=datasets/multiturn/train collect.concurrency=16 train.rows_per_step=12 \
 	train.kl_ref=start train.kl_coef=0.1
+# DESIGN=cut, the fifth: split, and answers cut at max_tokens are trained as the policy's failures
+# (convert.length_completions=keep): masked, nothing pushed back when seed 2 stopped ending its
+# action block and ran to max_tokens; runs/mini-cut-<arm>-s<seed>.
+MINI_CUT_ARGS = $(MINI_SPLIT_ARGS) convert.length_completions=keep
 experiment-mini: setup
 	$(if $(filter base sft sft-grpo,$(ARM)),,$(error ARM=$(ARM): use ARM=base, sft or sft-grpo))
-	$(if $(filter-out split,$(DESIGN)),$(error DESIGN=$(DESIGN): leave it out, or DESIGN=split))
+	$(if $(filter-out split cut,$(DESIGN)),$(error DESIGN=$(DESIGN): leave it out, or DESIGN=split or cut))
 	$(if $(filter base,$(ARM)),,$(MAKE) --no-print-directory mini-sft SEED=$(SEED))
 	$(WHARF) loop --config configs/mini.yaml rounds=$(or $(ROUNDS),5) \
 		name=mini-$(if $(DESIGN),$(DESIGN)-)$(ARM)-s$(SEED) \
 		sampling.seed=$(SEED) train.seed=$(SEED) convert.seed=$(SEED) \
 		convert.advantage=$(if $(filter sft,$(ARM)),zero,grpo) \
 		$(if $(filter base,$(ARM)),,loop.init_adapter=$(MINI_SFT):1) \
-		$(if $(filter sft,$(ARM)),loop.health.min_policy_shift=0) $(if $(DESIGN),$(MINI_SPLIT_ARGS)) $(ARGS)
+		$(if $(filter sft,$(ARM)),loop.health.min_policy_shift=0) $(if $(filter split,$(DESIGN)),$(MINI_SPLIT_ARGS)) \
+		$(if $(filter cut,$(DESIGN)),$(MINI_CUT_ARGS)) $(ARGS)
 
 mini-sft: setup
 	@if [ -f $(MINI_SFT)/rounds/0/train/result.json ]; then echo "mini-sft: $(MINI_SFT) is trained"; exit 0; fi; \

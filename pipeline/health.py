@@ -53,6 +53,8 @@ class RoundFacts:
     lag: int = 0  # versions between `policy` and policy-v<k>, the one round k trains from
     turn_policies: dict[str, int] = field(default_factory=dict)  # policy -> turns
     turn_status: dict[str, int] = field(default_factory=dict)  # status -> turns
+    cut: tuple[int, int] = (0, 0)  # answers cut at max_tokens (finish_reason length), answers
+    start_cut: tuple[int, int] | None = None  # the same of round 0 (None: round 0, or not found)
     served_mismatch: float | None = None  # train's first step: mean |trainer - endpoint| log-prob
     loss_tokens: int | None = None
     carried: bool = False  # the loop carried the previous adapter (no signal)
@@ -173,7 +175,26 @@ def check_replicas(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
                        f.files.get("published", "?"), "loop.health.all_replicas_serve=false")
 
 
-CHECKS = (check_served, check_trainable, check_shift, check_steps, check_bad_share, check_replicas)
+def check_cut(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    expected = f"the share of answers cut at sampling.max_tokens at most {cfg.max_cut_rise:.0%} above round 0's"
+    (cut, n), start = f.cut, f.start_cut
+    share = cut / n if n else 0.0
+    seen = f"{cut} of {n} answers cut ({share:.0%})"
+    ok = True
+    if start is None or not start[1]:
+        seen += "; round 0 is the reference" if f.k == 0 else "; no round 0 to compare with"
+    else:
+        share0 = start[0] / start[1]
+        seen += f", round 0: {start[0]} of {start[1]} ({share0:.0%})"
+        ok = cfg.max_cut_rise >= 1 or share - share0 <= cfg.max_cut_rise
+        if not ok:
+            seen += (": the policy stopped ending its answers (with convert.length_completions=mask, the "
+                     "default, nothing trains it back; keep trains them as failures)")
+    return HealthCheck("answers_ended", f.k, ok, expected, seen, f.files.get("turns", "?"),
+                       "loop.health.max_cut_rise=1")
+
+
+CHECKS = (check_served, check_trainable, check_shift, check_steps, check_bad_share, check_cut, check_replicas)
 
 
 def run_checks(f: RoundFacts, cfg: HealthConfig) -> list[HealthCheck]:
@@ -191,14 +212,19 @@ def _json(path: Path) -> dict | None:
         return None
 
 
-def _turns(f: RoundFacts, rnd: RoundLayout) -> None:
-    pol, status = Counter(), Counter()
+def _turns(rnd: RoundLayout) -> tuple[Counter, Counter, Counter]:
+    """Turns by policy, by status, by finish_reason (a bad shard: one line naming it)."""
+    pol, status, finish = Counter(), Counter(), Counter()
     for shard in schema.shard_files(rnd.collect.turns):
-        t = schema.read_table(shard, "turns", ["policy", "status"])  # a bad shard: one line naming it
+        t = schema.read_table(shard, "turns", ["policy", "status", "finish_reason"])
         pol.update(t["policy"].to_pylist())
         status.update(t["status"].to_pylist())
-    f.turn_policies, f.turn_status = dict(pol), dict(status)
-    f.files["turns"] = str(rnd.collect.turns)
+        finish.update(t["finish_reason"].to_pylist())
+    return pol, status, finish
+
+
+def _cut(finish: Counter) -> tuple[int, int]:
+    return finish.get("length", 0), sum(n for reason, n in finish.items() if reason)
 
 
 def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
@@ -208,7 +234,12 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
     when asked just now (None: not asked; the publish record answers)."""
     lag = (_json(rnd.marker("collect")) or {}).get("lag")
     f = RoundFacts(rnd.k, policy, allowed, lag if isinstance(lag, int) else 0)
-    _turns(f, rnd)
+    pol, status, finish = _turns(rnd)
+    f.turn_policies, f.turn_status, f.cut = dict(pol), dict(status), _cut(finish)
+    f.files["turns"] = str(rnd.collect.turns)
+    first = RunLayout(rnd.root.parents[1]).round(0)
+    if rnd.k > 0 and first.collect.turns.is_dir():
+        f.start_cut = _cut(_turns(first)[2])
     f.files["convert"] = str(rnd.convert.stats)
     stats = _json(rnd.convert.stats) or {}
     if stats:

@@ -29,8 +29,9 @@ OK_SHIFT = {"tokens": 120, "delta_mean": 0.05, "delta_max": 0.4, "kl": 0.002, "w
 def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_policy: str | None = None,
                 turn_status: str = "ok", trainable: int = 500, left_out: dict | None = None,
                 mismatch: float = 1e-5, shift: dict | None = OK_SHIFT, masked: int = 0,
-                grad_norms: tuple[float, ...] = (0.4, 1.2)) -> None:
-    """A finished round: 4 attempts per task, rewards[task] of them successful."""
+                grad_norms: tuple[float, ...] = (0.4, 1.2), cut: int = 0) -> None:
+    """A finished round: 4 attempts per task, rewards[task] of them successful; the first `cut`
+    of its 2 answers a rollout ran to max_tokens."""
     rows = _rollouts(rnd.k, rewards)
     for r in rows:
         r["policy"] = policy
@@ -42,6 +43,8 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
               "completion_logprobs": [-0.5, -0.5] if turn_status == "ok" else [], "finish_reason": "stop",
               "status": turn_status, "error": None if turn_status == "ok" else "upstream: connection refused"}
              for r in rows for t in range(2)]
+    for turn in turns[:cut]:
+        turn["finish_reason"] = "length"
     schema.write_table(rnd.collect.turns / "part-00000.parquet", "turns", turns)
     rnd.convert.root.mkdir(parents=True)
     rnd.convert.stats.write_text(json.dumps({
@@ -75,10 +78,27 @@ def test_a_healthy_round_passes_and_is_written(tmp_path):
     write_round(rnd, "policy-v1", {"a": 1, "b": 3})
     checks = check_round(rnd, "policy-v1", HealthConfig())
     assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "steps_stable", "bad_share",
-                                        "replicas_serve"]
+                                        "answers_ended", "replicas_serve"]
     assert failed(checks) == {}
     enforce(checks)
-    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 6
+    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 7
+
+
+def test_answers_running_to_max_tokens_fire_answers_ended(tmp_path):
+    """Round 0 cut 2 of 16 answers at max_tokens; round 2's policy no longer ends them: 12 of 16."""
+    layout = RunLayout(tmp_path / "run")
+    write_round(layout.round(0), "policy-v0", {"a": 1, "b": 3}, cut=2)
+    assert failed(check_round(layout.round(0), "policy-v0", HealthConfig())) == {}
+    write_round(layout.round(1), "policy-v1", {"a": 1, "b": 3}, cut=6)  # 12.5% -> 37.5%: within 30 points
+    assert failed(check_round(layout.round(1), "policy-v1", HealthConfig())) == {}
+    write_round(layout.round(2), "policy-v2", {"a": 1, "b": 3}, cut=12)
+    bad = failed(check_round(layout.round(2), "policy-v2", HealthConfig()))
+    assert list(bad) == ["answers_ended"]
+    assert bad["answers_ended"].seen.startswith("12 of 16 answers cut (75%), round 0: 2 of 16 (12%)")
+    assert bad["answers_ended"].file == str(layout.round(2).collect.turns)
+    assert "loop.health.max_cut_rise=1" in bad["answers_ended"].message()
+    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=0.7))) == {}
+    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=1))) == {}
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):

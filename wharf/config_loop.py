@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from wharf.config_types import NonNegative, NonNegativeFloat, Positive
+from wharf.config_types import Fraction, NonNegative, NonNegativeFloat, Positive
 
 
 @dataclass
@@ -32,6 +32,11 @@ class HealthConfig:
     # Every optimizer step's gradient norm before clipping at most this: a step a few tokens
     # outweigh (a KL or ratio blow-up) is clipped to their direction alone; 0: off.
     max_grad_norm: NonNegativeFloat = 20.0
+    # The share of the round's answers cut at sampling.max_tokens rose at most this much over
+    # round 0's (0.3: 30 points): a policy that stops ending its answers runs every one to the
+    # limit, and convert.length_completions=mask leaves those untrained, so nothing pulls it
+    # back; 1: off.
+    max_cut_rise: Fraction = 0.3
     # Every replica the proxy routes to (endpoint.url, proxy.upstreams) took the round's new
     # policy when it was published (one that refused gets none of its calls); false: off.
     all_replicas_serve: bool = True
