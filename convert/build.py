@@ -100,7 +100,7 @@ def _candidates(job: Job, opts: RowOptions, null_reward: float | None, left_out:
         if built.breaks:
             breaks[f"{job.job_id}/{rid}"] = built.breaks
         for k in ("truncated_rows", "dropped_overlong", "dropped_empty", "masked_length", "temperature_splits",
-                  "repeated_answers"):
+                  "repeated_answers", "cut_answers"):
             rstats[k] += getattr(built, k)
         rstats["duplicates"] += len(built.duplicates)
         rstats["calls"] += len(calls[1]) - len(built.duplicates)
@@ -167,7 +167,7 @@ def _stats(jobs, out: Built, job_left, rstats, breaks, agents, n_kept, dropped) 
                   "abandoned": sum(j.turns_abandoned for j in jobs),
                   "stored_tokens": sum(j.stored_tokens for j in jobs),
                   "used_calls": rstats["calls"], "duplicates_dropped": rstats["duplicates"],
-                  "repeated_answers": rstats["repeated_answers"],
+                  "repeated_answers": rstats["repeated_answers"], "cut_answers": rstats["cut_answers"],
                   "orphans": sum(j.orphan_turns for j in jobs),
                   "without_temperature": sum(j.no_temperature for j in jobs)},
         "rows": {"count": len(out.rows), "merged": sum(n > 1 for n in n_turns), "single_call": sum(n == 1 for n in n_turns),

@@ -94,6 +94,7 @@ class RolloutRows:
     masked_length: int = 0  # finish_reason=length completions masked
     temperature_splits: int = 0
     repeated_answers: int = 0  # kept calls whose answer repeats the previous one (repeated_answers)
+    cut_answers: int = 0  # kept calls cut at max_tokens (finish_reason length), masked or trained
     # loss tokens each rule took out: length completions masked, rows dropped overlong, the part
     # of rows cut at max_seq_len, retried duplicates dropped
     masked_length_tokens: int = 0
@@ -188,6 +189,7 @@ def build_rows(calls: list[Call], opts: RowOptions, rollout_id: str = "?") -> Ro
     out.duplicate_tokens = sum(len(c.completion) for c in calls if c.turn in dup)
     calls = kept
     out.repeated_answers = repeated_answers(calls)
+    out.cut_answers = sum(c.finish_reason == "length" for c in calls)
     current: list[Call] = []
     for c in calls:
         if current:

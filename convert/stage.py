@@ -159,7 +159,7 @@ def summary(s: dict, out: str | Path) -> str:
         f"  turns     read {s['turns']['read']} (error {s['turns']['error']}, abandoned {s['turns']['abandoned']}, "
         f"duplicates {s['turns']['duplicates_dropped']}, "
         f"orphans {s['turns']['orphans']}; {s['turns'].get('repeated_answers', 0)} of {s['turns']['used_calls']} "
-        f"answers repeat the previous one)",
+        f"answers repeat the previous one, {s['turns'].get('cut_answers', 0)} ran to max_tokens)",
         f"  rows      {rows['count']} ({rows['merged']} merged, {rows['single_call']} single-call; "
         f"{rows['rows_per_rollout_mean']:.2f}/rollout, {rows['split_rollouts']} rollouts split), "
         f"truncated {rows['truncated']}, "

@@ -136,6 +136,23 @@ def test_answers_that_repeat_the_previous_one_are_counted(jobs, tmp_path):
         summary(stats, tmp_path / "out")
 
 
+@pytest.mark.parametrize("mode", ["mask", "keep"])
+def test_answers_cut_at_max_tokens_are_counted(jobs, tmp_path, mode):
+    """One more answer marked as cut at max_tokens is counted whether convert masks or trains it."""
+    job = copy_job(jobs, tmp_path)
+    cfg = lambda out: cfg_for([job], tmp_path / out, f"convert.length_completions={mode}")
+    base = convert_round(cfg("base"), progress=False)
+    shard = schema.shard_files(CollectPaths(job).turns)[0]
+    t = schema.read_table(shard, "turns").to_pylist()
+    i = next(i for i, r in enumerate(t) if r["status"] == "ok" and r["finish_reason"] != "length")
+    t[i]["finish_reason"] = "length"
+    schema.write_table(shard, "turns", t)
+    stats = convert_round(cfg("out"), progress=False)
+    assert stats["turns"]["cut_answers"] == base["turns"]["cut_answers"] + 1
+    assert stats["rows"]["length_completions_masked"] == base["rows"]["length_completions_masked"] + (mode == "mask")
+    assert f"{stats['turns']['cut_answers']} ran to max_tokens" in summary(stats, tmp_path / "out")
+
+
 def _mismatch(job: Path) -> Path:
     """Drop one log-prob of rollout r00003's first call."""
     shard = schema.shard_files(CollectPaths(job).turns)[0]

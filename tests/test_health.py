@@ -53,7 +53,7 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
         "groups": {"used": len(rewards) if trainable else 0, "dropped": {} if trainable else {"no_signal": len(rewards)}},
         "tokens": {"total": 10 * len(rows), "trainable": trainable},
         "rows": {"count": len(rows), "rows_per_rollout_mean": 1.5},
-        "turns": {"used_calls": 12, "repeated_answers": 3},
+        "turns": {"used_calls": 12, "repeated_answers": 3, "cut_answers": 6},
         "prefix_breaks": {"total": 2, "by_agent": {"wharf-minimal": {"pairs": 8, "breaks": 2}}}}))
     rnd.train.root.mkdir(parents=True)
     if trainable:
@@ -212,7 +212,8 @@ def test_loop_stops_on_an_unhealthy_stored_round(tmp_path, stub, capsys):
     assert json.loads(layout.round(0).health.read_text())[0]["ok"] is True
     printed = capsys.readouterr().out  # each round's figures, as the loop prints them
     assert ("loop: round 0 (smollm2-135m): mean reward 0.375, success 0.375, calls/rollout 2.00, rows/rollout 1.50, "
-            "prefix breaks 2/8 pairs (25%), repeated answers 3/12 calls (25%), trainable tokens 500, "
+            "prefix breaks 2/8 pairs (25%), repeated answers 3/12 calls (25%), cut at max_tokens 6/12 (50%), "
+            "trainable tokens 500, "
             "|delta log-prob| 0.05, KL to previous 0.002") in printed
     assert "policy_served" in layout.report.read_text() and "FAILED" in layout.report.read_text()
 

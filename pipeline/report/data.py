@@ -43,6 +43,7 @@ class RoundData:
     rows_per_rollout: float | None = None  # convert's rows per used rollout (> 1: split at prefix breaks)
     call_pairs: int | None = None  # consecutive call pairs convert looked at for prefix breaks
     repeated_answers: int | None = None  # calls whose answer repeats the previous one token for token
+    cut_answers: int | None = None  # calls cut at max_tokens (finish_reason length)
     used_calls: int | None = None
     trainable_tokens: int | None = None
     rules: dict[str, dict] = field(default_factory=dict)  # convert's stats `rules`: rule -> rollouts, tokens
@@ -153,6 +154,7 @@ def convert_fields(rd: RoundData, stats: dict | None) -> None:
     rd.groups_used = _get(stats, "groups", "used")
     rd.prefix_breaks = _get(stats, "prefix_breaks", "total")
     rd.repeated_answers = _get(stats, "turns", "repeated_answers")
+    rd.cut_answers = _get(stats, "turns", "cut_answers")
     rd.used_calls = _get(stats, "turns", "used_calls")
     rd.rows = _get(stats, "rows", "count")
     rd.rows_per_rollout = _get(stats, "rows", "rows_per_rollout_mean")
@@ -264,10 +266,12 @@ def round_line(rd: RoundData) -> str:
     calls = rd.calls / rd.rollouts if rd.calls and rd.rollouts else None
     breaks = rd.prefix_breaks / rd.call_pairs if rd.prefix_breaks is not None and rd.call_pairs else None
     repeats = rd.repeated_answers / rd.used_calls if rd.repeated_answers is not None and rd.used_calls else None
+    cut = rd.cut_answers / rd.used_calls if rd.cut_answers is not None and rd.used_calls else None
     return (f"round {rd.k} ({rd.policy}): mean reward {_f(rd.mean_reward)}, success {_f(rd.success_rate)}, "
             f"calls/rollout {_f(calls, '.2f')}, rows/rollout {_f(rd.rows_per_rollout, '.2f')}, "
             f"prefix breaks {_f(rd.prefix_breaks, 'd')}/{_f(rd.call_pairs, 'd')} pairs ({_f(breaks, '.0%')}), "
             f"repeated answers {_f(rd.repeated_answers, 'd')}/{_f(rd.used_calls, 'd')} calls ({_f(repeats, '.0%')}), "
+            f"cut at max_tokens {_f(rd.cut_answers, 'd')}/{_f(rd.used_calls, 'd')} ({_f(cut, '.0%')}), "
             f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
             f"KL to previous {_f(rd.shift.get('kl'), '.3g')}, "
             f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}"
