@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
-from .kv import PrefillRow, keep_rows, merge_rows, prefill_batch, row_kv, slack_cache
+from .kv import PrefillRow, is_slack, keep_rows, merge_rows, prefill_batch, row_kv, slack_cache
 from .prefix_cache import PrefixCache, common_prefix
 from .cpu_race import Race
 from .sampling import next_tokens
@@ -211,15 +211,17 @@ class Batcher:
         for s in seqs:
             s.past = None  # the batch holds its own copy
         batch = prefill_batch(rows, self.pad_id)
-        past = DynamicCache() if batch.past is None else DynamicCache(
-            ddp_cache_data=[(k.to(self.device), v.to(self.device)) for k, v in batch.past])
+        # A stored prefix goes into a slack cache with room for the prefill: the forward writes
+        # its columns in place, and a batch that runs alone keeps that cache as it is.
+        past = DynamicCache() if batch.past is None else slack_cache(
+            ((k.to(self.device), v.to(self.device)) for k, v in batch.past), room=batch.ids.shape[1])
         logits, cache = self._forward(batch.ids.to(self.device), batch.mask4d.to(self.device),
                                       batch.position_ids.to(self.device), past, [s.adapter for s in seqs])
         if self.prefix is not None:
             for i, s in enumerate(seqs):
                 self.prefix.count(len(s.prompt_ids), s.hit)
                 self.prefix.store(s.cache_key, torch.tensor(s.prompt_ids, dtype=torch.long),
-                                  row_kv(cache.layers, i, batch.mask[i].to(self.device)))
+                                  lambda i=i: row_kv(cache.layers, i, batch.mask[i].to(self.device)))
         self._merge(seqs, cache, batch.mask)
         # Rows admitted here may finish at once (max_tokens=1, EOS first): _after_logits drops them.
         self._after_logits(seqs, logits)
@@ -227,7 +229,7 @@ class Batcher:
     def _merge(self, seqs: list[Sequence], cache, mask: torch.Tensor) -> None:
         if self._cache is None:
             self.running, self._mask = list(seqs), mask
-            self._cache = slack_cache((l.keys, l.values) for l in cache.layers)
+            self._cache = cache if is_slack(cache) else slack_cache((l.keys, l.values) for l in cache.layers)
             return
         self._cache, self._mask = merge_rows(self._cache, self._mask, cache, mask)
         self.running.extend(seqs)
@@ -294,4 +296,4 @@ class Batcher:
                 cols = self._mask[i]
                 n = int(cols.sum())
                 ids = torch.tensor((s.prompt_ids + s.output_ids)[:n], dtype=torch.long)
-                self.prefix.store(s.cache_key, ids, row_kv(self._cache.layers, i, cols.to(self.device)))
+                self.prefix.store(s.cache_key, ids, lambda i=i, cols=cols: row_kv(self._cache.layers, i, cols.to(self.device)))

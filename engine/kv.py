@@ -61,11 +61,16 @@ def prefill_batch(rows: list[PrefillRow], pad_id: int) -> PrefillBatch:
 
 def row_kv(layers, row: int, cols: torch.Tensor) -> torch.Tensor:
     """One batch row's KV at the columns `cols` (bool [L]) as [layers, 2, H, n, D], a new tensor."""
+    idx = cols.nonzero().flatten()
+    n = len(idx)
+    # A row's real columns are usually one run (left padding only): a slice copies it, where a
+    # bool index gathers (and finds the columns again) in every one of the 2 x layers copies.
+    sel = slice(int(idx[0]), int(idx[0]) + n) if n and int(idx[-1]) - int(idx[0]) + 1 == n else idx
     k0 = layers[0].keys
-    out = k0.new_empty((len(layers), 2, k0.shape[1], int(cols.sum()), k0.shape[3]))
+    out = k0.new_empty((len(layers), 2, k0.shape[1], n, k0.shape[3]))
     for l, layer in enumerate(layers):
-        out[l, 0] = layer.keys[row][:, cols]
-        out[l, 1] = layer.values[row][:, cols]
+        out[l, 0] = layer.keys[row, :, sel]
+        out[l, 1] = layer.values[row, :, sel]
     return out
 
 
@@ -77,11 +82,12 @@ class SlackLayer(DynamicLayer):
     writes its column in place, where DynamicLayer copies the whole cache (torch.cat) each step,
     which at agent-length contexts moves as many bytes as the weights."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, room: int = 0):
         super().__init__()
         self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
         self._n = 0
-        self._k = self._v = keys.new_empty((*keys.shape[:2], 0, keys.shape[3]))
+        self._k = keys.new_empty((*keys.shape[:2], keys.shape[2] + room + SLACK, keys.shape[3]))
+        self._v = torch.empty_like(self._k)
         self.update(keys, values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -97,9 +103,14 @@ class SlackLayer(DynamicLayer):
         return self.keys, self.values
 
 
-def slack_cache(layers) -> Cache:
-    """A cache of SlackLayers holding copies of the given per-layer (keys, values)."""
-    return Cache(layers=[SlackLayer(k, v) for k, v in layers])
+def slack_cache(layers, room: int = 0) -> Cache:
+    """A cache of SlackLayers holding copies of the given per-layer (keys, values), with room for
+    `room` more columns (a prefill's) before the slack."""
+    return Cache(layers=[SlackLayer(k, v, room) for k, v in layers])
+
+
+def is_slack(cache: Cache) -> bool:
+    return all(isinstance(layer, SlackLayer) for layer in cache.layers)
 
 
 def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:

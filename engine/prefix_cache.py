@@ -74,9 +74,10 @@ class PrefixCache:
         self.requests += 1
         self.hit_requests += hit > 0
 
-    def store(self, key: Hashable, ids: torch.Tensor, kv: torch.Tensor) -> None:
-        """Keep `kv` (the KV of `ids`, owned by the cache from now on) under `key`; an entry that
-        it extends is dropped, and nothing is added when an entry already extends it."""
+    def store(self, key: Hashable, ids: torch.Tensor, kv: torch.Tensor | Callable[[], torch.Tensor]) -> None:
+        """Keep `kv` (the KV of `ids`, owned by the cache from now on; or a function that copies it
+        out, called only if it is kept) under `key`; an entry that it extends is dropped, and
+        nothing is added when an entry already extends it."""
         for eid, e in list(self._entries.items()):
             if e.key != key:
                 continue
@@ -86,7 +87,7 @@ class PrefixCache:
                 return
             if n == len(e.ids):
                 self._drop(eid)
-        entry = Entry(key, ids, kv)
+        entry = Entry(key, ids, kv() if callable(kv) else kv)
         if entry.nbytes > self.budget:
             return
         self._entries[self._next] = entry

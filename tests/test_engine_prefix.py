@@ -10,7 +10,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from engine.kv import PrefillRow, prefill_batch
+from engine.kv import PrefillRow, is_slack, prefill_batch, row_kv, slack_cache
 from engine.prefix_cache import PrefixCache, common_prefix
 from wharf import model_store
 from test_engine_api import post
@@ -44,6 +44,7 @@ def test_store_replaces_what_it_extends_and_evicts_least_recently_used_within_bu
     c.store(None, ids(1, 2, 3), kv(3))
     c.store(None, ids(1, 2, 3, 4), kv(4))  # extends the first: replaces it
     c.store(None, ids(1, 2), kv(2))  # covered by the stored one: nothing added
+    c.store(None, ids(1, 2, 3), lambda: pytest.fail("a covered prefix's KV was copied out"))
     assert len(c) == 1 and c.bytes == 4 * (KV_TOKEN + 8)
     c.store(None, ids(5, 6, 7), kv(3))
     c.match(None, ids(1, 2, 3, 4, 0))  # used: now the most recent
@@ -54,6 +55,17 @@ def test_store_replaces_what_it_extends_and_evicts_least_recently_used_within_bu
     c.store(("a", 1), ids(1, 2, 3), kv(3))
     c.forget(lambda key: key is not None and key[0] == "a")
     assert c.match(("a", 1), ids(1, 2, 3, 4)) == (0, None) and len(c) == 1 + (c.bytes > 4 * (KV_TOKEN + 8))
+
+
+def test_row_kv_copies_a_rows_real_columns_whether_or_not_they_are_one_run():
+    keys = torch.arange(2 * 3 * 6 * 4, dtype=torch.float32).view(2, 3, 6, 4)  # [B, H, L, D]
+    cache = slack_cache([(keys, -keys), (2 * keys, -2 * keys)], room=3)
+    assert is_slack(cache) and cache.layers[0].keys.shape == (2, 3, 6, 4)
+    for cols in ([False, False, True, True, True, True], [False, True, True, False, True, True], [True] * 6):
+        c = torch.tensor(cols)
+        out = row_kv(cache.layers, 1, c)
+        assert out.shape == (2, 2, 3, sum(cols), 4)
+        assert torch.equal(out[0, 0], keys[1][:, c]) and torch.equal(out[1, 1], -2 * keys[1][:, c])
 
 
 def test_prefill_batch_puts_each_row_at_its_own_positions():
