@@ -99,6 +99,10 @@ def test_answers_running_to_max_tokens_fire_answers_ended(tmp_path):
     assert "loop.health.max_cut_rise=1" in bad["answers_ended"].message()
     assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=0.7))) == {}
     assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=1))) == {}
+    alone = RunLayout(tmp_path / "resumed").round(2)  # no round 0 on this disk: nothing to compare with
+    write_round(alone, "policy-v2", {"a": 1, "b": 3}, cut=12)
+    check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == "answers_ended")
+    assert check.ok and check.seen == "12 of 16 answers cut (75%); no round 0 to compare with"
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):
