@@ -161,6 +161,8 @@ experiment-multiturn-figure: setup
 # adapter of a seed (runs/mini-sft-s<seed>, policy-v1) is made once by `make mini-sft`: the scripted
 # expert (testing/scripted_expert.py, reads only the conversation) serves mini through the proxy
 # (proxy.text_only), the rewarded rollouts become supervised rows, one SFT round trains them.
+# Two seeds at once: give the second its own ports in ARGS (engine.port, endpoint.url, proxy.port;
+# mini-sft takes proxy.port from there) and MINI_EXPERT_PORT.
 # MINI_DEMO_ARGS: which demonstrations (few, so that the SFT policy leaves room for GRPO).
 MINI_EXPERT_PORT ?= 8300
 MINI_DEMO_ARGS ?= collect.attempts=1 collect.tasks=[cat-note,count-lines,grep-log,run-script]
@@ -191,7 +193,8 @@ mini-sft: setup
 	@if [ -f $(MINI_SFT)/rounds/0/train/result.json ]; then echo "mini-sft: $(MINI_SFT) is trained"; exit 0; fi; \
 	$(PY) -m testing.scripted_expert --port $(MINI_EXPERT_PORT) & expert=$$!; trap "kill $$expert" EXIT; \
 	$(WHARF) collect --config configs/mini.yaml name=mini-expert-s$(SEED) sampling.seed=$(SEED) endpoint.launch=false \
-		endpoint.url=http://127.0.0.1:$(MINI_EXPERT_PORT) endpoint.model=expert proxy.text_only=true $(MINI_DEMO_ARGS) && \
+		endpoint.url=http://127.0.0.1:$(MINI_EXPERT_PORT) endpoint.model=expert proxy.text_only=true $(MINI_DEMO_ARGS) \
+		$(filter proxy.port=%,$(ARGS)) && \
 	$(WHARF) convert --config configs/mini.yaml name=mini-sft-s$(SEED) convert.mode=sft \
 		convert.jobs=[runs/mini-expert-s$(SEED)/rounds/0/collect] && \
 	$(WHARF) train --config configs/mini.yaml name=mini-sft-s$(SEED) train.objective=sft train.seed=$(SEED) train.publish=false $(MINI_SFT_ARGS)

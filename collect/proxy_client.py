@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import socket
 from pathlib import Path
 from typing import Iterator
 
@@ -31,6 +32,9 @@ def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: 
     cfg = dataclasses.replace(cfg, proxy=proxy)
     access_path = admin_file(Path(proxy.wal_dir) if proxy.wal_dir else wal_dir(turns_dir))
     access_path.unlink(missing_ok=True)  # a killed proxy's file must not be taken for this one's
+    if proxy.port and _listening(proxy.host, proxy.port):  # its /health would pass for ours
+        raise ServiceError(f"proxy.port={proxy.port}: something already listens on {proxy.host}:{proxy.port} "
+                           "(another run's proxy?); give this run a free port: proxy.port=<port>")
     proc = procs.spawn(procs.stage_argv("collect.proxy", cfg, config_path), log_path)
     try:
         Endpoint(f"http://{proxy.host}:{proxy.port}").wait_healthy(60, proc, log_path)
@@ -43,6 +47,12 @@ def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: 
         yield access
     finally:
         procs.stop(proc)
+
+
+def _listening(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2.0)
+        return s.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0
 
 
 class ProxyAdmin:

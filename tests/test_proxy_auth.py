@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -15,7 +16,7 @@ from wharf.config import ConfigError, dump_config, load_config
 from wharf.credentials import AdminAccess
 from wharf.layout import admin_file
 from collect.proxy.background import BackgroundProxy
-from collect.proxy_client import ProxyAdmin, proxy_process
+from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from collect.tasksets import PlannedRollout, Task, new_rollout_id
 from testing.proxy_load import free_port
 from testing.vllm_stub import StubServer
@@ -188,3 +189,16 @@ def test_a_corrupt_admin_file_is_refused_naming_it(tmp_path, text):
     with pytest.raises(ValueError, match=rf"{re.escape(str(f))}: not a readable proxy admin file"):
         AdminAccess.load(f)
     assert f.read_text() == text  # nothing rewritten
+
+
+def test_a_port_another_run_listens_on_is_refused_before_the_proxy_starts(tmp_path, stub, proxy):
+    """Two runs with the same proxy.port: the second would see the first's /health and miss its
+    own admin file; it is refused up front, naming the key to change."""
+    taken = urlsplit(proxy.url).port
+    cfg = load_config(None, [f"endpoint.url={stub.url}", f"proxy.port={taken}", "proxy.health_interval_s=0"])
+    log = tmp_path / "logs" / "proxy.log"
+    with pytest.raises(ServiceError, match=rf"proxy.port={taken}: something already listens.*proxy.port=<port>"):
+        with proxy_process(cfg, tmp_path / "logs" / "proxy.yaml", tmp_path / "other" / "turns", log):
+            pass
+    assert not log.exists(), "no proxy was started"
+    assert requests.get(f"http://127.0.0.1:{taken}/health", timeout=10).ok, "the first run's proxy still answers"
