@@ -23,7 +23,7 @@ NODE_DIR := collect/agents/node
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
 .PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
-	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft
+	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft experiment-mini-table
 
 setup: $(VENV)/.installed collect/tasks/.seal-built
 
@@ -198,6 +198,10 @@ mini-sft: setup
 	$(WHARF) convert --config configs/mini.yaml name=mini-sft-s$(SEED) convert.mode=sft \
 		convert.jobs=[runs/mini-expert-s$(SEED)/rounds/0/collect] && \
 	$(WHARF) train --config configs/mini.yaml name=mini-sft-s$(SEED) train.objective=sft train.seed=$(SEED) train.publish=false $(MINI_SFT_ARGS)
+
+# The warm-start experiment's table from the runs on disk (docs/warmstart.md): DESIGN=cut by default.
+experiment-mini-table: setup
+	$(WHARF) report --table $(sort $(wildcard runs/mini-$(or $(DESIGN),cut)-sft-grpo-s*))
 
 # Policies side by side on a task set, no training (docs/eval.md):
 #   make eval CONFIG=configs/multiturn.yaml eval.dataset=datasets/multiturn/heldout "eval.policies=[base,runs/multiturn:5]"

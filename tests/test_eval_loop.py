@@ -11,7 +11,7 @@ import pytest
 from wharf.config import load_config
 from wharf.layout import RunLayout
 from pipeline import loop
-from pipeline.eval import Policy, write_summary
+from pipeline.eval import Policy, eval_name, write_summary
 from pipeline.eval_stats import Trial
 from pipeline.report import write_report
 from pipeline.report.data import gather, round_line
@@ -117,3 +117,42 @@ def test_a_warm_started_loop_is_measured_against_its_init_adapter(tmp_path, monk
     assert marker["start"] == f"{sft.root}:1" and marker["base"]["mean"] == pytest.approx(1 / 4)
     assert marker["mean"] == pytest.approx(3 / 4) and marker["diff"]["mean"] == pytest.approx(2 / 4)
     assert "policy-v0 0.250" in round_line(gather(cfg.layout.root)[0])
+
+
+def test_the_table_of_warm_started_runs_reads_rounds_eval_and_families(tmp_path, monkeypatch, capsys):
+    """`wharf report --table`: a row per run (reward, cut answers, mixed groups per round; the last
+    held-out evaluation against policy-v0) and a line with pass@k and successes per task family."""
+    from pipeline.report.cli import main as report_main
+
+    sft = RunLayout(tmp_path / "sft")
+    (sft.round(0).train.adapter).mkdir(parents=True)
+    (sft.round(0).train.adapter / "adapter_config.json").write_text("{}")
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=run", "loop.eval_every=2",
+                             "loop.eval_dataset=datasets/multiturn/heldout", "eval.attempts=2",
+                             f"loop.init_adapter={sft.root}:1"])
+    scores = {"sft-policy-v1": {"cat-note-1": [1, 0], "cat-note-2": [0, 0], "grep-log-1": [0, 0]},
+              "run-policy-v2": {"cat-note-1": [1, 1], "cat-note-2": [1, 0], "grep-log-1": [1, 0]}}
+
+    def evaluate(ecfg, policies, ep):
+        ev = ecfg.layout.eval(eval_name(ecfg))  # where wharf eval writes, and the marker points
+        return write_summary(ev, ecfg, {p.label: (p, _trials(scores[p.label]), ev.policy(p.label)) for p in policies})
+    monkeypatch.setattr(loop, "evaluate", evaluate)
+    for k, successes in ((0, {"a": 1, "b": 0}), (1, {"a": 3, "b": 4})):
+        make_round(cfg.layout, k, successes)
+        stats = cfg.layout.round(k).convert.stats
+        stats.write_text(json.dumps({**json.loads(stats.read_text()), "turns": {"cut_answers": 3 - k, "used_calls": 10}}))
+        (cfg.layout.round(k).train.adapter).mkdir(parents=True)
+        (cfg.layout.round(k).train.adapter / "adapter_config.json").write_text("{}")
+    assert run_stage(cfg.layout.round(1), "eval", lambda: loop.eval_stage(loop.round_config(cfg, 1), ep=None))
+    assert report_main(["--table", str(cfg.layout.root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| run | training reward r0..r1 | cut at max_tokens r0..r1 | mixed groups r0..r1 |")
+    row = out[2].split(" | ")
+    assert row[1:4] == ["0.125 / 0.875", "3/10 / 2/10", "1 / 1"], row  # b: 4 of 4 is no group with signal
+    assert row[4].startswith("0.167") and row[5].startswith("0.667") and row[6].startswith("**0.500")
+    detail = next(line for line in out if line.startswith("- run:"))
+    assert "pass@2 0.333 -> 1.000" in detail, detail
+    assert "successes per family: cat-note 1->3, grep-log 0->1" in detail, detail  # near-copies summed per family
+    assert capsys.readouterr().out == ""
+    assert report_main(["--table", str(tmp_path / "nothing")]) != 0
+    assert "nothing: not a run dir with rounds" in capsys.readouterr().err

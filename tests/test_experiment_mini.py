@@ -55,3 +55,19 @@ def test_mini_sft_trains_the_adapter_the_arms_start_from():
 def test_an_unknown_arm_is_refused():
     out = subprocess.run(["make", "-n", "experiment-mini", "ARM=dpo"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "use ARM=base, sft or sft-grpo" in out.stderr
+
+
+def test_a_second_seed_at_once_gives_its_demonstrations_its_own_proxy_port():
+    """Two seeds side by side: mini-sft's collect takes proxy.port from ARGS (the loop's engine
+    and endpoint ports are the loop's alone), so it never meets the other seed's proxy."""
+    args = "ARGS=engine.port=8120 endpoint.url=http://127.0.0.1:8120 proxy.port=8220"
+    cmds = wharf_commands("experiment-mini", "ARM=sft-grpo", "SEED=7", "MINI_EXPERT_PORT=8320", args)
+    collect, looped = cmds["collect"][0], cmds["loop"][0]
+    assert collect.proxy.port == looped.proxy.port == 8220 and collect.endpoint.url == "http://127.0.0.1:8320"
+    assert looped.engine.port == 8120 and looped.endpoint.url == "http://127.0.0.1:8120"
+
+
+def test_the_table_target_reads_the_design_s_runs():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "experiment-mini-table", "DESIGN=split"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "MAKEFLAGS": ""})
+    assert out.returncode == 0 and "report --table" in out.stdout, out.stderr
