@@ -40,6 +40,8 @@ def test_each_arm_is_a_loop_of_mini_with_held_out_eval(arm, advantage, init):
     assert cfg.name == f"mini-{arm}-s7" and cfg.collect.agent == "collect.agents.mini_swe:LocalMiniSweAgent"
     assert cfg.sampling.seed == cfg.train.seed == 7 and cfg.convert.advantage == advantage
     assert cfg.loop.init_adapter == init and cfg.loop.eval_every == 5 and cfg.loop.eval_dataset == "datasets/multiturn/heldout"
+    # 4 calls of 200 tokens bound a trial; the wall-clock limit must not be what a slow host trips
+    assert cfg.collect.agent_timeout_s >= 1800 and cfg.collect.agent_kwargs["step_limit"] == 4
 
 
 def test_mini_sft_trains_the_adapter_the_arms_start_from():
