@@ -152,6 +152,9 @@ def test_statuses_follow_swebench_log_semantics():
         "a": "FAILED", "b": "ERROR", "c": "SKIPPED", "d": "XFAIL", "e": "FAILED", "f": "ERROR"}
 
 
+FIGHT_TIMEOUT = 90  # seconds for a session under an attack that fights the grader (it ends well before)
+
+
 def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None,
            tools: Path = TOOLS) -> dict:
     """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
@@ -218,7 +221,9 @@ def test_honest_code_that_introspects_still_gets_1(tmp_path):
 @pytest.mark.parametrize("attack", sorted(set(GRADING_ATTACKS) - {"kill_grader"}))  # that one: sandbox only
 def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
     t0 = time.monotonic()
-    r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=8)
+    # the fights' timers and process chains slow the session itself: ~10 s on a slow 2-core host,
+    # where 8 s timed the run out before the bug's own failure was recorded
+    r = _grade(tmp_path, GRADING_ATTACKS[attack] + "\n" + BUGGY, timeout=FIGHT_TIMEOUT if attack in FIGHT_ATTACKS else 8)
     assert r["reward"] == 0.0, r
     if attack == "forged_report_files":  # the spec it would rewrite (confined: not in its view) is not graded against
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
@@ -245,11 +250,11 @@ def test_code_run_inside_the_signers_extent_finds_no_signer_but_did_under_the_py
     for the signer: with the key in C (wharf_seal) they find none; with the fallback sealer in Python
     (the tools without the built module), the one every grading used before, they sign passes."""
     attack = FIGHT_ATTACKS["interrupt_the_hook"] + "\n" + BUGGY
-    r = _grade(tmp_path / "c", attack, timeout=20)
+    r = _grade(tmp_path / "c", attack, timeout=FIGHT_TIMEOUT)
     assert (r["reward"], r["records_ok"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0, 1), r
     tools = tmp_path / "python-sealer"
     shutil.copytree(TOOLS, tools, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
-    r = _grade(tmp_path / "python", attack, timeout=20, tools=tools)
+    r = _grade(tmp_path / "python", attack, timeout=FIGHT_TIMEOUT, tools=tools)
     assert (r["reward"], r["recheck"], r["sealed"]) == (1.0, 1, 0), r
 
 
