@@ -58,14 +58,12 @@ def _report(args) -> int:
 
 
 def _compare(args) -> None:
-    runs, walls = {}, {}
+    runs = {}
     for item in args.compare:
         label, _, d = item.rpartition("=")
         label = label or Path(d).name
         runs[label] = gather(d)
         w = _mean_round_wall(runs[label])
-        if w is not None:
-            walls[label] = w
         rewards = " ".join("-" if r.mean_reward is None else f"{r.mean_reward:.3f}" for r in runs[label] if not r.partial)
         print(f"{label}: mean reward per round {rewards}" + (f"; {w / 60:.1f} min/round" if w else ""))
         for r in runs[label]:

@@ -13,11 +13,7 @@ from typing import Callable
 
 from wharf.layout import RunLayout
 
-from .data import RoundData, gather, read_json
-
-
-def _f(v, fmt: str = ".3f") -> str:
-    return "-" if v is None else format(v, fmt)
+from .data import RoundData, _f, gather, read_json
 
 
 def _iv(d: dict) -> str:
@@ -40,7 +36,8 @@ def run_row(label: str, rounds: list[RoundData]) -> str:
     done = [r for r in rounds if not r.partial]
     per_round = [" / ".join(fn(r) for r in done) for fn in (
         lambda r: _f(r.mean_reward), _cut, lambda r: _f(r.groups_with_signal, "d"))]
-    h = (last_heldout(rounds) or RoundData(-1)).heldout
+    last = last_heldout(rounds)
+    h = last.heldout if last else {}
     held = [_iv(h.get("base") or {}), _iv(h), f"**{_iv(h.get('diff') or {})}**"] if h else ["-", "-", "-"]
     return "| " + " | ".join([label, *per_round, *held]) + " |"
 
