@@ -248,3 +248,27 @@ def test_a_rank_without_files_adds_nothing_to_the_metrics(small_round):
     assert m["loss"] == 0 and m["loss_tokens"] == 0 and m["masked_rows"] == 0
     assert m["ratio_mean"] == m["entropy"] == m["clip_low"] == m["clip_high"] == m["mismatch_mean"] == 0
     assert m["grad_norm"] == 0
+
+
+@pytest.mark.parametrize("round_", [0, 1])
+def test_the_trainer_measures_its_update_as_the_loops_two_forward_measure_does(tmp_path, rows, round_):
+    """shift.json from the trainer's held log-probs of the sampling policy (prox: step 0's own, then
+    the recomputed ones of later steps) plus one forward, against train/shift.measure (two)."""
+    from train.model import base_model_dir
+    from train.shift import measure
+
+    if round_:  # round 1 starts from policy-v1: pi_prev is an adapter, not the base model
+        cfg0 = run_config(tmp_path, "train.lr=0.002")
+        write_round(convert_path(cfg0), rows[:2], ADV[:2], 1.0)
+        train_round(cfg0, progress=False)
+    cfg = run_config(tmp_path, f"round={round_}", "train.lr=0.002", "train.rows_per_step=2")
+    write_round(convert_path(cfg, round_), rows, ADV, 1.0)
+    assert train_round(cfg, progress=False).steps == 2
+    paths = train_dir(cfg, round_)
+    got = json.loads(paths.shift.read_text())
+    prev = train_dir(cfg, 0).adapter if round_ else None
+    want = measure(convert_path(cfg, round_), base_model_dir(cfg), paths.adapter, prev)
+    assert got["tokens"] == want["tokens"] > 0 and got["weight_delta"] == want["weight_delta"] > 0
+    for key in ("delta_mean", "delta_max", "kl"):
+        assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-5), key
+    assert got["delta_mean"] > 1e-3  # two steps at this lr move the log-probs: not 0 against 0

@@ -6,6 +6,11 @@ round 0: the base model), both computed here by the same model code, so d is the
 (no train/inference mismatch in it). Written to rounds/<k>/train/shift.json: mean and max |d|,
 the k3 estimate of KL(pi_prev || pi_new) (the tokens were sampled by pi_prev), and the largest
 change of any adapter weight. The loop's health check 'policy_moved' reads it; the report shows it.
+
+The trainer writes it itself at the end of a GRPO round (Trainer.shift_sums): it already holds
+log pi_prev of every loss token (the sampling policy's recomputed log-probs, `prox`), so one more
+forward gives d, where `measure` below (the loop's fallback: SFT rounds, train.mismatch=none, a
+round trained before this) loads the model again and runs two.
 """
 from __future__ import annotations
 
@@ -24,14 +29,35 @@ from wharf.model_store import cache_dir, load_model
 from .offpolicy import _logprobs, row_diffs
 
 
-def shift_stats(diffs: list[np.ndarray]) -> dict:
-    """Mean/max |d| and KL(pi_prev || pi_new) ~ mean(exp(d) - 1 - d) over all tokens (pure)."""
-    d = np.concatenate([np.asarray(x, np.float64).ravel() for x in diffs]) if diffs else np.zeros(0)
+def diff_sums(d) -> np.ndarray:
+    """[loss tokens, sum |d|, max |d|, sum of exp(d) - 1 - d] of log-prob differences d (pure): sums,
+    so that the parts of a round (micro-batches, processes) add up."""
+    d = np.asarray(d, np.float64).ravel()
     if not d.size:
-        return {"tokens": 0, "delta_mean": 0.0, "delta_max": 0.0, "kl": 0.0}
+        return np.zeros(4)
     dc = np.clip(d, -20, 20)
-    return {"tokens": int(d.size), "delta_mean": float(np.abs(d).mean()), "delta_max": float(np.abs(d).max()),
-            "kl": float((np.exp(dc) - 1 - dc).mean())}
+    return np.array([d.size, np.abs(d).sum(), np.abs(d).max(), (np.exp(dc) - 1 - dc).sum()])
+
+
+def stats_of_sums(s) -> dict:
+    """diff_sums' totals -> mean/max |d| and KL(pi_prev || pi_new) ~ mean(exp(d) - 1 - d) (pure)."""
+    n = int(s[0])
+    if not n:
+        return {"tokens": 0, "delta_mean": 0.0, "delta_max": 0.0, "kl": 0.0}
+    return {"tokens": n, "delta_mean": float(s[1] / n), "delta_max": float(s[2]), "kl": float(s[3] / n)}
+
+
+def add_sums(a, b) -> np.ndarray:
+    """Two parts' diff_sums as one (the max is a max)."""
+    out = np.asarray(a, np.float64) + np.asarray(b, np.float64)
+    out[2] = max(a[2], b[2])
+    return out
+
+
+def shift_stats(diffs: list[np.ndarray]) -> dict:
+    """Mean/max |d| and the k3 KL over all tokens of the rows' differences (pure)."""
+    d = np.concatenate([np.asarray(x, np.float64).ravel() for x in diffs]) if diffs else np.zeros(0)
+    return stats_of_sums(diff_sums(d))
 
 
 def weight_delta(new: dict, prev: dict | None) -> float:
@@ -51,7 +77,6 @@ def measure(convert_dir: Path, model_dir: Path, new: Path, prev: Path | None, cp
     """Log-probs of the round's micro-batches under `new` and `prev` (None: the base model);
     cpu_kernel: the linear layers on wharf/cpu_linear.c."""
     from peft import PeftModel
-    from safetensors.torch import load_file
 
     base, _ = load_model(model_dir, "cpu", "float32")
     if cpu_kernel:
@@ -73,11 +98,15 @@ def measure(convert_dir: Path, model_dir: Path, new: Path, prev: Path | None, cp
         diffs += row_diffs(lp_new, lp_prev, mb.completion_mask[:, 1:].numpy())
     del model, base
     gc.collect()
-    out = shift_stats(diffs)
-    weights = load_file(str(adapter_weights(new)))
+    return {**shift_stats(diffs), "weight_delta": adapter_delta(new, prev)}
+
+
+def adapter_delta(new: Path, prev: Path | None) -> float:
+    """weight_delta of two adapter dirs (prev None: a new adapter)."""
+    from safetensors.torch import load_file
+
     before = load_file(str(adapter_weights(prev))) if prev is not None else None
-    out["weight_delta"] = weight_delta(weights, before)
-    return out
+    return weight_delta(load_file(str(adapter_weights(new))), before)
 
 
 def write(out: Path, stats: dict) -> None:

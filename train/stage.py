@@ -19,6 +19,7 @@ from wharf.config import RunConfig, to_dict
 from wharf import storage
 from wharf.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, init_adapter_dir, policy_name
 
+from . import shift
 from .errors import TrainError
 from .loss import LossConfig
 from .model import save_adapter
@@ -153,12 +154,16 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
     setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg))
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
     summary = run_steps(setup, steps, paths, fingerprint, progress)
+    update = setup.trainer.shift_sums()  # every process: it reduces over them
     result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=storage.describe(paths.adapter),
                          steps=len(steps), skipped_steps=summary["skipped"], loss_tokens=index.loss_tokens,
                          mismatch_mean=summary.get("mismatch_mean"), mismatch_max=summary.get("mismatch_max"),
                          wall_s=round(summary["wall_s"], 1))
     if setup.acc.is_main_process:
         _save_final(setup, paths)
+        if update is not None:  # before result.json: a round with a result has its shift (or the loop measures it)
+            shift.write(paths.shift, {**shift.stats_of_sums(update),
+                                      "weight_delta": shift.adapter_delta(paths.adapter, init_adapter(cfg))})
         save_optimizer(setup, paths.optimizer, len(steps))
         result.write(paths.result)
         shutil.rmtree(paths.checkpoint, ignore_errors=True)

@@ -12,12 +12,14 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from wharf.batches import MicroBatch
 
 from .loss import LossConfig, StepNorm, grpo_loss, mismatch_stats, sft_loss
 from .plan import Step
+from .shift import add_sums, diff_sums
 
 
 def shifted(mb: MicroBatch) -> dict[str, torch.Tensor]:
@@ -75,6 +77,23 @@ class Trainer:
             if i not in self.prox:
                 mb = self.batches[i].to(self.acc.device)
                 self.prox[i] = self.logprobs(mb, grad=False)[0].detach()
+
+    def shift_sums(self) -> np.ndarray | None:
+        """shift.diff_sums of d = log pi_new - log pi_prev on every loss token of the round, all
+        processes together: pi_prev the prox this process holds for each of its files (the sampling
+        policy, before any update), pi_new the adapter now. None without prox (sft, mismatch=none)."""
+        if self.loss_cfg.objective == "sft" or self.loss_cfg.mismatch == "none":
+            return None
+        sums = diff_sums([])
+        for i in sorted(self.prox):
+            mb = self.batches[i].to(self.acc.device)
+            keep = mb.completion_mask[:, 1:] > 0
+            d = (self.logprobs(mb, grad=False)[0] - self.prox[i])[keep]
+            sums = add_sums(sums, diff_sums(d.double().cpu().numpy()))
+        vec = torch.tensor(sums, dtype=torch.float64, device=self.acc.device)
+        total = self.acc.reduce(vec.clone(), "sum")
+        total[2] = self.acc.gather(vec[2:3]).max()
+        return total.cpu().numpy()
 
     def step(self, step: Step, first: bool) -> dict:
         """One optimizer step; returns summed metrics (all processes) and whether it was skipped."""
