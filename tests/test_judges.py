@@ -219,14 +219,15 @@ def test_the_code_under_test_cannot_see_signal_or_outlive_the_grader(tmp_path):
     assert jail.end(run) is None
     assert _alive_with(marker) == [] and _alive_with(str(tmp_path / "chain.py")) == []
     # what it can see and signal: its own namespace only (init, sh, ls, grep); the grader's files read-only
+    # (its tools dir, not the checkout's root: a checkout under /tmp sits on the jail's own tmpfs there)
     probe = (f"ls /proc | grep -c '^[0-9]'; kill -STOP {os.getpid()} || echo no-signal; "
-             f"touch {tmp_path}/w && echo workdir-rw; touch {ROOT}/x 2>/dev/null || echo tools-ro; "
+             f"touch {tmp_path}/w && echo workdir-rw; touch {TOOLS}/x 2>/dev/null || echo tools-ro; "
              "unshare -U true 2>/dev/null || echo no-userns")
     run = jail.start(["sh", "-c", probe], str(tmp_path), sys.executable, stdout=sp.PIPE, stderr=sp.DEVNULL)
     out = run.proc.communicate(timeout=30)[0].decode().split("\n")
     assert jail.end(run) is None
     assert int(out[0]) <= 4 and out[1:5] == ["no-signal", "workdir-rw", "tools-ro", "no-userns"], out
-    assert os.path.exists(tmp_path / "w") and not os.path.exists(ROOT / "x")
+    assert os.path.exists(tmp_path / "w") and not os.path.exists(TOOLS / "x")
 
 
 def test_a_child_that_prints_gigabytes_costs_the_grader_no_memory(tmp_path):
