@@ -126,7 +126,7 @@ def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
 def _prox(setup: Setup, steps, start: int, paths) -> None:
     """Recompute (step 0) or reload (resume) the sampling policy's log-probs of this process's files."""
     tr, acc = setup.trainer, setup.acc
-    if tr.loss_cfg.mismatch == "none" or tr.loss_cfg.objective == "sft":
+    if not tr.keeps_prox:
         return
     if start > 0:
         tr.prox = {k: v.to(acc.device) for k, v in load_prox(_prox_path(setup, paths)).items()}

@@ -151,7 +151,8 @@ def _is_main() -> bool:
 
 def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult:
     steps = plan_steps(index, cfg.train.rows_per_step, cfg.train.tokens_per_step, cfg.train.epochs, cfg.train.seed)
-    setup = build(cfg, init_adapter(cfg), batches, loss_config(cfg))
+    start = init_adapter(cfg)
+    setup = build(cfg, start, batches, loss_config(cfg))
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
     summary = run_steps(setup, steps, paths, fingerprint, progress)
     update = setup.trainer.shift_sums()  # every process: it reduces over them
@@ -163,7 +164,7 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
         _save_final(setup, paths)
         if update is not None:  # before result.json: a round with a result has its shift (or the loop measures it)
             shift.write(paths.shift, {**shift.stats_of_sums(update),
-                                      "weight_delta": shift.adapter_delta(paths.adapter, init_adapter(cfg))})
+                                      "weight_delta": shift.adapter_delta(paths.adapter, start)})
         save_optimizer(setup, paths.optimizer, len(steps))
         result.write(paths.result)
         shutil.rmtree(paths.checkpoint, ignore_errors=True)

@@ -45,6 +45,12 @@ class Trainer:
         self.stochastic = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in peft_model.modules())
         self.params = [p for p in peft_model.parameters() if p.requires_grad]
 
+    @property
+    def keeps_prox(self) -> bool:
+        """Whether the round holds the sampling policy's recomputed log-probs (GRPO with a mismatch
+        correction): what the correction reads, and what the update's measurement starts from."""
+        return self.loss_cfg.objective != "sft" and self.loss_cfg.mismatch != "none"
+
     def logprobs(self, mb: MicroBatch, grad: bool, adapter: bool = True):
         module = self.policy if grad else self.acc.unwrap_model(self.policy)
         ctx = contextlib.ExitStack()
@@ -82,7 +88,7 @@ class Trainer:
         """shift.diff_sums of d = log pi_new - log pi_prev on every loss token of the round, all
         processes together: pi_prev the prox this process holds for each of its files (the sampling
         policy, before any update), pi_new the adapter now. None without prox (sft, mismatch=none)."""
-        if self.loss_cfg.objective == "sft" or self.loss_cfg.mismatch == "none":
+        if not self.keeps_prox:
             return None
         sums = diff_sums([])
         for i in sorted(self.prox):
