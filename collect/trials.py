@@ -124,6 +124,7 @@ _INFRA = {
     "EnvironmentStartTimeoutError", "AgentSetupTimeoutError", "HealthcheckError",
     "SandboxBuildFailedError", "NetworkConnectionError", "ApiConnectionClosedError",
     "ApiInternalServerError", "ApiOverloadedError", "ApiRateLimitError", "CancelledError",
+    "SandboxStartError",  # ours (collect/sandbox/ns.py): the bwrap sandbox's init never answered
 }
 _VERIFIER = {
     "VerifierTimeoutError", "RewardFileNotFoundError", "RewardFileEmptyError",

@@ -81,6 +81,7 @@ def result(rewards=None, exc=None):
     (result(None, ("RuntimeError", "model answered 400: maximum context length is 2048")), 3, "context_exceeded", None),
     (result(None, ("RewardFileNotFoundError", "no reward")), 0, "verifier_error", None),
     (result(None, ("EnvironmentStartTimeoutError", "slow")), 0, "infra_error", None),
+    (result(None, ("SandboxStartError", "the sandbox did not start")), 0, "infra_error", None),  # collect/sandbox/ns.py
     (result(None, ("RuntimeError", "endpoint said 502")), 2, "infra_error", None),
     (result(None, ("ValueError", "agent bug")), 0, "agent_error", None),
 ])

@@ -13,8 +13,10 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
+from collect.sandbox import ns
 from collect.sandbox.bwrap import BwrapEnvironment
 from collect.sandbox.process import SandboxTimeoutError
+from collect.trials import _INFRA
 
 from tests.conftest import needs_bwrap
 
@@ -284,6 +286,25 @@ def test_verification_gets_a_clean_copy_plus_the_agents_change(tmp_path):
     report = json.loads((tmp_path / "trial" / "verifier" / "agent_change.json").read_text())
     assert report["changed"] == ["calc.py"]
     assert set(report["set_aside"]) == {"conftest.py", "test_calc.py", "sub/x.pth", "pytest.py", "link"}
+
+
+def test_a_sandbox_whose_init_does_not_answer_is_an_infra_failure_and_leaves_nothing(tmp_path, monkeypatch):
+    """A host too busy to start the sandbox in time (here: no time at all) is not the agent's failure."""
+    monkeypatch.setattr(ns, "START_TIMEOUT_S", 0.001)
+    env = make_env(tmp_path)
+
+    async def go():
+        try:
+            with pytest.raises(ns.SandboxStartError, match="no answer from its init"):
+                await env.start(force_build=False)
+            sb = env._sandbox
+            assert sb.init_pid is None and sb._proc.returncode is not None  # bwrap and its init are gone
+        finally:
+            await env.stop(delete=True)
+
+    run(go())
+    # classified by its name, as harbor records it (tests/test_collect_plan.py: an infra_error)
+    assert ns.SandboxStartError.__name__ in _INFRA
 
 
 def test_missing_bwrap_is_a_clear_error(tmp_path, monkeypatch):

@@ -36,6 +36,14 @@ INIT_SOURCE = (Path(__file__).parent / "init.py").read_text()
 # Host top-level dirs that make a system: bound read-only when they exist.
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt")
 _NS = ("user", "mnt", "pid", "net", "ipc", "uts")
+# How long the init may take to answer. A bwrap that dies answers at once (EOF); this bounds a hang
+# only, so it is generous: a Ray worker runs niced (15) and, on a busy 2-core host, its sandbox took
+# over 30 s to start. harbor's own environment start timeout still bounds the whole start.
+START_TIMEOUT_S = 300.0
+
+
+class SandboxStartError(RuntimeError):
+    """The sandbox's init never answered: the host's failure, not the agent's (an infra_error)."""
 # In the sandbox: no capability now or after any execve, no setuid gains.
 _DROP = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
 _CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
@@ -164,14 +172,15 @@ class Sandbox:
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         os.close(w)
         try:
-            info = await asyncio.wait_for(asyncio.to_thread(_read_all, r), timeout=30)
-            ready = await asyncio.wait_for(self._proc.stdout.readline(), timeout=30)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                info = await asyncio.to_thread(_read_all, r)
+                ready = await self._proc.stdout.readline()
+        except TimeoutError:
             info, ready = b"", b""
         if not info or ready.strip() != b"ready":
             err = (await self._proc.stderr.read()).decode(errors="replace") if self._proc.returncode is not None else ""
             await self.stop()
-            raise RuntimeError(f"the sandbox did not start: {err.strip() or 'no answer from its init'}")
+            raise SandboxStartError(f"the sandbox did not start: {err.strip() or f'no answer from its init in {START_TIMEOUT_S:.0f} s'}")
         self.init_pid = json.loads(info)["child-pid"]
         for ns in _NS:
             self._fds[ns] = os.open(f"/proc/{self.init_pid}/ns/{ns}", os.O_RDONLY)
