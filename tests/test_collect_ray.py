@@ -84,7 +84,8 @@ def _by_key(rnd: dict) -> dict:
     for r in rnd["rollouts"]:
         mine = sorted(turns.get(r["rollout_id"], []), key=lambda t: t["turn"])
         # every acknowledged call of a recorded rollout is there, once
-        assert [t["turn"] for t in mine] == list(range(r["n_turns"])) and r["n_turns"] > 0
+        why = f"{r['task_id']}.{r['attempt']}: {r['status']} ({r['error']})"  # what the trial met, when it fails
+        assert [t["turn"] for t in mine] == list(range(r["n_turns"])) and r["n_turns"] > 0, why
         assert r["group_id"] == f"{r['job_id'][:8]}.{r['task_id']}"
         key = (r["task_id"], r["attempt"])
         assert key not in out, f"{key} recorded twice"
@@ -163,7 +164,9 @@ def test_an_eval_on_the_cluster_in_s3_reaches_the_bucket_from_every_node(rounds)
 def test_nodes_that_see_no_dataset_run_the_tasks_the_driver_ships(rounds):
     """The workers' datasets/ is an empty mount: every trial above ran from a shipped task dir."""
     assert rounds["held"]["datasets"] == []
-    assert all(r["status"] == "ok" for name in ("ray", "s3", "kill") for r in rounds[name]["rollouts"])
+    failed = [(name, r["task_id"], r["status"], r["error"]) for name in ("ray", "s3", "kill")
+              for r in rounds[name]["rollouts"] if r["status"] != "ok"]
+    assert failed == []
 
 
 @pytest.mark.slow
