@@ -256,7 +256,8 @@ def gather(run_dir: str | Path) -> list[RoundData]:
     return [gather_round(layout, k) for k in layout.rounds()]
 
 
-def _f(v, fmt: str = ".3f") -> str:
+def figure(v, fmt: str = ".3f") -> str:
+    """`v` formatted, or "-" where the figure is missing."""
     return "-" if v is None else format(v, fmt)
 
 
@@ -267,14 +268,14 @@ def round_line(rd: RoundData) -> str:
     breaks = rd.prefix_breaks / rd.call_pairs if rd.prefix_breaks is not None and rd.call_pairs else None
     repeats = rd.repeated_answers / rd.used_calls if rd.repeated_answers is not None and rd.used_calls else None
     cut = rd.cut_answers / rd.used_calls if rd.cut_answers is not None and rd.used_calls else None
-    return (f"round {rd.k} ({rd.policy}): mean reward {_f(rd.mean_reward)}, success {_f(rd.success_rate)}, "
-            f"calls/rollout {_f(calls, '.2f')}, rows/rollout {_f(rd.rows_per_rollout, '.2f')}, "
-            f"prefix breaks {_f(rd.prefix_breaks, 'd')}/{_f(rd.call_pairs, 'd')} pairs ({_f(breaks, '.0%')}), "
-            f"repeated answers {_f(rd.repeated_answers, 'd')}/{_f(rd.used_calls, 'd')} calls ({_f(repeats, '.0%')}), "
-            f"cut at max_tokens {_f(rd.cut_answers, 'd')}/{_f(rd.used_calls, 'd')} ({_f(cut, '.0%')}), "
-            f"trainable tokens {_f(rd.trainable_tokens, 'd')}, |delta log-prob| {_f(rd.shift.get('delta_mean'), '.3g')}, "
-            f"KL to previous {_f(rd.shift.get('kl'), '.3g')}, "
-            f"successes in >= 2 calls {_f(rd.multi_call_successes, 'd')}/{_f(rd.successes, 'd')}"
+    return (f"round {rd.k} ({rd.policy}): mean reward {figure(rd.mean_reward)}, success {figure(rd.success_rate)}, "
+            f"calls/rollout {figure(calls, '.2f')}, rows/rollout {figure(rd.rows_per_rollout, '.2f')}, "
+            f"prefix breaks {figure(rd.prefix_breaks, 'd')}/{figure(rd.call_pairs, 'd')} pairs ({figure(breaks, '.0%')}), "
+            f"repeated answers {figure(rd.repeated_answers, 'd')}/{figure(rd.used_calls, 'd')} calls ({figure(repeats, '.0%')}), "
+            f"cut at max_tokens {figure(rd.cut_answers, 'd')}/{figure(rd.used_calls, 'd')} ({figure(cut, '.0%')}), "
+            f"trainable tokens {figure(rd.trainable_tokens, 'd')}, |delta log-prob| {figure(rd.shift.get('delta_mean'), '.3g')}, "
+            f"KL to previous {figure(rd.shift.get('kl'), '.3g')}, "
+            f"successes in >= 2 calls {figure(rd.multi_call_successes, 'd')}/{figure(rd.successes, 'd')}"
             + overlap_text(rd.overlap) + heldout_text(rd.heldout))
 
 
@@ -285,9 +286,9 @@ def overlap_text(o: dict) -> str:
     if not o:
         return ""
     capped = f" ({o['is_capped']:.0%} capped)" if _num(o.get("is_capped")) else ""
-    return (f"; lag {o['lag']}, |log-ratio| {_f(o.get('mismatch'))}, importance weight "
-            f"{_f(o.get('is_weight_mean'))}{capped}, waited: collect "
-            f"{_f(o.get('collect_waited_s'), '.0f')} s, train {_f(o.get('train_waited_s'), '.0f')} s")
+    return (f"; lag {o['lag']}, |log-ratio| {figure(o.get('mismatch'))}, importance weight "
+            f"{figure(o.get('is_weight_mean'))}{capped}, waited: collect "
+            f"{figure(o.get('collect_waited_s'), '.0f')} s, train {figure(o.get('train_waited_s'), '.0f')} s")
 
 
 def heldout_text(h: dict) -> str:
@@ -296,7 +297,7 @@ def heldout_text(h: dict) -> str:
         return ""
     def iv(d: dict) -> str:
         ok = _num(d.get("low")) and _num(d.get("high"))
-        return f"{_f(d.get('mean'))}" + (f" [{_f(d['low'])}, {_f(d['high'])}]" if ok else "")
+        return f"{figure(d.get('mean'))}" + (f" [{figure(d['low'])}, {figure(d['high'])}]" if ok else "")
     start = "base" if h.get("start", "base") == "base" else "policy-v0"  # a warm start's init adapter
     return (f"; held-out ({h.get('policy')}): {iv(h)}, {start} {iv(h.get('base') or {})}, "
             f"difference {iv(h.get('diff') or {})}")

@@ -13,12 +13,12 @@ from typing import Callable
 
 from wharf.layout import RunLayout
 
-from .data import RoundData, _f, gather, read_json
+from .data import RoundData, figure, gather, read_json
 
 
 def _iv(d: dict) -> str:
     low, high = d.get("low"), d.get("high")
-    return _f(d.get("mean")) + ("" if low is None or high is None else f" [{low:.2f}, {high:.2f}]")
+    return figure(d.get("mean")) + ("" if low is None or high is None else f" [{low:.2f}, {high:.2f}]")
 
 
 def _cut(r: RoundData) -> str:
@@ -35,7 +35,7 @@ def run_row(label: str, rounds: list[RoundData]) -> str:
     """The run's markdown row (pure): per round, then its last held-out evaluation."""
     done = [r for r in rounds if not r.partial]
     per_round = [" / ".join(fn(r) for r in done) for fn in (
-        lambda r: _f(r.mean_reward), _cut, lambda r: _f(r.groups_with_signal, "d"))]
+        lambda r: figure(r.mean_reward), _cut, lambda r: figure(r.groups_with_signal, "d"))]
     last = last_heldout(rounds)
     h = last.heldout if last else {}
     held = [_iv(h.get("base") or {}), _iv(h), f"**{_iv(h.get('diff') or {})}**"] if h else ["-", "-", "-"]
@@ -68,7 +68,7 @@ def detail_line(label: str, summary: dict, start: str, newest_spec_tail: str, fa
     k = str(summary.get("attempts"))
     fa, fb = by_family(ref.get("successes", {}), families), by_family(new.get("successes", {}), families)
     kinds = ", ".join(f"{f} {fa[f][0]}->{fb.get(f, [0])[0]}" for f in sorted(fa))
-    return f"{label}: pass@{k} {_f(ref['pass_at'].get(k))} -> {_f(new['pass_at'].get(k))}; successes per family: {kinds}"
+    return f"{label}: pass@{k} {figure(ref['pass_at'].get(k))} -> {figure(new['pass_at'].get(k))}; successes per family: {kinds}"
 
 
 def health_text(rounds: list[RoundData]) -> str:
