@@ -124,8 +124,10 @@ def health_inputs(rnd) -> tuple[str, ...]:
 def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
     """Round cfg.round's health checks (pipeline/health.py), written to rounds/<k>/health.json.
     With an endpoint, `replicas_serve` asks every replica what it serves now."""
-    rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    storage.pull(rnd.root, health_inputs(rnd))
+    layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    rnd = layout.round(cfg.round)
+    for k in {0, cfg.round}:  # round 0: the reference of answers_ended and agents_in_time
+        storage.pull(layout.round(k).root, health_inputs(layout.round(k)))
     allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
     live = None
     if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):

@@ -29,12 +29,14 @@ OK_SHIFT = {"tokens": 120, "delta_mean": 0.05, "delta_max": 0.4, "kl": 0.002, "w
 def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_policy: str | None = None,
                 turn_status: str = "ok", trainable: int = 500, left_out: dict | None = None,
                 mismatch: float = 1e-5, shift: dict | None = OK_SHIFT, masked: int = 0,
-                grad_norms: tuple[float, ...] = (0.4, 1.2), cut: int = 0) -> None:
+                grad_norms: tuple[float, ...] = (0.4, 1.2), cut: int = 0, timeouts: int = 0) -> None:
     """A finished round: 4 attempts per task, rewards[task] of them successful; the first `cut`
-    of its 2 answers a rollout ran to max_tokens."""
+    of its 2 answers a rollout ran to max_tokens; its first `timeouts` failed rollouts ran out of time."""
     rows = _rollouts(rnd.k, rewards)
     for r in rows:
         r["policy"] = policy
+    for r in [r for r in rows if r["reward"] == 0.0][:timeouts]:
+        r["status"], r["error"] = "agent_timeout", "AgentTimeoutError: Agent execution timed out after 600.0 seconds"
     schema.write_table(rnd.collect.rollouts, "rollouts", rows)
     turns = [{"rollout_id": r["rollout_id"], "turn": t, "request_id": f"{r['rollout_id']}-{t}", "api": "chat",
               "policy": turn_policy or policy, "started_at": NOW, "ended_at": NOW, "request": "{}",
@@ -78,10 +80,10 @@ def test_a_healthy_round_passes_and_is_written(tmp_path):
     write_round(rnd, "policy-v1", {"a": 1, "b": 3})
     checks = check_round(rnd, "policy-v1", HealthConfig())
     assert [c.name for c in checks] == ["policy_served", "trainable_tokens", "policy_moved", "steps_stable", "bad_share",
-                                        "answers_ended", "replicas_serve"]
+                                        "answers_ended", "agents_in_time", "replicas_serve"]
     assert failed(checks) == {}
     enforce(checks)
-    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 7
+    assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 8
 
 
 def test_answers_running_to_max_tokens_fire_answers_ended(tmp_path):
@@ -103,6 +105,28 @@ def test_answers_running_to_max_tokens_fire_answers_ended(tmp_path):
     write_round(alone, "policy-v2", {"a": 1, "b": 3}, cut=12)
     check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == "answers_ended")
     assert check.ok and check.seen == "12 of 16 answers cut (75%); no round 0 to compare with"
+
+
+def test_agents_running_out_of_time_fire_agents_in_time(tmp_path):
+    """Round 0: 1 of 8 rollouts ran out of time; round 2: 4 of 8 (a slower host, or a policy that
+    learned endless commands), and convert would train them as the policy's failures."""
+    layout = RunLayout(tmp_path / "run")
+    write_round(layout.round(0), "policy-v0", {"a": 1, "b": 3}, timeouts=1)
+    assert failed(check_round(layout.round(0), "policy-v0", HealthConfig())) == {}
+    write_round(layout.round(1), "policy-v1", {"a": 1, "b": 3}, timeouts=3)  # 12.5% -> 37.5%: within 30 points
+    assert failed(check_round(layout.round(1), "policy-v1", HealthConfig())) == {}
+    write_round(layout.round(2), "policy-v2", {"a": 0, "b": 3}, timeouts=4)
+    bad = failed(check_round(layout.round(2), "policy-v2", HealthConfig()))
+    assert list(bad) == ["agents_in_time"]
+    assert bad["agents_in_time"].seen.startswith("4 of 8 rollouts ran out of time (50%), round 0: 1 of 8 (12%)")
+    assert bad["agents_in_time"].file == str(layout.round(2).collect.rollouts)
+    assert "loop.health.max_timeout_rise=1" in bad["agents_in_time"].message()
+    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_timeout_rise=0.4))) == {}
+    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_timeout_rise=1))) == {}
+    alone = RunLayout(tmp_path / "resumed").round(2)  # no round 0 on this disk: nothing to compare with
+    write_round(alone, "policy-v2", {"a": 0, "b": 3}, timeouts=4)
+    check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == "agents_in_time")
+    assert check.ok and check.seen == "4 of 8 rollouts ran out of time (50%); no round 0 to compare with"
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):

@@ -37,6 +37,10 @@ class HealthConfig:
     # limit, and convert.length_completions=mask leaves those untrained, so nothing pulls it
     # back; 1: off.
     max_cut_rise: Fraction = 0.3
+    # The share of the round's rollouts that ran out of time (agent_timeout) rose at most this much
+    # over round 0's: a host grown slower, or a policy that learned long or endless commands; both
+    # train as the policy's failures; 1: off.
+    max_timeout_rise: Fraction = 0.3
     # Every replica the proxy routes to (endpoint.url, proxy.upstreams) took the round's new
     # policy when it was published (one that refused gets none of its calls); false: off.
     all_replicas_serve: bool = True
