@@ -86,47 +86,34 @@ def test_a_healthy_round_passes_and_is_written(tmp_path):
     assert [c["ok"] for c in json.loads(rnd.health.read_text())] == [True] * 8
 
 
-def test_answers_running_to_max_tokens_fire_answers_ended(tmp_path):
-    """Round 0 cut 2 of 16 answers at max_tokens; round 2's policy no longer ends them: 12 of 16."""
-    layout = RunLayout(tmp_path / "run")
-    write_round(layout.round(0), "policy-v0", {"a": 1, "b": 3}, cut=2)
-    assert failed(check_round(layout.round(0), "policy-v0", HealthConfig())) == {}
-    write_round(layout.round(1), "policy-v1", {"a": 1, "b": 3}, cut=6)  # 12.5% -> 37.5%: within 30 points
-    assert failed(check_round(layout.round(1), "policy-v1", HealthConfig())) == {}
-    write_round(layout.round(2), "policy-v2", {"a": 1, "b": 3}, cut=12)
-    bad = failed(check_round(layout.round(2), "policy-v2", HealthConfig()))
-    assert list(bad) == ["answers_ended"]
-    assert bad["answers_ended"].seen.startswith("12 of 16 answers cut (75%), round 0: 2 of 16 (12%)")
-    assert bad["answers_ended"].file == str(layout.round(2).collect.turns)
-    assert "loop.health.max_cut_rise=1" in bad["answers_ended"].message()
-    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=0.7))) == {}
-    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_cut_rise=1))) == {}
-    alone = RunLayout(tmp_path / "resumed").round(2)  # no round 0 on this disk: nothing to compare with
-    write_round(alone, "policy-v2", {"a": 1, "b": 3}, cut=12)
-    check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == "answers_ended")
-    assert check.ok and check.seen == "12 of 16 answers cut (75%); no round 0 to compare with"
+# A share that rose over round 0's: (check, write_round's knob for rounds 0, 1, 2, the config key
+# and a value it passes at, what the check saw in round 2, the file it read).
+RISES = [
+    # the policy no longer ends its answers: 2 of 16 cut at max_tokens in round 0, 12 of 16 in round 2
+    ("answers_ended", "cut", (2, 6, 12), "max_cut_rise", 0.7, "12 of 16 answers cut (75%)", "round 0: 2 of 16 (12%)",
+     lambda rnd: rnd.collect.turns),
+    # agents run out of time (a slower host, or a policy that learned endless commands): 1 of 8, then 4 of 8
+    ("agents_in_time", "timeouts", (1, 3, 4), "max_timeout_rise", 0.4, "4 of 8 rollouts ran out of time (50%)",
+     "round 0: 1 of 8 (12%)", lambda rnd: rnd.collect.rollouts),
+]
 
 
-def test_agents_running_out_of_time_fire_agents_in_time(tmp_path):
-    """Round 0: 1 of 8 rollouts ran out of time; round 2: 4 of 8 (a slower host, or a policy that
-    learned endless commands), and convert would train them as the policy's failures."""
+@pytest.mark.parametrize("name, knob, counts, key, passes, seen, seen0, file", RISES, ids=[r[0] for r in RISES])
+def test_a_share_rising_over_round_0s_fires_its_check(tmp_path, name, knob, counts, key, passes, seen, seen0, file):
     layout = RunLayout(tmp_path / "run")
-    write_round(layout.round(0), "policy-v0", {"a": 1, "b": 3}, timeouts=1)
-    assert failed(check_round(layout.round(0), "policy-v0", HealthConfig())) == {}
-    write_round(layout.round(1), "policy-v1", {"a": 1, "b": 3}, timeouts=3)  # 12.5% -> 37.5%: within 30 points
-    assert failed(check_round(layout.round(1), "policy-v1", HealthConfig())) == {}
-    write_round(layout.round(2), "policy-v2", {"a": 0, "b": 3}, timeouts=4)
-    bad = failed(check_round(layout.round(2), "policy-v2", HealthConfig()))
-    assert list(bad) == ["agents_in_time"]
-    assert bad["agents_in_time"].seen.startswith("4 of 8 rollouts ran out of time (50%), round 0: 1 of 8 (12%)")
-    assert bad["agents_in_time"].file == str(layout.round(2).collect.rollouts)
-    assert "loop.health.max_timeout_rise=1" in bad["agents_in_time"].message()
-    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_timeout_rise=0.4))) == {}
-    assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(max_timeout_rise=1))) == {}
+    for k, n in enumerate(counts):  # round 1 within 30 points of round 0 (12.5% -> 37.5%)
+        write_round(layout.round(k), f"policy-v{k}", {"a": 0 if k == 2 else 1, "b": 3}, **{knob: n})
+        bad = failed(check_round(layout.round(k), f"policy-v{k}", HealthConfig()))
+        assert list(bad) == ([name] if k == 2 else []), k
+    assert bad[name].seen.startswith(f"{seen}, {seen0}")
+    assert bad[name].file == str(file(layout.round(2)))
+    assert f"loop.health.{key}=1" in bad[name].message()
+    for value in (passes, 1):
+        assert failed(check_round(layout.round(2), "policy-v2", HealthConfig(**{key: value}))) == {}
     alone = RunLayout(tmp_path / "resumed").round(2)  # no round 0 on this disk: nothing to compare with
-    write_round(alone, "policy-v2", {"a": 0, "b": 3}, timeouts=4)
-    check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == "agents_in_time")
-    assert check.ok and check.seen == "4 of 8 rollouts ran out of time (50%); no round 0 to compare with"
+    write_round(alone, "policy-v2", {"a": 0, "b": 3}, **{knob: counts[2]})
+    check = next(c for c in check_round(alone, "policy-v2", HealthConfig()) if c.name == name)
+    assert check.ok and check.seen == f"{seen}; no round 0 to compare with"
 
 
 def test_adapter_not_loaded_fires_policy_served(tmp_path):
