@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wharf.config import HealthConfig
+from wharf.layout import policy_name
 
 
 @dataclass(frozen=True)
