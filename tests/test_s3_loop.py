@@ -23,7 +23,7 @@ import pytest
 from conftest import REPO, free_port, kill_when
 from collect.proxy.forward import call_seed
 from collect.tasksets import PlannedRollout, discover, rollout_seed
-from pipeline.health import CHECKS
+from pipeline.health_checks import CHECKS
 from testing.vllm_stub import StubServer
 from wharf import schema, storage
 from wharf.config import load_config
