@@ -160,41 +160,39 @@ def check_replicas(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
                        f.files.get("published", "?"), "loop.health.all_replicas_serve=false")
 
 
-def check_cut(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
-    expected = f"the share of answers cut at sampling.max_tokens at most {cfg.max_cut_rise:.0%} above round 0's"
-    (cut, n), start = f.cut, f.start_cut
-    share = cut / n if n else 0.0
-    seen = f"{cut} of {n} answers cut ({share:.0%})"
+def _rise(name: str, f: RoundFacts, cfg: HealthConfig, key: str, now: tuple[int, int],
+          start: tuple[int, int] | None, what: str, counted: str, fact: str, why: str) -> HealthCheck:
+    """Check `name`: the share `now` (count, total) of round k rose at most cfg.<key> over round
+    0's `start` (None: not found); `why` says what a failure means."""
+    limit = getattr(cfg, key)
+    (count, n) = now
+    share = count / n if n else 0.0
+    seen = f"{count} of {n} {counted} ({share:.0%})"
     ok = True
     if start is None or not start[1]:
         seen += "; round 0 is the reference" if f.k == 0 else "; no round 0 to compare with"
     else:
         share0 = start[0] / start[1]
         seen += f", round 0: {start[0]} of {start[1]} ({share0:.0%})"
-        ok = cfg.max_cut_rise >= 1 or share - share0 <= cfg.max_cut_rise
+        ok = limit >= 1 or share - share0 <= limit
         if not ok:
-            seen += (": the policy stopped ending its answers (with convert.length_completions=mask, the "
-                     "default, nothing trains it back; keep trains them as failures)")
-    return HealthCheck("answers_ended", f.k, ok, expected, seen, f.files.get("turns", "?"),
-                       "loop.health.max_cut_rise=1")
+            seen += f": {why}"
+    return HealthCheck(name, f.k, ok, f"the share of {what} at most {limit:.0%} above round 0's", seen,
+                       f.files.get(fact, "?"), f"loop.health.{key}=1")
+
+
+def check_cut(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
+    return _rise("answers_ended", f, cfg, "max_cut_rise", f.cut, f.start_cut, "answers cut at sampling.max_tokens",
+                 "answers cut", "turns", "the policy stopped ending its answers (with convert.length_completions=mask, "
+                 "the default, nothing trains it back; keep trains them as failures)")
 
 
 def check_timeouts(f: RoundFacts, cfg: HealthConfig) -> HealthCheck:
-    expected = f"the share of rollouts that ran out of time at most {cfg.max_timeout_rise:.0%} above round 0's"
-    (late, n), start = f.timeouts, f.start_timeouts
-    seen = f"{late} of {n} rollouts ran out of time ({late / n if n else 0.0:.0%})"
-    ok = True
-    if start is None or not start[1]:
-        seen += "; round 0 is the reference" if f.k == 0 else "; no round 0 to compare with"
-    else:
-        seen += f", round 0: {start[0]} of {start[1]} ({start[0] / start[1]:.0%})"
-        ok = cfg.max_timeout_rise >= 1 or (late / n if n else 0.0) - start[0] / start[1] <= cfg.max_timeout_rise
-        if not ok:  # either way the round trains them as the policy's failures
-            seen += (": the host got slower than in round 0 (its slowness trains as the policy's failure), "
-                     "or the policy learned to run past the limit (long or endless commands): see the "
-                     "trials' agent logs")
-    return HealthCheck("agents_in_time", f.k, ok, expected, seen, f.files.get("rollouts", "?"),
-                       "loop.health.max_timeout_rise=1")
+    # either way the round trains them as the policy's failures
+    return _rise("agents_in_time", f, cfg, "max_timeout_rise", f.timeouts, f.start_timeouts,
+                 "rollouts that ran out of time", "rollouts ran out of time", "rollouts",
+                 "the host got slower than in round 0 (its slowness trains as the policy's failure), or the "
+                 "policy learned to run past the limit (long or endless commands): see the trials' agent logs")
 
 
 CHECKS = (check_served, check_trainable, check_shift, check_steps, check_bad_share, check_cut, check_timeouts,
