@@ -40,13 +40,13 @@ _NS = ("user", "mnt", "pid", "net", "ipc", "uts")
 # only, so it is generous: a Ray worker runs niced (15) and, on a busy 2-core host, its sandbox took
 # over 30 s to start. harbor's own environment start timeout still bounds the whole start.
 START_TIMEOUT_S = 300.0
+# In the sandbox: no capability now or after any execve, no setuid gains.
+_DROP = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
+_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 
 
 class SandboxStartError(RuntimeError):
     """The sandbox's init never answered: the host's failure, not the agent's (an infra_error)."""
-# In the sandbox: no capability now or after any execve, no setuid gains.
-_DROP = ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
-_CGROUP_ROOTS = ("/sys/fs/cgroup/pids", "/sys/fs/cgroup")
 
 
 @dataclass
