@@ -7,6 +7,7 @@ from harbor.models.verifier.result import VerifierResult
 
 from wharf.config import CollectConfig
 from collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
+from collect.sandbox.ns import SandboxStartError
 from collect.trials import RolloutRoute, TrialSetupError, classify, preflight, primary_reward, trial_config
 
 
@@ -81,7 +82,7 @@ def result(rewards=None, exc=None):
     (result(None, ("RuntimeError", "model answered 400: maximum context length is 2048")), 3, "context_exceeded", None),
     (result(None, ("RewardFileNotFoundError", "no reward")), 0, "verifier_error", None),
     (result(None, ("EnvironmentStartTimeoutError", "slow")), 0, "infra_error", None),
-    (result(None, ("SandboxStartError", "the sandbox did not start")), 0, "infra_error", None),  # collect/sandbox/ns.py
+    (result(None, (SandboxStartError.__name__, "the sandbox did not start")), 0, "infra_error", None),  # as harbor records it
     (result(None, ("RuntimeError", "endpoint said 502")), 2, "infra_error", None),
     (result(None, ("ValueError", "agent bug")), 0, "agent_error", None),
 ])

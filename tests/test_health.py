@@ -182,14 +182,20 @@ def test_policy_that_did_not_move_fires(tmp_path):
     assert failed(check_round(rnd, "policy-v1", HealthConfig()))["policy_moved"].seen == "no shift measured"
 
 
-def test_corrupt_turns_shard_is_one_line_naming_it(tmp_path):
-    rnd = RunLayout(tmp_path / "run").round(1)
+@pytest.mark.parametrize("which", ["turns", "rollouts", "round 0's rollouts"])
+def test_a_corrupt_table_is_one_line_naming_it(tmp_path, which):
+    """A cut shard of turns, or a cut rollouts table (round 1's, or round 0's that the checks
+    comparing with it read): an error naming the file, not a check that passes on nothing."""
+    run = RunLayout(tmp_path / "run")
+    write_round(run.round(0), "policy-v0", {"a": 1, "b": 3})
+    rnd = run.round(1)
     write_round(rnd, "policy-v1", {"a": 1, "b": 3})
-    shard = rnd.collect.turns / "part-00000.parquet"
-    shard.write_bytes(shard.read_bytes()[:200])  # cut short, as by a full disk
+    bad = {"turns": rnd.collect.turns / "part-00000.parquet", "rollouts": rnd.collect.rollouts,
+           "round 0's rollouts": run.round(0).collect.rollouts}[which]
+    bad.write_bytes(bad.read_bytes()[:200])  # cut short, as by a full disk
     with pytest.raises(schema.SchemaError) as e:
         check_round(rnd, "policy-v1", HealthConfig())
-    assert str(shard) in str(e.value) and "not a readable parquet file" in str(e.value) and "\n" not in str(e.value)
+    assert str(bad) in str(e.value) and "not a readable parquet file" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_health_config_is_validated():
