@@ -70,9 +70,11 @@ def measurement(peft, mb, keep: bool) -> None:
             token_logprobs(causal, mb.input_ids, mb.attention_mask, mb.position_ids, mb.temperatures, 1024, mask)
 
 
-def row_args(prog: str, description: str, argv: list[str] | None) -> argparse.Namespace:
-    """The row options this bench and bench.train_kernel share."""
+def row_args(prog: str, description: str, argv: list[str] | None, *flags: str) -> argparse.Namespace:
+    """The row options this bench and bench.train_kernel share, and `flags` (store_true, no help)."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
+    for flag in flags:
+        ap.add_argument(flag, action="store_true")
     ap.add_argument("--prompt", type=int, default=960, help="prompt and observation tokens of a synthetic row")
     ap.add_argument("--completion", type=int, default=140, help="loss tokens of a synthetic row")
     ap.add_argument("--rows", type=int, default=4, help="synthetic rows (one micro-batch each)")

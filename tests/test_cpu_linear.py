@@ -1,8 +1,9 @@
 """wharf/cpu_linear: the C kernel gives torch's linear and its input gradient to float rounding,
 for every row count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; layers
 take it for fp32 inference (reading swapped weights) and, under autograd, only where the weight and
-bias are frozen (LoRA's base), with gradients equal to torch's; without a compiler the model runs
-as it was."""
+bias are frozen (LoRA's base), with gradients equal to torch's, at the row counts where it was
+timed faster on this machine (wharf/cpu_routes.py, timed once and kept); without a compiler the
+model runs as it was."""
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,8 @@ import shutil
 import pytest
 import torch
 
-from wharf import cpu_linear
+from wharf import cpu_linear, cpu_routes
+from wharf.cpu_routes import Routes
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler")
@@ -70,7 +72,7 @@ def model() -> torch.nn.Module:
 @pytest.mark.skipif(" avx2 " not in cpu_flags(), reason="no AVX2")
 def test_installed_layers_take_inference_only_and_read_swapped_weights(tmp_path, monkeypatch):
     m, ref = model(), model()
-    k = cpu_linear.install(m, tmp_path)
+    k = cpu_linear.install(m, tmp_path, routes=Routes.everywhere())
     assert k is not None
     calls = []
     real = k.linear
@@ -98,7 +100,7 @@ def test_frozen_layers_train_on_the_kernel_with_torchs_gradients(tmp_path, monke
         net[2].requires_grad_(False)
         net.insert(1, torch.nn.Linear(96, 96))  # trainable
     ref[1].load_state_dict(m[1].state_dict())
-    k = cpu_linear.install(m, tmp_path)
+    k = cpu_linear.install(m, tmp_path, routes=Routes.everywhere())
     fwd, bwd = [], []
     real_fwd, real_bwd = k.linear, k.linear_dx
     monkeypatch.setattr(k, "linear", lambda x, *a: fwd.append(x.shape[0]) or real_fwd(x, *a))
@@ -142,3 +144,42 @@ def test_without_a_compiler_the_model_runs_as_it_was(tmp_path, monkeypatch, capl
         assert cpu_linear.install(m, tmp_path / "cache") is None
     assert "linear layers run on torch's matmul" in caplog.text and "no-such-cc" in caplog.text
     assert [l.forward for l in m if isinstance(l, torch.nn.Linear)] == forwards
+
+
+def test_each_call_goes_by_the_timed_row_count_nearest_its_own(tmp_path, monkeypatch):
+    """Where torch was faster (here: 1 row, and 64 and more), the layer calls torch's matmul."""
+    routes = Routes(cpu_routes.BUCKETS, torch_ms=(1.0, 2.0, 3.0, 4.0, 5.0), kernel_ms=(2.0, 1.0, 1.0, 5.0, 6.0))
+    assert [routes.use_kernel(m) for m in (1, 2, 3, 16, 31, 40, 128, 5000)] == \
+        [False, False, True, True, True, False, False, False]  # 2: as near 1 as 4 (log scale)
+    assert routes.describe().startswith("kernel at 4, 16 rows, torch's matmul at 1, 64, 256+")
+    m, ref = model(), model()
+    k = cpu_linear.install(m, tmp_path, routes=routes)
+    calls = []
+    real = k.linear
+    monkeypatch.setattr(k, "linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    with torch.no_grad():
+        for rows in (1, 6, 300):
+            x = torch.randn(rows, 64)
+            assert torch.allclose(m(x), ref(x), atol=1e-5)
+    assert calls == [6, 6]
+
+
+def test_routes_are_timed_once_per_machine_and_read_after(tmp_path, monkeypatch, caplog):
+    lib = cpu_linear.build(tmp_path)
+    k = cpu_linear.Kernel(lib)
+    weights = [torch.randn(96, 64), torch.randn(80, 96)]
+    first = cpu_routes.routes_for(lib, k.linear, weights)
+    assert first.rows == cpu_routes.BUCKETS and all(t > 0 for t in first.torch_ms + first.kernel_ms)
+    (saved,) = tmp_path.glob("*.routes.json")
+    assert f"-t{torch.get_num_threads()}." in saved.name  # another thread count is timed again
+
+    def fail(*a):
+        raise AssertionError("timed again")
+    monkeypatch.setattr(cpu_routes, "measure", fail)
+    assert cpu_routes.routes_for(lib, k.linear, weights) == first
+    saved.write_text("{not json")  # a cut file: timed again, not an error
+    monkeypatch.undo()
+    assert cpu_routes.routes_for(lib, k.linear, weights).rows == cpu_routes.BUCKETS
+    with caplog.at_level(logging.INFO, logger="wharf"):
+        cpu_linear.install(model(), tmp_path)
+    assert "where it is faster here: kernel at" in caplog.text and "torch/kernel time" in caplog.text

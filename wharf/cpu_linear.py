@@ -2,11 +2,13 @@
 frozen base weights.
 
 A decode step multiplies a few rows (one a running sequence) by every weight of the model, so it
-is bound by reading the weights from memory. On this machine's CPU (AMD, AVX-512) torch's fp32
-matmul (MKL) reads them at ~15 GB/s for one row and ~5 GB/s at 16 rows, where the same weights
-read once could serve every row; cpu_linear.c does that: 1.6x torch's speed at 1 row, 2.2-2.8x
-at 4-64 (`python -m bench.engine_matmul`). Longer inputs (a prefill, a training row) go through it
-CHUNK rows at a time, each chunk reading the weights once: ~1.6-2x torch at 128-1100 rows.
+is bound by reading the weights from memory. On an AMD EPYC host (AVX-512) torch's fp32 matmul
+(MKL) read them at ~15 GB/s for one row and ~5 GB/s at 16 rows, where the same weights read once
+could serve every row; cpu_linear.c does that: 1.6x torch's speed at 1 row, 2.2-2.8x at 4-64
+(`python -m bench.engine_matmul`). Longer inputs (a prefill, a training row) go through it CHUNK
+rows at a time, each chunk reading the weights once: ~1.6-2x torch at 128-1100 rows there. On an
+Intel Xeon host MKL does better: the kernel won only at 4-32 rows. So a layer takes the kernel
+at the row counts where it was timed faster on this machine (wharf/cpu_routes.py).
 
 In LoRA training the base weights take no gradient, so a layer needs y = x W^T + b forward and
 dx = dy W backward, both on the kernel (an autograd Function); a weight or bias that does take a
@@ -29,6 +31,7 @@ from pathlib import Path
 import torch
 
 from . import cbuild
+from .cpu_routes import Routes, routes_for
 
 log = logging.getLogger("wharf")
 SOURCE = Path(__file__).with_name("cpu_linear.c")
@@ -107,11 +110,11 @@ class FrozenLinear(torch.autograd.Function):
         return dx, None, None, None
 
 
-def _forward(kernel: Kernel):
+def _forward(kernel: Kernel, routes: Routes):
     def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         # Read at call time: the engine's adapters swap merged weights in by reference.
         w, b = self.weight, self.bias
-        if not usable(x, w, b):
+        if not usable(x, w, b) or not routes.use_kernel(x.numel() // x.shape[-1]):
             return torch.nn.functional.linear(x, w, b)
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         with torch.profiler.record_function("wharf::cpu_linear"):  # its kind in bench.engine_profile
@@ -128,18 +131,25 @@ def align(p: torch.Tensor) -> None:
         p.data = p.data.clone()
 
 
-def install(model: torch.nn.Module, cache: Path, who: str = "engine") -> Kernel | None:
-    """Route the model's nn.Linear layers through the kernel (None, and a warning naming `who`,
-    where it cannot be built or loaded here: the model then runs as it was)."""
+def install(model: torch.nn.Module, cache: Path, who: str = "engine", routes: Routes | None = None) -> Kernel | None:
+    """Route the model's nn.Linear layers through the kernel at the row counts where it beats
+    torch's matmul on this machine (`routes`; None: wharf/cpu_routes.py's, timed once here).
+    None, and a warning naming `who`, where it cannot be built or loaded: the model runs as it was."""
     try:
-        kernel = Kernel(build(cache))
+        lib = build(cache)
+        kernel = Kernel(lib)
     except OSError as e:
         log.warning("%s: linear layers run on torch's matmul (the CPU kernel is off: %s)", who, e)
         return None
-    fwd = _forward(kernel)
-    for m in model.modules():
-        if isinstance(m, torch.nn.Linear):
-            m.forward = types.MethodType(fwd, m)
-            align(m.weight)
-    log.info("%s: linear layers run on the CPU kernel (AVX%d)", who, kernel.isa)
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for m in layers:
+        align(m.weight)
+    if routes is None:
+        timed = [m.weight for m in layers if m.weight.dtype == torch.float32 and min(m.weight.shape) >= MIN_DIM]
+        routes = routes_for(lib, kernel.linear, timed) if timed else Routes.everywhere()  # else none is usable()
+    fwd = _forward(kernel, routes)
+    for m in layers:
+        m.forward = types.MethodType(fwd, m)
+    log.info("%s: linear layers on the CPU kernel (AVX%d) where it is faster here: %s", who, kernel.isa,
+             routes.describe())
     return kernel
