@@ -147,3 +147,18 @@ def test_top_p_below_one_needs_the_opt_in():
     with pytest.raises(ConfigError, match="sampling.top_p=0.9 .* sampling.top_p_uncorrected"):
         load_config(None, ["sampling.top_p=0.9"])
     assert load_config(None, ["sampling.top_p=0.9", "sampling.top_p_uncorrected=true"]).sampling.top_p == 0.9
+
+
+def test_a_dict_override_merges_and_tilde_removes_what_the_file_set():
+    """As Hydra's command line: `key={...}` merges into the file's dict; `~key` drops it first, e.g.
+    to run another agent on a config whose agent_kwargs are the minimal agent's."""
+    mini = "collect.agent=collect.agents.mini_swe:LocalMiniSweAgent"
+    merged = load_config("configs/learn.yaml", [mini, "collect.agent_kwargs={step_limit: 3}"])
+    assert merged.collect.agent_kwargs["step_limit"] == 3 and merged.collect.agent_kwargs["max_turns"] == 1
+    only = load_config("configs/learn.yaml", [mini, "~collect.agent_kwargs", "collect.agent_kwargs={step_limit: 3}"])
+    assert only.collect.agent_kwargs == {"step_limit": 3}
+    back = load_config("configs/learn.yaml", ["~train.lr", "~no.such.key"])  # the default again; nothing there: no-op
+    assert back.train.lr == RunConfig().train.lr != load_config("configs/learn.yaml").train.lr
+    for bad in ("~", "~collect..agent", "~collect.agent=x"):
+        with pytest.raises(ConfigError, match="expected ~key"):
+            load_config("configs/learn.yaml", [bad])

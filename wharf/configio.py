@@ -147,11 +147,29 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
+def remove(data: dict, text: str) -> dict:
+    """`~collect.agent_kwargs` (Hydra's removal): drop what the file set at that key, so that its
+    default applies again, or a dict override starts empty (dict overrides merge)."""
+    keys = text[1:].split(".")
+    if not all(keys) or "=" in text:
+        raise ConfigError(f"override '{text}': expected ~key, e.g. ~collect.agent_kwargs")
+    out = dict(data)
+    node = out
+    for k in keys[:-1]:
+        if not isinstance(node.get(k), dict):
+            return out  # nothing set there: nothing to remove
+        node[k] = dict(node[k])
+        node = node[k]
+    node.pop(keys[-1], None)
+    return out
+
+
 def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Any:
-    """Read `path` (None: defaults only), apply overrides, and validate the result as `cls`."""
+    """Read `path` (None: defaults only), apply overrides in order (`key=value` merges, `~key`
+    removes), and validate the result as `cls`."""
     data = read_yaml(path) if path is not None else {}
     for text in overrides:
-        data = deep_merge(data, parse_override(text))
+        data = remove(data, text) if text.startswith("~") else deep_merge(data, parse_override(text))
     return validate(cls, data, str(path) if path is not None else "defaults")
 
 
@@ -203,7 +221,8 @@ def parser(prog: str, cls: type, description: str = ""):
                                 epilog="config keys (key = default; set in the YAML file or as key=value):\n"
                                        + "\n".join(keys_help(cls)))
     p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. collect.attempts=8")
+    p.add_argument("overrides", nargs="*",
+                   help="key=value overrides, e.g. collect.attempts=8; ~key drops what the file set there")
     return p
 
 
