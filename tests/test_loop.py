@@ -29,11 +29,11 @@ from pipeline.stages import read_marker
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),  # two rounds, a kill, a resume, a replay
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
 
-TASKS = "[sed-sub,echo-number,sed-world]"  # mixed rewards at seed 0 on round 0
+TASKS = "[sed-sub,echo-number,sed-world]"  # mixed rewards at seed 0 on round 0 (3 attempts, and 4)
 
 
 def _overrides(tmp_path: Path, name: str, engine_port: int) -> list[str]:
-    return [f"runs_dir={tmp_path}", f"name={name}", "rounds=2", f"collect.tasks={TASKS}", "collect.attempts=4",
+    return [f"runs_dir={tmp_path}", f"name={name}", "rounds=2", f"collect.tasks={TASKS}", "collect.attempts=3",
             "collect.concurrency=12", f"engine.port={engine_port}", f"endpoint.url=http://127.0.0.1:{engine_port}",
             f"proxy.port={free_port()}", "train.rows_per_step=2", "convert.max_tokens_per_batch=512",
             "endpoint.launch=false"]
