@@ -111,10 +111,15 @@ class FrozenLinear(torch.autograd.Function):
 
 
 def _forward(kernel: Kernel, routes: Routes):
+    verdicts: dict[int, bool] = {}  # row count -> kernel?: asked 211 times a decode step
+
     def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         # Read at call time: the engine's adapters swap merged weights in by reference.
         w, b = self.weight, self.bias
-        if not usable(x, w, b) or not routes.use_kernel(x.numel() // x.shape[-1]):
+        rows = x.numel() // x.shape[-1]
+        if (use := verdicts.get(rows)) is None:
+            use = verdicts[rows] = routes.use_kernel(rows)
+        if not use or not usable(x, w, b):
             return torch.nn.functional.linear(x, w, b)
         flat = x.reshape(-1, x.shape[-1]).contiguous()
         with torch.profiler.record_function("wharf::cpu_linear"):  # its kind in bench.engine_profile
