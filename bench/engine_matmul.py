@@ -4,7 +4,8 @@ fp32 matmul (MKL) against the engine's C kernel (wharf/cpu_linear.c), side by si
 A decode step multiplies every running sequence's row by all of the model's weights. This runs
 the 210 projections of SmolLM2-135M (30 layers x q, k, v, o, gate, up, down; 425 MB of fp32
 weights, each a separate tensor as in the model, so every step streams them from memory) and the
-tied 49,152 x 576 head, at a few row counts, and prints the best of --repeats for each, the ratio,
+tied 49,152 x 576 head, at a few row counts, and prints the best of --repeats for each (the two
+taken in turn, timed as wharf/cpu_routes.py times them for the engine), the ratio,
 and the weight bandwidth each implies. At one row both are bound by reading the weights; at 4-16
 rows torch's matmul slows down while the kernel still reads each weight once; a prefill's
 hundreds of rows go through the kernel 128 at a time.
@@ -17,23 +18,12 @@ envdefaults.apply()  # before torch loads
 
 import argparse  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 
 import torch  # noqa: E402
 
 # SmolLM2-135M: hidden 576, MLP 1536, 9 query heads and 3 KV heads of 64, 30 layers, vocabulary 49,152
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # (out, in)
 HEAD = (49152, 576)
-
-
-def best_ms(fn, weights, xs, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for w in weights:
-            fn(xs[w.shape[1]], w)
-        best = min(best, time.perf_counter() - t)
-    return best * 1000
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
     from wharf import cpu_linear
+    from wharf.cpu_routes import measure
     from wharf.model_store import cache_dir
 
     kernel = cpu_linear.Kernel(cpu_linear.build(cache_dir() / "kernels"))
@@ -53,12 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"one decode step's linear layers: {len(weights)} weights, {mb:.0f} MB fp32; torch threads "
           f"{torch.get_num_threads()}, kernel AVX{kernel.isa}, load average {os.getloadavg()[0]:.1f}")
     print(f"{'rows':>5} {'torch ms':>9} {'kernel ms':>10} {'ratio':>6} {'torch GB/s':>11} {'kernel GB/s':>12}")
-    with torch.no_grad():
-        for m in args.rows:
-            xs = {k: torch.randn(m, k) for k in (576, 1536)}
-            t = best_ms(lambda x, w: torch.nn.functional.linear(x, w), weights, xs, args.repeats)
-            k = best_ms(lambda x, w: kernel.linear(x, w, None), weights, xs, args.repeats)
-            print(f"{m:>5} {t:>9.1f} {k:>10.1f} {t / k:>5.2f}x {mb / t:>11.1f} {mb / k:>12.1f}")
+    timed = measure(kernel.linear, weights, tuple(args.rows), args.repeats)  # as the engine's routes are timed
+    for m, t, k in zip(timed.rows, timed.torch_ms, timed.kernel_ms):
+        print(f"{m:>5} {t:>9.1f} {k:>10.1f} {t / k:>5.2f}x {mb / t:>11.1f} {mb / k:>12.1f}")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,9 @@ activation checkpointing as train does:
 - a GRPO micro-step: the reference's log-probs (no graph), then the policy's forward and backward;
 - the update's measurement (train/shift.py): two forwards without a graph.
 The kernel runs where wharf/cpu_routes.py timed it faster on this machine, as train runs it
-(`--everywhere`: at every row count, the kernel alone against torch). Rows are synthetic (`--prompt` tokens, then `--completion` loss tokens), or a stored round's
-micro-batches with `--convert runs/<run>/rounds/<k>/convert`.
+(`--everywhere`: at every row count, the kernel alone against torch). Rows are synthetic
+(`--prompt` tokens, then `--completion` loss tokens), or a stored round's micro-batches with
+`--convert runs/<run>/rounds/<k>/convert`.
 """
 from __future__ import annotations
 

@@ -168,7 +168,11 @@ def test_routes_are_timed_once_per_machine_and_read_after(tmp_path, monkeypatch,
     lib = cpu_linear.build(tmp_path)
     k = cpu_linear.Kernel(lib)
     weights = [torch.randn(96, 64), torch.randn(80, 96)]
+    torch.manual_seed(7)
     first = cpu_routes.routes_for(lib, k.linear, weights)
+    after = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(after, torch.rand(3))  # a trainer's seeded RNG goes on as if nothing was timed
     assert first.rows == cpu_routes.BUCKETS and all(t > 0 for t in first.torch_ms + first.kernel_ms)
     (saved,) = tmp_path.glob("*.routes.json")
     assert f"-t{torch.get_num_threads()}." in saved.name  # another thread count is timed again

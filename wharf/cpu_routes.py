@@ -48,28 +48,31 @@ class Routes:
         return f"kernel at {counts(True)} rows, torch's matmul at {counts(False)} (torch/kernel time {ratios})"
 
 
-def _best_ms(fn: Callable, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
+def _pass_ms(fn: Callable, weights: list[torch.Tensor], xs: dict[int, torch.Tensor]) -> float:
+    """One pass over `weights`, each times its input of the width it takes."""
     t = time.perf_counter()
     for w in weights:
         fn(xs[w.shape[1]], w)
     return (time.perf_counter() - t) * 1000
 
 
-def measure(linear: Callable, weights: list[torch.Tensor]) -> Routes:
-    """Time torch's linear and `linear(x, w, None)` on `weights` at each of BUCKETS, alternately
-    (a load on the machine slows both alike), best of REPEATS."""
-    torch.manual_seed(0)
+def measure(linear: Callable, weights: list[torch.Tensor], rows: tuple[int, ...] = BUCKETS,
+            repeats: int = REPEATS) -> Routes:
+    """Time torch's linear and `linear(x, w, None)` on `weights` at each of `rows`, alternately
+    (a load on the machine slows both alike), best of `repeats`. Inputs come from a generator of
+    its own: timing at a trainer's start must not move the seeded global RNG it trains with."""
+    gen = torch.Generator().manual_seed(0)
     tm, km = [], []
     with torch.no_grad():
-        for m in BUCKETS:
-            xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in weights}}
+        for m in rows:
+            xs = {k: torch.randn(m, k, generator=gen) for k in {w.shape[1] for w in weights}}
             t = k = float("inf")
-            for _ in range(REPEATS):
-                t = min(t, _best_ms(lambda x, w: torch.nn.functional.linear(x, w), weights, xs))
-                k = min(k, _best_ms(lambda x, w: linear(x, w, None), weights, xs))
+            for _ in range(repeats):
+                t = min(t, _pass_ms(lambda x, w: torch.nn.functional.linear(x, w), weights, xs))
+                k = min(k, _pass_ms(lambda x, w: linear(x, w, None), weights, xs))
             tm.append(round(t, 3))
             km.append(round(k, 3))
-    return Routes(BUCKETS, tuple(tm), tuple(km))
+    return Routes(tuple(rows), tuple(tm), tuple(km))
 
 
 def sample(weights: list[torch.Tensor]) -> list[torch.Tensor]:
