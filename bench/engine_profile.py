@@ -5,8 +5,10 @@ It drives the engine's batcher in process (no HTTP): `--batch` sequences of a `-
 prompt, each generating `--tokens` tokens, and prints per decode step the wall time, the model's
 forward pass and the rest (sampling, stop checks, cache bookkeeping), and, from torch's profiler,
 the forward's operators by kind: the linear layers (weights read once a step), attention,
-sampling noise, everything else. It also prints the bytes of weights a step reads and the
-bandwidth that implies, since at small batches a CPU decode step is bound by reading the weights.
+sampling noise, the layer kernel (engine/cpu_layer.py: the linear layers, norms and rotary
+embedding of a decode step in C), everything else; and the same steps on the model's own layers,
+side by side. It also prints the bytes of weights a step reads and the bandwidth that implies,
+since at small batches a CPU decode step is bound by reading the weights.
 The shares hold under load; the milliseconds do not (the load average is printed beside them).
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch  # noqa: E402
 KINDS = {"wharf::cpu_linear": "linear layers", "aten::addmm": "linear layers", "aten::mm": "linear layers", "aten::linear": "linear layers",
          "aten::_scaled_dot_product_flash_attention_for_cpu": "attention",
          "aten::_scaled_dot_product_attention_math": "attention", "aten::exponential_": "sampling noise",
-         "wharf::race": "sampling noise"}
+         "wharf::race": "sampling noise", "wharf::cpu_layer": "layer kernel"}
 
 
 def sequences(core, batch: int, context: int, tokens: int) -> list:
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=100, help="prompt tokens of every sequence")
     ap.add_argument("--tokens", type=int, default=40, help="tokens each sequence generates")
     ap.add_argument("--cpu-kernel", choices=["on", "off"], default="on",
-                    help="engine.cpu_kernel: the linear layers on wharf/cpu_linear.c and the sampling race on "
+                    help="engine.cpu_kernel: the linear layers on wharf/cpu_linear.c, decode steps on "
+                         "engine/cpu_layer.c and the sampling race on "
                          "engine/cpu_race.c, or both on torch")
     args = ap.parse_args(argv)
     from engine.core import EngineCore
@@ -90,18 +93,29 @@ def main(argv: list[str] | None = None) -> None:
     decode_all(b)
     b._admit(sequences(core, args.batch, args.context, args.tokens))
     steps, wall, fwd = decode_all(b)
+    own = None
+    if core.layer_kernel is not None:  # the same steps on the model's own layers
+        b._decode = None
+        b._admit(sequences(core, args.batch, args.context, args.tokens))
+        own = decode_all(b)
+        b._decode = core.layer_kernel
     ops = op_shares(b, sequences(core, args.batch, args.context, args.tokens))
     weights = sum(p.numel() * p.element_size() for p in b._model.parameters())
     ms = lambda s: 1000 * s / steps  # noqa: E731
+    on = lambda k: "on" if k else "off"  # noqa: E731
     print(f"decode, {args.batch} sequences of {args.context} + {args.tokens} tokens, torch threads "
-          f"{torch.get_num_threads()}, cpu kernels {'on' if core.cpu_kernel else 'off'} (linear) / {'on' if core.race else 'off'} (race), "
-          f"load average {os.getloadavg()[0]:.1f}:")
+          f"{torch.get_num_threads()}, cpu kernels {on(core.cpu_kernel)} (linear) / {on(core.layer_kernel)} (layer) / "
+          f"{on(core.race)} (race), load average {os.getloadavg()[0]:.1f}:")
     print(f"  step {ms(wall):.1f} ms ({args.batch * steps / wall:.1f} tok/s): forward {ms(fwd):.1f} ms "
           f"({fwd / wall:.0%}), sampling and bookkeeping {ms(wall - fwd):.1f} ms ({(wall - fwd) / wall:.0%})")
+    if own is not None:
+        print(f"  on the model's own layers instead of the layer kernel: step {1000 * own[1] / own[0]:.1f} ms "
+              f"({own[1] / own[0] / (wall / steps):.2f}x the layer kernel's)")
     total = sum(ops.values())
     for kind, s in sorted(ops.items(), key=lambda kv: -kv[1]):
         print(f"  {kind:<16} {s / total:6.1%} of operator time")
-    linear = ops.get("linear layers", 0.0) / total * ms(wall) / 1000
+    # The layer kernel's time is mostly its linear layers (its norms and rotary are ~1% of the work).
+    linear = (ops.get("linear layers", 0.0) + ops.get("layer kernel", 0.0)) / total * ms(wall) / 1000
     print(f"  weights read a step: {weights / 2**20:.0f} MiB; in the linear layers' share of a step that is "
           f"{weights / 2**30 / linear:.1f} GiB/s" if linear else "")
 

@@ -47,9 +47,12 @@ class Batcher:
                  adapter_ok: Callable[[str], bool] = lambda name: False,
                  prefix_cache: PrefixCache | None = None,
                  cache_key: Callable[[str | None], Any] = lambda adapter: adapter,
-                 race: Race | None = None):
+                 race: Race | None = None, decode: Callable | None = None):
         self.tok = tokenizer
         self.race = race  # engine/cpu_race.py: torch's draws, faster (None: torch's own)
+        # engine/cpu_layer.py: a decode step's layers in fewer operators, or None where the model
+        # must run that pass itself (None: always the model)
+        self._decode = decode
         self.device = next(model.parameters()).device
         self._model = model
         # Given each row's adapter (None: the base), the adapter registry readies the model's
@@ -160,6 +163,9 @@ class Batcher:
 
     def _forward(self, input_ids, mask4d, position_ids, cache, adapters):
         model = self._forward_model(adapters)
+        logits = None if self._decode is None else self._decode(model, input_ids, mask4d, position_ids, cache)
+        if logits is not None:
+            return logits, cache
         out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=position_ids,
                     past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1, :], out.past_key_values

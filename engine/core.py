@@ -19,7 +19,7 @@ from .sequence import Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
 from .errors import internal, not_found
 from .adapters import Adapters
-from . import cpu_race
+from . import cpu_layer, cpu_race
 from .prefix_cache import PrefixCache
 from .protocol import flag
 
@@ -37,6 +37,8 @@ class EngineCore:
         self.cpu_kernel = None
         if cfg.cpu_kernel and str(device) == "cpu" and cfg.dtype == "float32":
             self.cpu_kernel = cpu_linear.install(model, model_store.cache_dir() / "kernels")
+        # Decode steps on the layer kernel, which runs the linear layers on the same C kernel.
+        self.layer_kernel = cpu_layer.load(model, model_store.cache_dir() / "kernels") if self.cpu_kernel else None
         # Sampling runs on the CPU whatever the device: its race kernel serves either.
         self.race = cpu_race.load(model_store.cache_dir() / "kernels") if cfg.cpu_kernel else None
         self.max_model_len = min(cfg.max_model_len, getattr(model.config, "max_position_embeddings", 1 << 30))
@@ -55,7 +57,8 @@ class EngineCore:
         self.batcher = Batcher(model, self.tok, max_model_len=self.max_model_len, max_batch=cfg.max_batch,
                                eos_ids=eos_ids, seed=cfg.seed, forward_model=self.adapters.select,
                                adapter_ok=lambda name: name in self.adapters.paths,
-                               prefix_cache=self.prefix, cache_key=self.adapters.identity, race=self.race)
+                               prefix_cache=self.prefix, cache_key=self.adapters.identity, race=self.race,
+                               decode=self.layer_kernel)
         self.created = int(time.time())
 
     # -- tokens -----------------------------------------------------------------------------------

@@ -91,16 +91,22 @@ class SlackLayer(DynamicLayer):
         self.update(keys, values)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        n, s = self._n, key_states.shape[-2]
+        n = self.reserve(key_states.shape[-2])
+        self._k[:, :, n:self._n], self._v[:, :, n:self._n] = key_states, value_states
+        return self.keys, self.values
+
+    def reserve(self, s: int = 1) -> int:
+        """Room for `s` more columns, which the caller writes (engine/cpu_layer.py writes a decode
+        step's straight into the buffers): the first one's index."""
+        n = self._n
         if n + s > self._k.shape[-2]:
-            k = self._k.new_empty((*key_states.shape[:2], n + s + SLACK, key_states.shape[3]))
+            k = self._k.new_empty((*self._k.shape[:2], n + s + SLACK, self._k.shape[3]))
             v = torch.empty_like(k)
             k[:, :, :n], v[:, :, :n] = self._k[:, :, :n], self._v[:, :, :n]
             self._k, self._v = k, v
-        self._k[:, :, n:n + s], self._v[:, :, n:n + s] = key_states, value_states
         self._n = n + s
         self.keys, self.values = self._k[:, :, :self._n], self._v[:, :, :self._n]
-        return self.keys, self.values
+        return n
 
 
 def slack_cache(layers, room: int = 0) -> Cache:

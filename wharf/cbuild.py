@@ -1,5 +1,5 @@
-"""Compile one of wharf's C files (wharf/cpu_linear.c, engine/cpu_race.c) once per machine into
-a cache.
+"""Compile one of wharf's C files (wharf/cpu_linear.c, engine/cpu_race.c, engine/cpu_layer.c with
+the first) once per machine into a cache.
 
 `cc -march=native` code runs only on CPUs like the one that built it, so a build is keyed by the
 source, the flags and the CPU's model and feature flags; it is made in a temporary folder and
@@ -27,10 +27,11 @@ def cpu_id() -> str:
     return "\n".join(sorted({l for l in lines if l.startswith(("model name", "flags"))}))
 
 
-def build(source: Path, cache: Path, flags: list[str] = FLAGS) -> Path:
-    """The compiled `source` for this CPU and flags, built into `cache` if not there yet; OSError
-    (with the compiler's message) where it cannot be."""
-    key = hashlib.sha256("\0".join([source.read_text(), *flags, cpu_id()]).encode()).hexdigest()[:16]
+def build(source: Path, cache: Path, flags: list[str] = FLAGS, also: tuple[Path, ...] = ()) -> Path:
+    """The compiled `source` (linked with the sources `also`) for this CPU and flags, built into
+    `cache` if not there yet; OSError (with the compiler's message) where it cannot be."""
+    texts = [p.read_text() for p in (source, *also)]
+    key = hashlib.sha256("\0".join([*texts, *flags, cpu_id()]).encode()).hexdigest()[:16]
     lib = cache / f"{source.stem}-{key}.so"
     if not lib.exists():
         cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -39,7 +40,7 @@ def build(source: Path, cache: Path, flags: list[str] = FLAGS) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            r = subprocess.run([cc, *flags, str(source), "-o", str(out)], capture_output=True, text=True)
+            r = subprocess.run([cc, *flags, str(source), *map(str, also), "-o", str(out)], capture_output=True, text=True)
             if r.returncode != 0:
                 raise OSError(f"{cc} failed on {source}: {r.stderr.strip()[-500:]}")
             os.replace(out, lib)
