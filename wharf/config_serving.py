@@ -25,8 +25,9 @@ class EngineConfig:
     # at the base's speed. Each costs the adapted layers' size (~0.4 GB fp32 for SmolLM2-135M).
     merged_loras: NonNegative = 2
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
-    # Small C kernels built here: the linear layers (wharf/cpu_linear.py: 1.5-2.8x torch's fp32
-    # matmul in decode steps, 1.6x in prefills; CPU and float32 only) and the sampling race
+    # Small C kernels built here: the linear layers (wharf/cpu_linear.py: where timed faster than
+    # torch's fp32 matmul on this machine; CPU and float32 only), a decode step's layers around
+    # attention (engine/cpu_layer.py: 1.35-1.9x fewer-operator steps) and the sampling race
     # (engine/cpu_race.py: torch's very draws, faster); torch's own where there is no cc.
     cpu_kernel: bool = True
     seed: int = 0
