@@ -27,7 +27,7 @@ class EngineConfig:
     threads: NonNegative = 0  # torch threads; 0 keeps torch's default
     # Small C kernels built here: the linear layers (wharf/cpu_linear.py: where timed faster than
     # torch's fp32 matmul on this machine; CPU and float32 only), a decode step's layers around
-    # attention (engine/cpu_layer.py: 1.35-1.9x fewer-operator steps) and the sampling race
+    # attention (engine/cpu_layer.py: decode steps 1.35-1.9x faster) and the sampling race
     # (engine/cpu_race.py: torch's very draws, faster); torch's own where there is no cc.
     cpu_kernel: bool = True
     seed: int = 0
