@@ -44,13 +44,13 @@ def llama_shaped(model) -> str | None:
     layers = getattr(getattr(model, "model", None), "layers", None)
     if cfg is None or layers is None or not hasattr(model, "lm_head"):
         return "not a decoder-only model with model.layers and lm_head"
-    if getattr(cfg, "model_type", None) not in ("llama", "mistral", "qwen3") or cfg.hidden_act != "silu":
+    if getattr(cfg, "model_type", None) != "llama" or cfg.hidden_act != "silu":
         return f"model_type {getattr(cfg, 'model_type', None)!r}, activation {getattr(cfg, 'hidden_act', None)!r}"
     for layer in layers:
         a, mlp = layer.self_attn, layer.mlp
         linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
-        if any(l.bias is not None for l in linears) or hasattr(a, "q_norm") or hasattr(a, "sliding_window"):
-            return "biases, query/key norms or sliding windows"
+        if any(l.bias is not None for l in linears):
+            return "biases in its linear layers"
     return None
 
 

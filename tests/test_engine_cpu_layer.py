@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
 from engine import cpu_layer
 from engine.kv import SlackLayer
@@ -93,3 +93,4 @@ def test_models_of_another_shape_keep_their_own_layers():
     assert cpu_layer.llama_shaped(LlamaForCausalLM(LlamaConfig(**tiny))) is None
     assert "biases" in cpu_layer.llama_shaped(LlamaForCausalLM(LlamaConfig(**tiny, attention_bias=True)))
     assert "activation" in cpu_layer.llama_shaped(LlamaForCausalLM(LlamaConfig(**tiny, hidden_act="gelu")))
+    assert "'mistral'" in cpu_layer.llama_shaped(MistralForCausalLM(MistralConfig(**tiny)))  # sliding windows
