@@ -94,3 +94,18 @@ def test_models_of_another_shape_keep_their_own_layers():
     assert "biases" in cpu_layer.llama_shaped(LlamaForCausalLM(LlamaConfig(**tiny, attention_bias=True)))
     assert "activation" in cpu_layer.llama_shaped(LlamaForCausalLM(LlamaConfig(**tiny, hidden_act="gelu")))
     assert "'mistral'" in cpu_layer.llama_shaped(MistralForCausalLM(MistralConfig(**tiny)))  # sliding windows
+
+
+def test_the_layer_library_is_built_again_when_the_linear_kernel_it_links_changes(tmp_path):
+    import shutil
+
+    from wharf import cbuild, cpu_linear
+
+    layer_c, linear_c = tmp_path / "cpu_layer.c", tmp_path / "cpu_linear.c"
+    shutil.copy(cpu_layer.SOURCE, layer_c)
+    shutil.copy(cpu_linear.SOURCE, linear_c)
+    first = cbuild.build(layer_c, tmp_path / "cache", also=(linear_c,))
+    assert cbuild.build(layer_c, tmp_path / "cache", also=(linear_c,)) == first
+    linear_c.write_text(linear_c.read_text() + "\n/* changed */\n")
+    second = cbuild.build(layer_c, tmp_path / "cache", also=(linear_c,))
+    assert second != first and second.exists() and first.exists()

@@ -40,7 +40,8 @@ def build(source: Path, cache: Path, flags: list[str] = FLAGS, also: tuple[Path,
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
             out = Path(tmp) / lib.name
-            r = subprocess.run([cc, *flags, str(source), *map(str, also), "-o", str(out)], capture_output=True, text=True)
+            cmd = [cc, *flags, str(source), *map(str, also), "-o", str(out)]
+            r = subprocess.run(cmd, capture_output=True, text=True)
             if r.returncode != 0:
                 raise OSError(f"{cc} failed on {source}: {r.stderr.strip()[-500:]}")
             os.replace(out, lib)
