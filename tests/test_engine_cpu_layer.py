@@ -24,10 +24,11 @@ def core():
     return c
 
 
-def decode(core, use_kernel: bool, lengths: list[int], tokens: int = 10):
-    """Each step's logits [B, V] and each sequence's tokens, rows of the given prompt lengths."""
+def decode(core, kernel, lengths: list[int], tokens: int = 10):
+    """Each step's logits [B, V] and each sequence's tokens, rows of the given prompt lengths,
+    decode steps on `kernel` (None: the model's own layers)."""
     b = core.batcher
-    b._decode = core.layer_kernel if use_kernel else None
+    b._decode = kernel
     text = core.tok("a careful agent reads the log, then runs one command at a time. " * 40)["input_ids"]
     seqs = [Sequence(list(text[:n]), SamplingParams(temperature=1.0, max_tokens=tokens, ignore_eos=True, seed=i),
                      emit=lambda e: None) for i, n in enumerate(lengths)]
@@ -52,14 +53,28 @@ def decode(core, use_kernel: bool, lengths: list[int], tokens: int = 10):
 
 @pytest.mark.parametrize("lengths", [[300], [40, 171, 95], [60 + 7 * i for i in range(9)]])
 def test_decode_steps_match_the_models_own_layers(core, lengths):
-    served = core.layer_kernel.steps
-    want, want_ids = decode(core, False, lengths)
-    assert core.layer_kernel.steps == served
-    got, got_ids = decode(core, True, lengths)
-    assert core.layer_kernel.steps == served + len(got) - 1  # every step after the prefill
+    assert_matches_the_model(core, core.layer_kernel, lengths)
+
+
+def assert_matches_the_model(core, kernel, lengths):
+    served = kernel.steps
+    want, want_ids = decode(core, None, lengths)
+    got, got_ids = decode(core, kernel, lengths)
+    assert kernel.steps == served + len(got) - 1  # every step after the prefill
     assert got_ids == want_ids
     for a, b in zip(got, want):
         assert (torch.log_softmax(a, -1) - torch.log_softmax(b, -1)).abs().max() < 5e-5
+
+
+def test_an_avx2_build_matches_the_model_too(core, tmp_path):
+    from wharf import cbuild, cpu_linear
+
+    if " avx2 " not in next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "") + " ":
+        pytest.skip("no AVX2")
+    lib = cbuild.build(cpu_layer.SOURCE, tmp_path, cbuild.FLAGS + ["-mno-avx512f"], also=(cpu_linear.SOURCE,))
+    avx2 = cpu_layer.LayerKernel(lib, core.batcher._model)
+    assert cpu_linear.Kernel(cbuild.build(cpu_linear.SOURCE, tmp_path, cbuild.FLAGS + ["-mno-avx512f"])).isa == 256
+    assert_matches_the_model(core, avx2, [30, 77])
 
 
 @torch.no_grad()
