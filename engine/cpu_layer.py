@@ -69,12 +69,15 @@ class LayerKernel:
         self.scale = self.d ** -0.5
         self.linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         self.steps = 0  # decode steps served here
+        if not all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" and m.weight.is_contiguous()
+                   for m in self.linears):
+            raise OSError("the linear layers' weights are not contiguous fp32 on the CPU")
 
     def usable(self, model, cache) -> bool:
+        # The weights were checked at load; the adapters swap in merged weights of the same kind
+        # (engine/adapters.py). Hooks come and go with the adapters' mixed passes: asked each step.
         return (len(cache.layers) == len(model.model.layers) and all(isinstance(l, SlackLayer) for l in cache.layers)
-                and not any(m._forward_hooks or m._forward_pre_hooks for m in self.linears)
-                and all(m.weight.dtype == torch.float32 and m.weight.device.type == "cpu" and m.weight.is_contiguous()
-                        for m in self.linears))
+                and not any(m._forward_hooks or m._forward_pre_hooks for m in self.linears))
 
     def __call__(self, model, ids, mask4d, positions, cache) -> torch.Tensor | None:
         if ids.shape[1] != 1 or not self.usable(model, cache):

@@ -124,3 +124,17 @@ def test_the_layer_library_is_built_again_when_the_linear_kernel_it_links_change
     linear_c.write_text(linear_c.read_text() + "\n/* changed */\n")
     second = cbuild.build(layer_c, tmp_path / "cache", also=(linear_c,))
     assert second != first and second.exists() and first.exists()
+
+
+def test_weights_it_cannot_read_are_refused_at_load(core):
+    from wharf import cbuild, cpu_linear, model_store
+
+    lib = cbuild.build(cpu_layer.SOURCE, model_store.cache_dir() / "kernels", also=(cpu_linear.SOURCE,))
+    q = core.batcher._model.model.layers[0].self_attn.q_proj
+    w = q.weight
+    q._parameters["weight"] = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+    try:
+        with pytest.raises(OSError, match="not contiguous fp32"):
+            cpu_layer.LayerKernel(lib, core.batcher._model)
+    finally:
+        q._parameters["weight"] = w
