@@ -3,6 +3,8 @@ draw, with log-probs equal to float rounding, at several rows of different lengt
 cannot do exactly go to the model."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
@@ -11,7 +13,9 @@ from engine import cpu_layer
 from engine.kv import SlackLayer
 from engine.sampling import SamplingParams
 from engine.sequence import Sequence
+from wharf import cbuild, cpu_linear, model_store
 from wharf.config import EngineConfig
+from test_cpu_linear import cpu_flags, kernel
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +71,11 @@ def assert_matches_the_model(core, kernel, lengths):
 
 
 def test_an_avx2_build_matches_the_model_too(core, tmp_path):
-    from wharf import cbuild, cpu_linear
-
-    if " avx2 " not in next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "") + " ":
+    if " avx2 " not in cpu_flags():
         pytest.skip("no AVX2")
     lib = cbuild.build(cpu_layer.SOURCE, tmp_path, cbuild.FLAGS + ["-mno-avx512f"], also=(cpu_linear.SOURCE,))
     avx2 = cpu_layer.LayerKernel(lib, core.batcher._model)
-    assert cpu_linear.Kernel(cbuild.build(cpu_linear.SOURCE, tmp_path, cbuild.FLAGS + ["-mno-avx512f"])).isa == 256
+    assert kernel(tmp_path, ["-mno-avx512f"]).isa == 256  # what the layer library linked
     assert_matches_the_model(core, avx2, [30, 77])
 
 
@@ -112,10 +114,6 @@ def test_models_of_another_shape_keep_their_own_layers():
 
 
 def test_the_layer_library_is_built_again_when_the_linear_kernel_it_links_changes(tmp_path):
-    import shutil
-
-    from wharf import cbuild, cpu_linear
-
     layer_c, linear_c = tmp_path / "cpu_layer.c", tmp_path / "cpu_linear.c"
     shutil.copy(cpu_layer.SOURCE, layer_c)
     shutil.copy(cpu_linear.SOURCE, linear_c)
@@ -127,8 +125,6 @@ def test_the_layer_library_is_built_again_when_the_linear_kernel_it_links_change
 
 
 def test_weights_it_cannot_read_are_refused_at_load(core):
-    from wharf import cbuild, cpu_linear, model_store
-
     lib = cbuild.build(cpu_layer.SOURCE, model_store.cache_dir() / "kernels", also=(cpu_linear.SOURCE,))
     q = core.batcher._model.model.layers[0].self_attn.q_proj
     w = q.weight
