@@ -2,11 +2,11 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-# The one command line (pipeline/cli.py; `make setup` installs it as the `wharf` console script).
+# The one command line (wharf/pipeline/cli.py; `make setup` installs it as the `wharf` console script).
 WHARF := $(VENV)/bin/wharf
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# The same defaults as wharf/envdefaults.py (which every wharf command applies itself).
+# The same defaults as wharf/core/envdefaults.py (which every wharf command applies itself).
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
@@ -17,7 +17,7 @@ export HF_HUB_OFFLINE ?= 1
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
 	$$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' >/dev/null 2>&1 && { echo $$p; break; }; done)
 
-NODE_DIR := collect/agents/node
+NODE_DIR := wharf/collect/agents/node
 # Config overrides given as make variables (`make collect collect.agent=X`): every command-line
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
@@ -25,7 +25,7 @@ DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(fil
 .PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft experiment-mini-table
 
-setup: $(VENV)/.installed collect/tasks/.seal-built
+setup: $(VENV)/.installed wharf/tasks/tools/.seal-built
 
 # Installs go through uv (a wheel from PyPI, into the project venv): parallel downloads and
 # installs, several minutes less than pip on a fresh clone (docs/development.md); pip where uv
@@ -38,9 +38,9 @@ MAIN_PKGS := -e '.[test,ray]'
 install = if [ -x $(UV) ] && $(UV) pip install -q --compile-bytecode --python $(1) $(2); then :; \
 	else echo "install: uv did not install $(2): pip does"; $(1) -m pip install -q $(2); fi
 
-# The pytest records' sealer (collect/tasks/wharf_seal.c), an audit hook in C, for the venv's Python.
-collect/tasks/.seal-built: collect/tasks/wharf_seal.c collect/tasks/build_seal.sh $(VENV)/.installed
-	bash collect/tasks/build_seal.sh $(PY)
+# The pytest records' sealer (wharf/tasks/tools/wharf_seal.c), an audit hook in C, for the venv's Python.
+wharf/tasks/tools/.seal-built: wharf/tasks/tools/wharf_seal.c wharf/tasks/tools/build_seal.sh $(VENV)/.installed
+	bash wharf/tasks/tools/build_seal.sh $(PY)
 	touch $@
 
 $(VENV)/.installed: pyproject.toml
@@ -60,7 +60,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The CLI agents (claude-code, codex, opencode, qwen-code) at the versions package-lock.json pins; the sandbox runs them
-# from node_modules (collect/agents/node_clis.py). Needs node and npm.
+# from node_modules (wharf/collect/agents/node_clis.py). Needs node and npm.
 agents: $(NODE_DIR)/node_modules/.installed
 
 $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
@@ -71,19 +71,19 @@ $(NODE_DIR)/node_modules/.installed: $(NODE_DIR)/package.json $(NODE_DIR)/packag
 	touch $@
 
 # Python CLI agents, each in a venv of its own (their exact pins would clash with wharf's), run
-# from the sandbox read-only like the node CLIs (collect/agents/py_clis.py holds the same pins).
+# from the sandbox read-only like the node CLIs (wharf/collect/agents/py_clis.py holds the same pins).
 AGENTS_PY := .venv-agents
 PY_AGENT_PINS := aider=aider-chat==0.86.2 vibe=mistral-vibe==2.26.1 openhands=openhands-ai==1.6.0
-# Run by its venv's python at a fixed path (collect/agents/openhands.py), not from .venv-agents/bin.
+# Run by its venv's python at a fixed path (wharf/collect/agents/openhands.py), not from .venv-agents/bin.
 # openhands-ai 1.6.0: the last release with openhands.core.main, which harbor's run() calls; its
-# whole venv is pinned in collect/agents/openhands.lock.txt (pip's resolver backtracks without it).
+# whole venv is pinned in wharf/collect/agents/openhands.lock.txt (pip's resolver backtracks without it).
 PY_AGENT_NO_LINK := openhands
 # One agent's packages ($* its name), with its lock file where it has one.
-AGENT_PKGS = '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))' $(if $(wildcard collect/agents/$*.lock.txt),-c collect/agents/$*.lock.txt)
+AGENT_PKGS = '$(patsubst $*=%,%,$(filter $*=%,$(PY_AGENT_PINS)))' $(if $(wildcard wharf/collect/agents/$*.lock.txt),-c wharf/collect/agents/$*.lock.txt)
 agents-py: $(foreach p,$(PY_AGENT_PINS),$(AGENTS_PY)/$(firstword $(subst =, ,$(p)))/.installed)
 
 # A venv pinned by a lock file is brought to it again when the lock changes.
-$(AGENTS_PY)/openhands/.installed: collect/agents/openhands.lock.txt
+$(AGENTS_PY)/openhands/.installed: wharf/collect/agents/openhands.lock.txt
 
 $(AGENTS_PY)/%/.installed:
 	@test -n "$(PYTHON312)" || { echo "agents-py: python3.12 not found"; exit 1; }

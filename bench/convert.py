@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from wharf.config import load_config
-from wharf.layout import CollectPaths
+from wharf.core.config import load_config
+from wharf.core.layout import CollectPaths
 from testing.synthetic_job import make_job
 
 
@@ -30,7 +30,7 @@ def _rss_mb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from wharf import envdefaults
+    from wharf.core import envdefaults
 
     envdefaults.apply()  # before torch loads (convert imports it lazily)
     p = argparse.ArgumentParser(prog="python -m bench.convert", description=__doc__.splitlines()[0])
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             info = pool.apply(make_job, (job, args.rollouts))
         print(f"generated {info['rollouts']} rollouts, {info['turns']} calls, {info['stored_tokens'] / 1e6:.1f} M stored "
               f"tokens in {time.perf_counter() - t0:.1f} s -> {job}")
-    from convert.stage import convert_round
+    from wharf.convert.stage import convert_round
 
     cfg = load_config(None, [f"convert.jobs=[{job}]", f"convert.out_dir={base / 'convert'}", "convert.max_seq_len=32768",
                              "convert.max_tokens_per_batch=65536", "convert.pad_multiple=64"])

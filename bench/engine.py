@@ -14,7 +14,7 @@ The cores here are shared: the load average is printed beside the figures.
 """
 from __future__ import annotations
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -30,7 +30,7 @@ from typing import Callable  # noqa: E402
 
 from bench import llamacpp  # noqa: E402
 from bench.engine_prefix import engine_chat, prefix_rows, print_prefix_table  # noqa: E402
-from wharf.config import TrainConfig  # noqa: E402
+from wharf.core.config import TrainConfig  # noqa: E402
 
 TRAIN = TrainConfig()  # the bench adapter has the trainer's default shape
 PROMPTS = [
@@ -83,7 +83,7 @@ def run_generate(n_requests: int, tokens: int, threads: int) -> tuple[int, float
     """(tokens, seconds, the model's parameters)."""
     import torch
 
-    from wharf import model_store
+    from wharf.core import model_store
 
     torch.set_num_threads(threads)
     model, tok = model_store.load_model(model_store.embedded_model_dir(), "cpu", "float32")
@@ -106,7 +106,7 @@ def save_adapter(out: Path) -> Path:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from wharf import model_store
+    from wharf.core import model_store
 
     t = TRAIN
     torch.manual_seed(0)
@@ -165,7 +165,7 @@ def throughput_rows(url: str, key: str | None, tokens: int, label: str, levels,
 
 
 def engine_config(threads: int, *overrides: str):
-    from wharf.config import load_config
+    from wharf.core.config import load_config
 
     return load_config(None, [f"endpoint.url=http://127.0.0.1:{_free_port()}", f"engine.threads={threads}",
                               *overrides])
@@ -183,7 +183,7 @@ def alternate(runs: dict[str, Callable[[int], dict[str, float]]], repeats: int) 
 
 
 def measure(args) -> dict:
-    from engine.launch import launch
+    from wharf.engine.launch import launch
 
     r: dict = {"load": [os.getloadavg()[0]], "anchor": None, "anchor_why": "--no-llama"}
     cfg = engine_config(args.threads)

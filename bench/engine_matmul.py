@@ -1,18 +1,18 @@
 """`python -m bench.engine_matmul [--rows 1 4 16 32]`: the linear layers of one decode step, torch's
-fp32 matmul (MKL) against the engine's C kernel (wharf/cpu_linear.c), side by side.
+fp32 matmul (MKL) against the engine's C kernel (wharf/core/cpu_linear.c), side by side.
 
 A decode step multiplies every running sequence's row by all of the model's weights. This runs
 the 210 projections of SmolLM2-135M (30 layers x q, k, v, o, gate, up, down; 425 MB of fp32
 weights, each a separate tensor as in the model, so every step streams them from memory) and the
 tied 49,152 x 576 head, at a few row counts, and prints the best of --repeats for each (the two
-taken in turn, timed as wharf/cpu_routes.py times them for the engine), the ratio,
+taken in turn, timed as wharf/core/cpu_routes.py times them for the engine), the ratio,
 and the weight bandwidth each implies. At one row both are bound by reading the weights; at 4-16
 rows torch's matmul slows down while the kernel still reads each weight once; a prefill's
 hundreds of rows go through the kernel 128 at a time.
 """
 from __future__ import annotations
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="rows a step: decode (one a running sequence), prefill (prompt tokens)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args(argv)
-    from wharf import cpu_linear
-    from wharf.cpu_routes import measure
-    from wharf.model_store import cache_dir
+    from wharf.core import cpu_linear
+    from wharf.core.cpu_routes import measure
+    from wharf.core.model_store import cache_dir
 
     kernel = cpu_linear.Kernel(cpu_linear.build(cache_dir() / "kernels"))
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ It drives the engine's batcher in process (no HTTP): `--batch` sequences of a `-
 prompt, each generating `--tokens` tokens, and prints per decode step the wall time, the model's
 forward pass and the rest (sampling, stop checks, cache bookkeeping), and, from torch's profiler,
 the forward's operators by kind: the linear layers (weights read once a step), attention,
-sampling noise, the layer kernel (engine/cpu_layer.py: the linear layers, norms and rotary
+sampling noise, the layer kernel (wharf/engine/cpu_layer.py: the linear layers, norms and rotary
 embedding of a decode step in C), everything else; and the same steps on the model's own layers,
 side by side. It also prints the bytes of weights a step reads and the bandwidth that implies,
 since at small batches a CPU decode step is bound by reading the weights.
@@ -13,7 +13,7 @@ The shares hold under load; the milliseconds do not (the load average is printed
 """
 from __future__ import annotations
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -33,8 +33,8 @@ KINDS = {"wharf::cpu_linear": "linear layers", "aten::addmm": "linear layers", "
 
 
 def sequences(core, batch: int, context: int, tokens: int) -> list:
-    from engine.sequence import Sequence
-    from engine.sampling import SamplingParams
+    from wharf.engine.sequence import Sequence
+    from wharf.engine.sampling import SamplingParams
 
     ids = core.tok("the quick brown fox " * context)["input_ids"][:context]
     params = [SamplingParams(temperature=0.7, max_tokens=tokens, ignore_eos=True, seed=i) for i in range(batch)]
@@ -79,12 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=100, help="prompt tokens of every sequence")
     ap.add_argument("--tokens", type=int, default=40, help="tokens each sequence generates")
     ap.add_argument("--cpu-kernel", choices=["on", "off"], default="on",
-                    help="engine.cpu_kernel: the linear layers on wharf/cpu_linear.c, decode steps on "
-                         "engine/cpu_layer.c and the sampling race on "
-                         "engine/cpu_race.c, or both on torch")
+                    help="engine.cpu_kernel: the linear layers on wharf/core/cpu_linear.c, decode steps on "
+                         "wharf/engine/cpu_layer.c and the sampling race on "
+                         "wharf/engine/cpu_race.c, or both on torch")
     args = ap.parse_args(argv)
-    from engine.core import EngineCore
-    from wharf.config import EngineConfig
+    from wharf.engine.core import EngineCore
+    from wharf.core.config import EngineConfig
 
     core = EngineCore(EngineConfig(prefix_cache=False, cpu_kernel=args.cpu_kernel == "on"))
     b = core.batcher

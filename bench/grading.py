@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "collect" / "tasks"
+TOOLS = ROOT / "wharf" / "tasks" / "tools"
 PYTEST_TASK = ROOT / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
 PLAIN_REV = "ba8ac4d"  # the last commit whose report plugin held its own key
 PYTEST = "-I -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null"
@@ -97,7 +97,7 @@ class Account:
 
 
 def plain_tools(dest: Path) -> Path | None:
-    """collect/tasks as of PLAIN_REV, or None when git or that commit is not at hand."""
+    """collect/tasks as of PLAIN_REV (before the move under wharf/), or None when git or that commit is not at hand."""
     try:
         tar = subprocess.run(["git", "-C", str(ROOT), "archive", PLAIN_REV, "collect/tasks"], capture_output=True,
                              check=True).stdout
@@ -108,7 +108,7 @@ def plain_tools(dest: Path) -> Path | None:
 
 
 def python_sealer_tools(dest: Path) -> Path:
-    """collect/tasks without the built wharf_seal: pytest_guard falls back to its sealer in Python."""
+    """wharf/tasks/tools without the built wharf_seal: pytest_guard falls back to its sealer in Python."""
     shutil.copytree(TOOLS, dest, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
     return dest
 

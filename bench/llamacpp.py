@@ -22,7 +22,7 @@ def load(threads: int, n_ctx: int = 4096):
         return None, f"llama-cpp-python is not installed ({e}); `pip install llama-cpp-python` builds it from source"
     from transformers import AutoTokenizer
 
-    from wharf import model_store
+    from wharf.core import model_store
 
     llm = Llama(model_path=str(model_store.embedded_gguf()), n_ctx=n_ctx, n_threads=threads,
                 n_threads_batch=threads, n_batch=512, verbose=False)
@@ -30,7 +30,7 @@ def load(threads: int, n_ctx: int = 4096):
 
 
 def llama_chat(llm, tok, tokens: int) -> ChatFn:
-    from wharf.chat_template import render_text
+    from wharf.core.chat_template import render_text
 
     ends = {llm.token_eos(), *llm.tokenize(b"<|im_end|>", add_bos=False, special=True)}
     bias = {t: -1e9 for t in ends}

@@ -148,7 +148,7 @@ def via_proxy(bench: Bench, stub_port: int, body: bytes, fsync: bool, cpus) -> d
             admin(access, "POST", f"/admin/rollouts/{r['rollout_id']}/close")
     finally:
         stop(proxy)
-    from wharf.schema import read_dir
+    from wharf.core.schema import read_dir
     status = collections.Counter(read_dir(tmp / "turns", "turns").column("status").to_pylist())
     return {"lat": lat, "tp": tp, "status": dict(status), "fsyncs": syncs}
 

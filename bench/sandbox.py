@@ -19,7 +19,7 @@ from pathlib import Path
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from collect.sandbox.bwrap import BwrapEnvironment
+from wharf.collect.sandbox.bwrap import BwrapEnvironment
 
 ONE_SHOT = ["bwrap", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64", "--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev",

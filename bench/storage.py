@@ -14,11 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from convert.stage import convert_round
+from wharf.convert.stage import convert_round
 from testing.s3_server import SeaweedS3
 from testing.synthetic_job import make_job
-from wharf import storage
-from wharf.config import load_config
+from wharf.core import storage
+from wharf.core.config import load_config
 
 
 def _convert(job: str, out: str) -> float:

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 VARIANTS = ["loss-naive", "loss-chunked", "loss-time", "step-naive", "step-chunked", "step-naive-ckpt",
             "step-chunked-ckpt"]
@@ -45,14 +45,14 @@ def _peak_mb(device: str, base_mb: float) -> float:
 def _model(device: str, ckpt: bool):
     from peft import LoraConfig, get_peft_model
 
-    from wharf.model_store import embedded_model_dir, load_model
+    from wharf.core.model_store import embedded_model_dir, load_model
 
     model, _ = load_model(embedded_model_dir(), device, "float32")
     lc = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                          "up_proj", "down_proj"], task_type="CAUSAL_LM")
     peft = get_peft_model(model, lc)
     if ckpt:
-        from train.model import enable_activation_checkpointing
+        from wharf.train.model import enable_activation_checkpointing
 
         enable_activation_checkpointing(model)
     model.config.use_cache = False
@@ -71,11 +71,11 @@ def _inputs(seq: int, device: str):
 def _loss_path(variant: str, seq: int, chunk: int, device: str, repeats: int) -> dict:
     import torch
 
-    from train.loss import naive_logprobs, sampled_logprobs
+    from wharf.train.loss import naive_logprobs, sampled_logprobs
 
     from safetensors import safe_open
 
-    from wharf.model_store import embedded_model_dir
+    from wharf.core.model_store import embedded_model_dir
 
     with safe_open(str(embedded_model_dir() / "model.safetensors"), "pt") as f:
         weight = f.get_tensor("model.embed_tokens.weight").to(device)  # the tied lm_head
@@ -102,7 +102,7 @@ def _loss_time(seq: int, chunk: int, device: str, repeats: int) -> dict:
     """Both loss paths timed alternately in one process, so load from other work hits both alike."""
     import torch
 
-    from train.loss import naive_logprobs, sampled_logprobs
+    from wharf.train.loss import naive_logprobs, sampled_logprobs
 
     weight = torch.randn(49152, 576, device=device) * 0.05
     ids, _, _, temps = _inputs(seq, device)
@@ -124,7 +124,7 @@ def _loss_time(seq: int, chunk: int, device: str, repeats: int) -> dict:
 def _step(variant: str, seq: int, chunk: int, device: str, repeats: int) -> dict:
     import torch
 
-    from train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
+    from wharf.train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
 
     peft = _model(device, variant.endswith("ckpt"))
     causal = peft.get_base_model()

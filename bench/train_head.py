@@ -10,13 +10,13 @@ SmolLM2-135M's 134M parameters, a [T, 49,152] matmul and softmax) runs there onl
 machine slows both alike), with LoRA r16 on every projection and activation checkpointing as
 train does:
 - a GRPO micro-step: the reference's log-probs (no graph), then the policy's forward and backward;
-- the update's measurement (train/shift.py): two forwards without a graph.
+- the update's measurement (wharf/train/shift.py): two forwards without a graph.
 Rows are synthetic (`--prompt` tokens, then `--completion` loss tokens), or a stored round's
 micro-batches with `--convert runs/<run>/rounds/<k>/convert`.
 """
 from __future__ import annotations
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 
 def synthetic(prompt: int, completion: int, rows: int) -> list:
-    from wharf.batches import MicroBatch
+    from wharf.core.batches import MicroBatch
 
     g, T = torch.Generator().manual_seed(0), prompt + completion
     out = []
@@ -42,7 +42,7 @@ def synthetic(prompt: int, completion: int, rows: int) -> list:
 
 
 def stored(convert: Path) -> list:
-    from wharf.batches import load_micro_batch, read_index
+    from wharf.core.batches import load_micro_batch, read_index
 
     return [load_micro_batch(convert / f.file) for f in read_index(convert).files]
 
@@ -59,8 +59,8 @@ def micro_step(policy, peft, mb, keep: bool) -> None:
 
 
 def measurement(peft, mb, keep: bool) -> None:
-    """train/shift.py's two forwards of a micro-batch (new and previous policy), no graph."""
-    from train.model import token_logprobs
+    """wharf/train/shift.py's two forwards of a micro-batch (new and previous policy), no graph."""
+    from wharf.train.model import token_logprobs
 
     mask = mb.completion_mask[:, 1:] if keep else None
     causal = peft.get_base_model()
@@ -86,7 +86,7 @@ def row_args(prog: str, description: str, argv: list[str] | None, *flags: str) -
 def setup(args: argparse.Namespace) -> tuple:
     """(micro-batches, the peft model with LoRA r16 and checkpointing, its PolicyLogprobs, tokens)."""
     from bench.train import _model
-    from train.model import PolicyLogprobs
+    from wharf.train.model import PolicyLogprobs
 
     batches = stored(args.convert) if args.convert else synthetic(args.prompt, args.completion, args.rows)
     peft = _model("cpu", ckpt=True)

@@ -3,20 +3,20 @@
 `python -m bench.train_kernel [--prompt 960 --completion 140 --rows 4] [--convert DIR] [--everywhere]`
 
 In LoRA training the base weights take no gradient, so every decoder projection needs x W^T
-forward (twice with activation checkpointing) and dy W backward: wharf/cpu_linear.c does both
+forward (twice with activation checkpointing) and dy W backward: wharf/core/cpu_linear.c does both
 (torch's fp32 matmul here is MKL, slow on this AMD CPU). Timed alternately in one process (a load on
 the machine slows both alike) on an agent's row shape, LoRA r16 on every projection and
 activation checkpointing as train does:
 - a GRPO micro-step: the reference's log-probs (no graph), then the policy's forward and backward;
-- the update's measurement (train/shift.py): two forwards without a graph.
-The kernel runs where wharf/cpu_routes.py timed it faster on this machine, as train runs it
+- the update's measurement (wharf/train/shift.py): two forwards without a graph.
+The kernel runs where wharf/core/cpu_routes.py timed it faster on this machine, as train runs it
 (`--everywhere`: at every row count, the kernel alone against torch). Rows are synthetic
 (`--prompt` tokens, then `--completion` loss tokens), or a stored round's micro-batches with
 `--convert runs/<run>/rounds/<k>/convert`.
 """
 from __future__ import annotations
 
-from wharf import envdefaults
+from wharf.core import envdefaults
 
 envdefaults.apply()  # before torch loads
 
@@ -26,9 +26,9 @@ import torch  # noqa: E402
 
 def kernel(peft, on: bool, everywhere: bool) -> None:
     """Route the model's linear layers through the kernel, or back to torch's nn.Linear."""
-    from wharf import cpu_linear
-    from wharf.cpu_routes import Routes
-    from wharf.model_store import cache_dir
+    from wharf.core import cpu_linear
+    from wharf.core.cpu_routes import Routes
+    from wharf.core.model_store import cache_dir
 
     for m in peft.modules():
         if isinstance(m, torch.nn.Linear) and "forward" in m.__dict__:

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TEST_SH = """#!/bin/bash
-# The checker judge (collect/tasks/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
+# The checker judge (wharf/tasks/tools/judge.sh, exported by the bwrap sandbox as $WHARF_TASK_TOOLS):
 # tests/check.py reads the state the agent left, from outside it; no code of the workspace runs.
 exec bash "${WHARF_TASK_TOOLS:-/tests}/judge.sh" checker /app
 """
-DOC = ('"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the\n'
+DOC = ('"""The checker of this task (wharf/tasks/tools/judge.py): each check gets a read-only view of the\n'
        'workspace the agent left and fails by raising; nothing of the workspace is imported here')
 DOC_RUNS = (' (a value\nor a call of the code comes back as plain data from a separate process)."""\n')
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import aiohttp
 
-from wharf import envdefaults
-from wharf.config import load_config
-from wharf.credentials import AdminAccess
-from wharf.layout import admin_file, wal_dir
-from wharf.procs import stage_argv
+from wharf.core import envdefaults
+from wharf.core.config import load_config
+from wharf.core.credentials import AdminAccess
+from wharf.core.layout import admin_file, wal_dir
+from wharf.core.procs import stage_argv
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,7 +86,7 @@ def start_stub(port: int, cpus=None, error_rate: float = 0.0, completion_tokens:
 def start_proxy(port: int, upstream: str, out_dir: str | Path, cpus=None, extra=(), log=None) -> subprocess.Popen:
     cfg = load_config(None, [f"endpoint.url={upstream}", f"proxy.port={port}", f"proxy.out_dir={out_dir}",
                              "proxy.health_interval_s=0", *extra])
-    cmd = stage_argv("collect.proxy", cfg, Path(out_dir).parent / f"proxy-{port}.yaml")
+    cmd = stage_argv("wharf.collect.proxy", cfg, Path(out_dir).parent / f"proxy-{port}.yaml")
     admin_file(wal_dir(Path(out_dir))).unlink(missing_ok=True)  # a killed proxy's, not this one's
     proc = subprocess.Popen(pinned(cmd, cpus), cwd=REPO, stdout=log or subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, env=envdefaults.child_env())

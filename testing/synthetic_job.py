@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from wharf import schema
-from wharf.layout import CollectPaths
+from wharf.core import schema
+from wharf.core.layout import CollectPaths
 
 VOCAB = 49_000
 GROUP = 8  # attempts per task

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from testing.app_thread import AppThread
 
-from engine.auth import auth_middleware
+from wharf.engine.auth import auth_middleware
 
 from testing.stub_template import EOS_ID, VOCAB, WORD, render_prompt, tool_call_text, word_id
 from testing.vllm_wire import Reply, answer, stream_chunks

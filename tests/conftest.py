@@ -16,8 +16,8 @@ from typing import Callable
 
 import pytest
 
-from wharf import envdefaults, procs
-from wharf.endpoint import Endpoint
+from wharf.core import envdefaults, procs
+from wharf.core.endpoint import Endpoint
 from tests.suite_budget import pytest_collection_modifyitems, pytest_terminal_summary  # noqa: F401 (hooks)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,10 +134,10 @@ def stub():
 
 @pytest.fixture(scope="session")
 def engine_url():
-    """Base URL ("http://127.0.0.1:PORT") of a `python -m engine` started for this session."""
+    """Base URL ("http://127.0.0.1:PORT") of a `python -m wharf.engine` started for this session."""
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="wharf-engine-")) / "engine.log"
-    cmd = [sys.executable, "-m", "engine", "--config", str(REPO / "configs/default.yaml"),
+    cmd = [sys.executable, "-m", "wharf.engine", "--config", str(REPO / "configs/default.yaml"),
            f"engine.port={port}", "engine.host=127.0.0.1", "engine.threads=2"]
     proc = procs.spawn(cmd, log, cwd=REPO)
     url = f"http://127.0.0.1:{port}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import requests
 
-from collect.proxy.background import BackgroundProxy
-from collect.proxy.wal import read_records
-from wharf.config import load_config
-from wharf.schema import read_dir
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.wal import read_records
+from wharf.core.config import load_config
+from wharf.core.schema import read_dir
 
 # Configured here (proxy.admin_token); left unset, each proxy draws its own (test_proxy_auth.py).
 ADMIN_TOKEN = "test-admin-token"

@@ -1,4 +1,4 @@
-"""The real claude-code and codex CLIs (pinned in collect/agents/node, `make agents`) against the
+"""The real claude-code and codex CLIs (pinned in wharf/collect/agents/node, `make agents`) against the
 recording proxy, with the vLLM-shaped stub upstream scripted to call the agent's shell tool once
 and then answer: default tools and flags, two model calls, every call a row with the upstream's own
 token ids and log-probs, and the rows matching the agent's own log one for one.
@@ -13,10 +13,10 @@ import subprocess
 import pytest
 
 from testing.vllm_stub import StubServer
-from collect.agents import node_clis
-from collect.agents.claude_code import QUIET_ENV, anthropic_root
-from collect.agents.codex import QUIET_CONFIG
-from collect.agents.logs import AgentLog, _claude, _codex, compare
+from wharf.collect.agents import node_clis
+from wharf.collect.agents.claude_code import QUIET_ENV, anthropic_root
+from wharf.collect.agents.codex import QUIET_CONFIG
+from wharf.collect.agents.logs import AgentLog, _claude, _codex, compare
 from proxy_util import close_rollout, open_rollout
 from test_proxy_dialects import check_rows_match_upstream, proxy, rows  # noqa: F401 (proxy: a fixture, over this tap)
 from test_proxy_engine import Tap
@@ -118,7 +118,7 @@ def test_a_missing_cli_fails_naming_make_agents(monkeypatch, tmp_path):
 
 
 def test_a_missing_python_cli_fails_naming_make_agents_py(monkeypatch, tmp_path):
-    from collect.agents import py_clis
+    from wharf.collect.agents import py_clis
 
     monkeypatch.setattr(py_clis, "BIN_DIR", tmp_path)
     with pytest.raises(node_clis.CliMissing, match=r"make agents-py.*aider-chat==0\.86\.2"):
@@ -131,7 +131,7 @@ def test_a_missing_python_cli_fails_naming_make_agents_py(monkeypatch, tmp_path)
 def test_the_makefile_installs_the_python_clis_at_the_pins_the_classes_name():
     import re
 
-    from collect.agents import py_clis
+    from wharf.collect.agents import py_clis
     from conftest import REPO
 
     line = re.search(r"^PY_AGENT_PINS := (.*)$", (REPO / "Makefile").read_text(), re.M).group(1)
@@ -139,8 +139,8 @@ def test_the_makefile_installs_the_python_clis_at_the_pins_the_classes_name():
 
 
 def test_openhands_is_harbors_with_its_venv_at_the_fixed_path(monkeypatch, tmp_path):
-    from collect.agents import py_clis
-    from collect.agents.openhands import LocalOpenHands
+    from wharf.collect.agents import py_clis
+    from wharf.collect.agents.openhands import LocalOpenHands
 
     agent = LocalOpenHands(logs_dir=tmp_path, model_name="openai/m", base_url="http://h/rollout/r/v1", api_key="k")
     assert agent.name() == "wharf-openhands"

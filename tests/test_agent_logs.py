@@ -1,4 +1,4 @@
-"""Reading agents' own logs (collect/agents/logs.py) and the matrix's helpers, on small files laid
+"""Reading agents' own logs (wharf/collect/agents/logs.py) and the matrix's helpers, on small files laid
 out as the agents write them (the real CLIs' logs are read in test_agent_clis/test_agent_rounds)."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import sqlite3
 
 import numpy as np
 
-from pipeline.agents_check import converts, prompt_bytes, why
-from collect.agents.logs import compare, read_agent_log
-from collect.agents.opencode_db import title_of
+from wharf.pipeline.agents_check import converts, prompt_bytes, why
+from wharf.collect.agents.logs import compare, read_agent_log
+from wharf.collect.agents.opencode_db import title_of
 from testing.stub_template import render_prompt
 from testing.vllm_stub import Stub
-from convert.rows import Call
+from wharf.convert.rows import Call
 
 
 def row(turn, api, response, status="ok", n_prompt=3):

@@ -11,9 +11,9 @@ import subprocess
 import pytest
 
 from testing.vllm_stub import StubServer
-from wharf import schema
-from collect.agents.logs import compare, read_agent_log
-from collect.audit import audit_round
+from wharf.core import schema
+from wharf.collect.agents.logs import compare, read_agent_log
+from wharf.collect.audit import audit_round
 from conftest import REPO, free_port
 
 pytestmark = [
@@ -31,13 +31,13 @@ def stub():
 # agent: (its API, calls per trial, side calls among them, reward): opencode titles its session on
 # the side; aider has no tools (it edits files from the answer's text), so the stub's answer would
 # not do its task.
-AGENTS = {"collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0),
-          "collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
-          "collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
-          "collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
-          "collect.agents.gemini_cli:LocalGeminiCli": ("gemini", 2, 0, 1.0),
-          "collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0),
-          "collect.agents.aider:LocalAider": ("chat", 1, 0, 0.0)}
+AGENTS = {"wharf.collect.agents.claude_code:LocalClaudeCode": ("anthropic", 2, 0, 1.0),
+          "wharf.collect.agents.codex:LocalCodex": ("responses", 2, 0, 1.0),
+          "wharf.collect.agents.opencode:LocalOpenCode": ("responses", 3, 1, 1.0),
+          "wharf.collect.agents.qwen_code:LocalQwenCode": ("chat", 2, 0, 1.0),
+          "wharf.collect.agents.gemini_cli:LocalGeminiCli": ("gemini", 2, 0, 1.0),
+          "wharf.collect.agents.vibe:LocalVibe": ("chat", 2, 0, 1.0),
+          "wharf.collect.agents.aider:LocalAider": ("chat", 1, 0, 0.0)}
 
 
 @pytest.mark.parametrize("agent", list(AGENTS))
@@ -47,7 +47,7 @@ def test_make_collect_round_with_a_cli_agent(tmp_path, stub, agent):
 
 def test_make_collect_round_with_openhands(tmp_path, stub):
     # it re-asks after an answer without a tool call, until max_iterations: two calls, the shell one first
-    check_round(tmp_path, stub, "collect.agents.openhands:LocalOpenHands", "chat", 2, 0, 1.0,
+    check_round(tmp_path, stub, "wharf.collect.agents.openhands:LocalOpenHands", "chat", 2, 0, 1.0,
                 ['collect.agent_kwargs={"max_iterations": 2}'])
 
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipeline import agents_check
-from pipeline.agents_check import CheckoutMissing, stub_server
+from wharf.pipeline import agents_check
+from wharf.pipeline.agents_check import CheckoutMissing, stub_server
 from tests.conftest import REPO
 
 # Our packages but not testing/ on the path, as the console script of an editable install sees them.
@@ -17,7 +17,7 @@ PROBE = """
 import importlib.util, sys
 sys.path.insert(0, {root!r})
 assert importlib.util.find_spec("testing") is None, "testing/ is importable before the command looks for it"
-from pipeline.agents_check import stub_server
+from wharf.pipeline.agents_check import stub_server
 print(stub_server().__module__)
 """
 

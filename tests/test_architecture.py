@@ -1,10 +1,12 @@
-"""The plan of the house, checked on the source: the shared floor (wharf/) imports no stage, the
-three stages (collect, convert, train) and the local engine stand side by side on it and import
-no other stage (the engine only wharf; of the stages only collect names it), the orchestration
-(pipeline/) stands above them, and no module imports, at any depth (function-local imports
-included), a module that imports it back. A module started by name as a child process (`"-m", X`
-in a list, `stage_argv(X, ...)`) counts as imported: it must exist and obey the same rules.
-Also: replay loads neither collect nor harbor."""
+"""The plan of the house, checked on the source: one import package, `wharf`, whose shared floor
+(wharf.core) imports no stage; the three stages (wharf.collect, wharf.convert, wharf.train) and the
+local engine (wharf.engine) stand side by side on it and import no other stage (the engine only
+the core; of the stages only collect names it); what a task is and how it is decided (wharf.tasks:
+the graders, the task formats) stands on the core too, used by collect; the orchestration (wharf.pipeline) stands above
+them; and no module imports, at any depth (function-local imports included), a module that imports
+it back. A module started by name as a child process (`"-m", X` in a list, `stage_argv(X, ...)`)
+counts as imported: it must exist and obey the same rules. Also: replay loads neither collect nor
+harbor, and nothing of ours is a top-level name besides `wharf` (`import train` is not ours)."""
 from __future__ import annotations
 
 import ast
@@ -13,17 +15,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("wharf", "engine", "collect", "convert", "train", "pipeline", "testing")
-# What each package may import of ours (besides itself).
+PACKAGES = ("wharf", "testing")  # the top-level import names whose modules are checked
+# What each room may import of ours (besides itself).
 ALLOWED = {
-    "wharf": set(),
-    "engine": {"wharf"},
-    "collect": {"wharf", "engine"},  # it starts the engine (engine.launch) when nothing answers
-    "convert": {"wharf"},
-    "train": {"wharf"},
-    "pipeline": {"wharf", "engine", "collect", "convert", "train", "testing"},  # testing: agents-check's stub
-    "testing": {"wharf", "engine", "collect"},
+    "wharf": set(),  # wharf/__init__.py: the version, nothing else
+    "wharf.core": set(),
+    "wharf.engine": {"wharf.core"},
+    "wharf.tasks": {"wharf.core"},  # what a task is and how it is decided: the graders, the formats
+    "wharf.collect": {"wharf.core", "wharf.engine", "wharf.tasks"},  # it starts the engine when nothing answers
+    "wharf.convert": {"wharf.core"},
+    "wharf.train": {"wharf.core"},
+    "wharf.pipeline": {"wharf.core", "wharf.engine", "wharf.tasks", "wharf.collect", "wharf.convert", "wharf.train",
+                       "testing"},
+    "testing": {"wharf.core", "wharf.engine", "wharf.tasks", "wharf.collect"},  # testing: agents-check's stub
 }
+
+
+def _room(mod: str) -> str:
+    """The room a module stands in: wharf.<room>, or the top-level name (testing, wharf itself)."""
+    parts = mod.split(".")
+    return ".".join(parts[:2]) if parts[0] == "wharf" and len(parts) > 1 else parts[0]
 
 
 def _module(path: Path) -> str:
@@ -92,7 +103,7 @@ def _graph() -> dict[str, set[str]]:
 
 def test_each_package_imports_only_the_floors_below_it():
     bad = [f"{m} imports {n}" for m, deps in _graph().items() for n in deps
-           if n.split(".")[0] != m.split(".")[0] and n.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+           if _room(n) != _room(m) and _room(n) not in ALLOWED[_room(m)]]
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -131,8 +142,9 @@ def test_no_circles():
 
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     f = tmp_path / "probe.py"
-    f.write_text("def f():\n    from collect.runner import run\n    from ..wharf import layout\n")
-    assert _imports(f, "train.probe") == {"collect.runner", "collect.runner.run", "wharf", "wharf.layout"}
+    f.write_text("def f():\n    from wharf.collect.runner import run\n    from ..core import layout\n")
+    assert _imports(f, "wharf.train.probe") == {"wharf.collect.runner", "wharf.collect.runner.run", "wharf.core",
+                                                "wharf.core.layout"}
 
 
 def test_every_module_run_by_name_exists():
@@ -140,7 +152,7 @@ def test_every_module_run_by_name_exists():
     missed a string fails here, not when a run starts the child."""
     mods = _modules()
     targets = {(t, m) for m, p in mods.items() for t in _run_targets_of(p)}
-    assert ("engine", "engine.launch") in targets  # the checker sees the launcher's target
+    assert ("wharf.engine", "wharf.engine.launch") in targets  # the checker sees the launcher's target
     missing = [f"{m} runs `python -m {t}`, which does not exist" for t, m in sorted(targets)
                if not (f"{t}.__main__" in mods or (t in mods and not mods[t].name == "__init__.py"))]
     assert not missing, "\n".join(missing)
@@ -148,14 +160,14 @@ def test_every_module_run_by_name_exists():
 
 def test_the_checker_sees_modules_run_by_name(tmp_path):
     f = tmp_path / "probe.py"
-    f.write_text('import sys\ncmd = [sys.executable, "-m", "engine", "--port", "1"]\n'
-                 'argv = procs.stage_argv("collect.proxy", cfg, path)\nother = ["-m", "pytest"]\n')
-    assert _imports(f, "wharf.probe") == {"engine", "collect.proxy"}
+    f.write_text('import sys\ncmd = [sys.executable, "-m", "wharf.engine", "--port", "1"]\n'
+                 'argv = procs.stage_argv("wharf.collect.proxy", cfg, path)\nother = ["-m", "pytest"]\n')
+    assert _imports(f, "wharf.probe") == {"wharf.engine", "wharf.collect.proxy"}
 
 
 def test_replay_loads_neither_collect_nor_harbor():
-    code = ("import sys; import pipeline.replay, pipeline.cli; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('harbor', 'collect')))")
+    code = ("import sys; import wharf.pipeline.replay, wharf.pipeline.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'harbor' or m.startswith('wharf.collect')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0, out.stderr
@@ -167,4 +179,10 @@ def test_test_doubles_are_not_in_the_installed_package():
 
     found = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert not any(pat.startswith("testing") for pat in found["include"]), found
-    assert {"wharf*", "engine*", "collect*", "convert*", "train*", "pipeline*"} <= set(found["include"])
+    assert found["include"] == ["wharf*"], found
+
+
+def test_nothing_of_ours_is_a_top_level_name_but_wharf():
+    """`pip install` adds one name: a user's own `train` or `engine` module stays theirs."""
+    tops = {p.name for p in REPO.iterdir() if (p / "__init__.py").exists()}
+    assert tops - {"testing", "tests", "bench"} == {"wharf"}, tops

@@ -4,11 +4,11 @@ from __future__ import annotations
 import datetime as dt
 
 
-from wharf import schema
-from collect.audit import audit_round, orphan_turns, orphans
-from wharf.layout import CollectPaths
-from collect.proxy.background import BackgroundProxy
-from collect.records import RolloutRow
+from wharf.core import schema
+from wharf.collect.audit import audit_round, orphan_turns, orphans
+from wharf.core.layout import CollectPaths
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.records import RolloutRow
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post
 
 MSG = [{"role": "user", "content": "hello"}]

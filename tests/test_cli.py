@@ -1,4 +1,4 @@
-"""The one command line: `wharf <command>` (pipeline/cli.py) and its shared idiom (wharf/entry.py)."""
+"""The one command line: `wharf <command>` (wharf/pipeline/cli.py) and its shared idiom (wharf/core/entry.py)."""
 from __future__ import annotations
 
 import ast
@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline.cli import COMMANDS
+from wharf.pipeline.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def wharf(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "wharf.pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 

@@ -1,4 +1,4 @@
-"""`python -m collect` end to end against the real local engine (SmolLM2-135M on the CPU): our
+"""`python -m wharf.collect` end to end against the real local engine (SmolLM2-135M on the CPU): our
 minimal agent and real mini-swe-agent, recorded and graded; and a killed round resumed."""
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from wharf import schema
-from collect.audit import audit_round
-from wharf.model_store import resolve_model_dir
+from wharf.core import schema
+from wharf.collect.audit import audit_round
+from wharf.core.model_store import resolve_model_dir
 from conftest import free_port
 
 pytestmark = [
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def collect_cmd(tmp_path, engine_url, *overrides):
-    return [sys.executable, "-m", "collect", "--config", str(REPO / "configs/default.yaml"),
+    return [sys.executable, "-m", "wharf.collect", "--config", str(REPO / "configs/default.yaml"),
             f"runs_dir={tmp_path}", "name=t", f"endpoint.url={engine_url}", "endpoint.launch=false",
             f"proxy.port={free_port()}", *overrides]
 
@@ -68,7 +68,7 @@ def test_minimal_agent_round_is_token_exact(tmp_path, engine_url, tokenizer):
 
 def test_mini_swe_agent_round_is_recorded_and_graded(tmp_path, engine_url, tokenizer):
     run_collect(tmp_path, engine_url, "collect.tasks=[write-answer]", "collect.attempts=1",
-                "collect.agent=collect.agents.mini_swe:LocalMiniSweAgent",
+                "collect.agent=wharf.collect.agents.mini_swe:LocalMiniSweAgent",
                 "collect.agent_kwargs={step_limit: 2}", "sampling.max_tokens=48")
     collect_dir = tmp_path / "t/rounds/0/collect"
     (row,) = schema.read_table(collect_dir / "rollouts.parquet", "rollouts").to_pylist()

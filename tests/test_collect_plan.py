@@ -5,10 +5,10 @@ import pytest
 from harbor.models.trial.result import ExceptionInfo, TrialResult
 from harbor.models.verifier.result import VerifierResult
 
-from wharf.config import CollectConfig
-from collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
-from collect.sandbox.ns import SandboxStartError
-from collect.trials import RolloutRoute, TrialSetupError, classify, preflight, primary_reward, trial_config
+from wharf.core.config import CollectConfig
+from wharf.collect.tasksets import TaskSetError, discover, new_rollout_id, plan, rollout_seed
+from wharf.collect.sandbox.ns import SandboxStartError
+from wharf.collect.trials import RolloutRoute, TrialSetupError, classify, preflight, primary_reward, trial_config
 
 
 def make_tasks(root, names):
@@ -46,13 +46,13 @@ def test_discover_errors_name_the_problem(tmp_path):
 
 def test_trial_config_points_agent_at_rollout_route(tmp_path):
     ep = RolloutRoute("http://127.0.0.1:8200/rollout/r1/v1", "key-1", "policy-v1")
-    cc = CollectConfig(agent="collect.agents.minimal:MinimalAgent", agent_kwargs={"max_turns": 3})
+    cc = CollectConfig(agent="wharf.collect.agents.minimal:MinimalAgent", agent_kwargs={"max_turns": 3})
     tc = trial_config(cc, tmp_path, "r1", tmp_path / "harbor", ep)
-    assert tc.agent.import_path == "collect.agents.minimal:MinimalAgent"
+    assert tc.agent.import_path == "wharf.collect.agents.minimal:MinimalAgent"
     assert tc.agent.kwargs == {"base_url": ep.base_url, "api_key": "key-1", "max_turns": 3}
     assert tc.agent.env["OPENAI_BASE_URL"] == ep.base_url
     assert tc.agent.env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:8200/rollout/r1"
-    assert tc.environment.import_path == "collect.sandbox.bwrap:BwrapEnvironment"
+    assert tc.environment.import_path == "wharf.collect.sandbox.bwrap:BwrapEnvironment"
     assert tc.trial_name == "r1"
 
     named = trial_config(CollectConfig(agent="mini-swe-agent", environment="docker"), tmp_path, "r2",
@@ -104,8 +104,8 @@ def test_preflight_refuses_unknown_agents_environments_and_options():
     preflight(CollectConfig())  # the embedded default loads
     with pytest.raises(TrialSetupError, match="collect.agent='mini-swe-agnet'"):
         preflight(CollectConfig(agent="mini-swe-agnet"))
-    with pytest.raises(TrialSetupError, match="collect.agent='collect.agents.minimal:NoSuchAgent'"):
-        preflight(CollectConfig(agent="collect.agents.minimal:NoSuchAgent"))
+    with pytest.raises(TrialSetupError, match="collect.agent='wharf.collect.agents.minimal:NoSuchAgent'"):
+        preflight(CollectConfig(agent="wharf.collect.agents.minimal:NoSuchAgent"))
     with pytest.raises(TrialSetupError, match="max_turnz"):
         preflight(CollectConfig(agent_kwargs={"max_turnz": 3}))
     with pytest.raises(TrialSetupError, match="collect.environment='dockr'"):
@@ -123,8 +123,8 @@ def test_rollout_seed_depends_on_round_task_and_attempt_only(tmp_path):
 def test_a_failed_close_costs_the_rollout_not_the_round():
     import asyncio
 
-    from collect.proxy_client import ServiceError
-    from collect.node import close_rollout
+    from wharf.collect.proxy_client import ServiceError
+    from wharf.collect.node import close_rollout
 
     class Admin:
         def __init__(self, fail):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from wharf import schema
+from wharf.core import schema
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).parent / "fixtures" / "ray_rounds.sh"
@@ -143,8 +143,8 @@ def test_an_eval_on_the_cluster_in_s3_reaches_the_bucket_from_every_node(rounds)
     """`wharf eval` with collect on Ray and runs_dir=s3://, its driver's mirror hidden from the
     workers (was: each node was handed a path in the driver's mirror, which it does not see, and
     refused; on a shared disk its shards and trial logs never went up from the node)."""
-    from pipeline.eval import read_trials
-    from wharf.layout import RunLayout
+    from wharf.pipeline.eval import read_trials
+    from wharf.core.layout import RunLayout
 
     ev = rounds["eval"]
     ex = ev["manifest"]["executor"]

@@ -1,4 +1,4 @@
-"""collect.executor=ray's dispatch (collect/ray_dispatch.py) in process, each node a coroutine
+"""collect.executor=ray's dispatch (wharf/collect/ray_dispatch.py) in process, each node a coroutine
 that answers, fails, hangs, is unavailable for a while or starts late: a node's failure of any
 kind takes that node out, never the round, and every trial runs once on the nodes left (the same
 scenarios on a real cluster: tests/test_collect_ray.py)."""
@@ -11,7 +11,7 @@ import pytest
 
 
 def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
-    from collect.ray_dispatch import RayExecutorError, dispatch
+    from wharf.collect.ray_dispatch import RayExecutorError, dispatch
 
     class Lost(Exception):
         pass
@@ -40,8 +40,8 @@ def test_dispatch_requeues_a_lost_nodes_trials_on_the_nodes_left():
 def test_dispatch_takes_out_a_node_that_fails_in_any_way_not_the_round():
     """A node whose proxy died answers every trial with an error its trial handling does not
     catch: before, that error ended the whole round in 0.2 s, the healthy node's trials abandoned."""
-    from collect.proxy_client import ServiceError
-    from collect.ray_dispatch import RayExecutorError, dispatch
+    from wharf.collect.proxy_client import ServiceError
+    from wharf.collect.ray_dispatch import RayExecutorError, dispatch
 
     async def proxy_died(p):
         raise ServiceError("proxy at http://10.0.0.2:41000 is not answering")
@@ -56,7 +56,7 @@ def test_dispatch_takes_out_a_node_that_fails_in_any_way_not_the_round():
 def test_a_round_starts_with_the_first_node_up_and_a_late_one_joins_or_is_left_out():
     """collect.ray_ready_timeout_s bounds the wait for the first node only: the others join when
     their actor starts (was: the round waited the whole timeout for each, then dropped them)."""
-    from collect.ray_dispatch import first_ready
+    from wharf.collect.ray_dispatch import first_ready
 
     async def scenario(late_after: float | None):
         loop = asyncio.get_running_loop()
@@ -78,7 +78,7 @@ def test_a_round_starts_with_the_first_node_up_and_a_late_one_joins_or_is_left_o
                               (), joining=joining, join_by=min(join_by, loop.time() + 0.5))
         return ready, out, waited, done, ran
 
-    from collect.ray_dispatch import dispatch
+    from wharf.collect.ray_dispatch import dispatch
 
     ready, out, waited, done, ran = asyncio.run(scenario(0.05))
     assert ready == ["a"] and waited < 1 and "RuntimeError: no such resource" in out["c"]
@@ -142,7 +142,7 @@ def test_dispatch_rests_a_node_that_is_merely_unavailable_and_uses_it_again():
 
 
 def _todo(n: int) -> list:
-    from collect.tasksets import PlannedRollout, Task
+    from wharf.collect.tasksets import PlannedRollout, Task
 
     return [PlannedRollout(Task(f"t{i}", Path(".")), 0) for i in range(n)]
 
@@ -154,7 +154,7 @@ async def _healthy(p):
 
 def _dispatch(submit: dict, slots: int, todo: list, *args) -> tuple[list[str], list[tuple[str, str]]]:
     """dispatch(...) over `submit`; (the nodes taken out mid-round, [(row, node)] recorded)."""
-    from collect.ray_dispatch import dispatch
+    from wharf.collect.ray_dispatch import dispatch
 
     ran: list[tuple[str, str]] = []
     return asyncio.run(dispatch(submit, slots, todo, lambda row, n: ran.append((row, n)), *args)).lost, ran

@@ -9,9 +9,9 @@ import pytest
 def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_path, monkeypatch):
     import builtins
 
-    from collect import runner
-    from collect.ray_executor import RayExecutorError
-    from wharf.config import load_config
+    from wharf.collect import runner
+    from wharf.collect.ray_executor import RayExecutorError
+    from wharf.core.config import load_config
 
     real_import = builtins.__import__
 
@@ -30,7 +30,7 @@ def test_without_ray_installed_the_round_is_refused_before_anything_starts(tmp_p
 
 def test_a_task_dir_travels_to_a_node_as_an_archive_unpacked_once(tmp_path):
     """No shared filesystem: a node runs the task from its own copy, files and modes as packed."""
-    from collect.ship import ShipError, TaskCache, pack
+    from wharf.collect.ship import ShipError, TaskCache, pack
 
     task = tmp_path / "datasets" / "sed-add"
     (task / "tests").mkdir(parents=True)
@@ -52,8 +52,8 @@ def test_a_node_that_does_not_see_a_local_run_dir_refuses_naming_the_fix(tmp_pat
     """No shared filesystem and a local runs_dir: the node's actor fails to start (so the round
     leaves it out, naming why) instead of writing shards the driver never sees."""
     pytest.importorskip("ray")
-    from collect.ray_executor import NodeActor, RayExecutorError
-    from wharf.config import load_config
+    from wharf.collect.ray_executor import NodeActor, RayExecutorError
+    from wharf.core.config import load_config
 
     cfg = load_config(None, [f"runs_dir={tmp_path / 'driver-only'}", "name=t", "endpoint.url=http://127.0.0.1:9"])
     with pytest.raises(RayExecutorError, match=r"does not see the run dir .*runs_dir=s3://"):

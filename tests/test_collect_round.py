@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from testing.vllm_stub import StubServer
-from wharf import schema
-from wharf.config import load_config
-from collect.runner import Round
+from wharf.core import schema
+from wharf.core.config import load_config
+from wharf.collect.runner import Round
 from conftest import free_port
 
 pytestmark = [
@@ -37,7 +37,7 @@ def round_cfg(tmp_path, agent, endpoint_url, *extra):
 
 def run_round(cfg, tmp_path):
     config_path = tmp_path / "config.yaml"
-    from wharf.config import dump_config
+    from wharf.core.config import dump_config
 
     dump_config(cfg, config_path)
     summary = asyncio.run(Round(cfg, config_path).run(progress=False))
@@ -107,7 +107,7 @@ def test_manifest_counts_orphan_turns_left_by_a_killed_run(tmp_path, stub):
     cfg = round_cfg(tmp_path, "ScriptedAgent", stub, "collect.tasks=[answer]", "collect.attempts=1")
     turns_dir = cfg.round_dir() / "collect" / "turns"
     # A trial of an earlier, killed run: its calls were recorded, its rollouts row never written.
-    from collect.proxy.shards import write_shard
+    from wharf.collect.proxy.shards import write_shard
     ghost = {"rollout_id": "killed-run-trial", "turn": 0, "request_id": "r0", "api": "chat", "policy": "stub-model",
              "started_at": 0.0, "ended_at": 1.0, "request": "{}", "response": "{}", "sampling": "{}",
              "prompt_token_ids": [1, 2], "completion_token_ids": [3], "completion_logprobs": [-0.5],

@@ -1,6 +1,6 @@
 import pytest
 
-from wharf.config import ConfigError, RunConfig, dump_config, load_config, parse_override
+from wharf.core.config import ConfigError, RunConfig, dump_config, load_config, parse_override
 
 
 def test_default_config_loads_and_overrides_apply():
@@ -90,7 +90,7 @@ def test_stage_sections_are_checked_at_load_time(tmp_path, override, message):
 
 
 def test_help_lists_every_key_with_its_default(capsys):
-    from wharf.config import cli_config
+    from wharf.core.config import cli_config
 
     with pytest.raises(SystemExit) as e:
         cli_config(["--help"], "wharf train")
@@ -128,7 +128,7 @@ def test_only_true_and_false_are_booleans():
 def test_the_docs_list_every_key_with_its_default():
     from pathlib import Path
 
-    from wharf.configio import keys_help
+    from wharf.core.configio import keys_help
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     block = "\n".join(keys_help(RunConfig))
@@ -152,7 +152,7 @@ def test_top_p_below_one_needs_the_opt_in():
 def test_a_dict_override_merges_and_tilde_removes_what_the_file_set():
     """As Hydra's command line: `key={...}` merges into the file's dict; `~key` drops it first, e.g.
     to run another agent on a config whose agent_kwargs are the minimal agent's."""
-    mini = "collect.agent=collect.agents.mini_swe:LocalMiniSweAgent"
+    mini = "collect.agent=wharf.collect.agents.mini_swe:LocalMiniSweAgent"
     merged = load_config("configs/learn.yaml", [mini, "collect.agent_kwargs={step_limit: 3}"])
     assert merged.collect.agent_kwargs["step_limit"] == 3 and merged.collect.agent_kwargs["max_turns"] == 1
     only = load_config("configs/learn.yaml", [mini, "~collect.agent_kwargs", "collect.agent_kwargs={step_limit: 3}"])

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from convert.advantages import advantages_by_group, group_advantages
-from convert.build import build
-from convert.reader import Job
-from convert.rows import Call, RowOptions
+from wharf.convert.advantages import advantages_by_group, group_advantages
+from wharf.convert.build import build
+from wharf.convert.reader import Job
+from wharf.convert.rows import Call, RowOptions
 
 
 def test_grpo_by_hand():

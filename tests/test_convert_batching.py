@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from convert import batching
-from wharf.batches import FORMAT, FORMAT_VERSION, PAD_ID, BatchFormatError, load_micro_batch, save_micro_batch
-from convert.rows import Row
+from wharf.convert import batching
+from wharf.core.batches import FORMAT, FORMAT_VERSION, PAD_ID, BatchFormatError, load_micro_batch, save_micro_batch
+from wharf.convert.rows import Row
 
 
 @settings(max_examples=200, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convert.rows import Call, RowError, RowOptions, build_rows
+from wharf.convert.rows import Call, RowError, RowOptions, build_rows
 
 ids = st.lists(st.integers(1, 60), max_size=6)
 

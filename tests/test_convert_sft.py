@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from convert.reader import ConvertInputError
-from convert.stage import convert_round
-from wharf import schema
-from wharf.batches import load_micro_batch, read_index
-from wharf.config import load_config
-from wharf.layout import CollectPaths
-from wharf.model_store import embedded_model_dir
+from wharf.convert.reader import ConvertInputError
+from wharf.convert.stage import convert_round
+from wharf.core import schema
+from wharf.core.batches import load_micro_batch, read_index
+from wharf.core.config import load_config
+from wharf.core.layout import CollectPaths
+from wharf.core.model_store import embedded_model_dir
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -45,8 +45,8 @@ def tok():
 def engine_prompt_ids(tok, body: dict) -> list[int]:
     """The local engine's own prompt for a chat request: engine.chat_api.parse_chat on an engine
     core that holds only the tokenizer (no model, no server)."""
-    from engine.chat_api import parse_chat
-    from engine.core import EngineCore
+    from wharf.engine.chat_api import parse_chat
+    from wharf.engine.core import EngineCore
 
     core = SimpleNamespace(tok=tok, cfg=SimpleNamespace(served_name="base"), max_model_len=8192,
                            default_temperature=1.0, default_top_p=1.0, adapter_for=lambda name: None)
@@ -80,7 +80,7 @@ def write_job(d: Path, rewards: dict[str, float]) -> Path:
 
 
 def test_convert_renders_exactly_the_engines_prompt_ids(tok):
-    from convert.sft import render_chat_call
+    from wharf.convert.sft import render_chat_call
 
     for messages, answer in conversation():
         body = {"model": "base", "messages": messages, "tools": TOOLS}

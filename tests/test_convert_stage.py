@@ -15,13 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from wharf import schema
-from wharf.config import load_config
-from wharf.layout import CollectPaths
+from wharf.core import schema
+from wharf.core.config import load_config
+from wharf.core.layout import CollectPaths
 from testing.synthetic_job import make_job
-from convert.reader import ConvertInputError
-from wharf.batches import load_micro_batch, read_index
-from convert.stage import convert_round, summary
+from wharf.convert.reader import ConvertInputError
+from wharf.core.batches import load_micro_batch, read_index
+from wharf.convert.stage import convert_round, summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -227,11 +227,11 @@ def test_missing_rollouts_table(jobs, tmp_path):
 
 
 def _main(argv: list[str], capsys) -> tuple[int, str, str]:
-    """`python -m convert ARGV` in this process: (exit status, stdout, stderr)."""
-    from convert.cli import main
+    """`python -m wharf.convert ARGV` in this process: (exit status, stdout, stderr)."""
+    from wharf.convert.cli import main
 
     try:
-        rc = main(argv, "python -m convert")
+        rc = main(argv, "python -m wharf.convert")
     except SystemExit as e:  # a bad config exits 2 from the parser
         rc = e.code
     out = capsys.readouterr()
@@ -240,7 +240,7 @@ def _main(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_cli(jobs, tmp_path, capsys):
     # The refusals in this process (a child process each cost ~20 s of imports on a busy machine),
-    # the good run as the real `python -m convert`.
+    # the good run as the real `python -m wharf.convert`.
     rc, _, err = _main(["convert.advantge=rloo"], capsys)
     assert rc == 2 and "did you mean 'advantage'" in err
     rc, _, err = _main(["convert.advantage=ppo"], capsys)
@@ -249,7 +249,7 @@ def test_cli(jobs, tmp_path, capsys):
     missing = tmp_path / "nowhere"
     rc, _, err = _main([f"convert.jobs=[{missing}]", f"convert.out_dir={tmp_path / 'out2'}"], capsys)
     assert rc == 1 and f"{missing}/rollouts.parquet" in err and "nothing written" in err
-    out = subprocess.run([sys.executable, "-m", "convert", f"convert.jobs=[{jobs / 'job1'}]",
+    out = subprocess.run([sys.executable, "-m", "wharf.convert", f"convert.jobs=[{jobs / 'job1'}]",
                           f"convert.out_dir={tmp_path / 'out'}"], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "rollouts  read 16" in out.stdout and (tmp_path / "out/index.json").exists()

@@ -2,7 +2,7 @@
 for every row count (chunks included), tail and tile it handles, on AVX-512 and on AVX2; layers
 take it for fp32 inference (reading swapped weights) and, under autograd, only where the weight and
 bias are frozen (LoRA's base), with gradients equal to torch's, at the row counts where it was
-timed faster on this machine (wharf/cpu_routes.py, timed once and kept); without a compiler the
+timed faster on this machine (wharf/core/cpu_routes.py, timed once and kept); without a compiler the
 model runs as it was."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import shutil
 import pytest
 import torch
 
-from wharf import cpu_linear, cpu_routes
-from wharf.cpu_routes import Routes
+from wharf.core import cpu_linear, cpu_routes
+from wharf.core.cpu_routes import Routes
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="no C compiler")

@@ -21,14 +21,14 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from wharf import schema
-from collect.agents.logs import read_agent_log
-from collect.audit import audit_round
-from convert.stage import convert_round
-from wharf.batches import load_micro_batch, read_index
-from wharf.config import load_config
-from wharf.layout import CollectPaths
-from wharf.model_store import resolve_model_dir
+from wharf.core import schema
+from wharf.collect.agents.logs import read_agent_log
+from wharf.collect.audit import audit_round
+from wharf.convert.stage import convert_round
+from wharf.core.batches import load_micro_batch, read_index
+from wharf.core.config import load_config
+from wharf.core.layout import CollectPaths
+from wharf.core.model_store import resolve_model_dir
 from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,10 +41,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),  # the round may take
 
 @pytest.fixture(scope="module")
 def default_round(tmp_path_factory) -> Path:
-    """The collect dir of one `python -m collect` on configs/default.yaml, run once for this module."""
+    """The collect dir of one `python -m wharf.collect` on configs/default.yaml, run once for this module."""
     runs = tmp_path_factory.mktemp("default-round")
     port = free_port()
-    cmd = [sys.executable, "-m", "collect", "--config", str(REPO / "configs/default.yaml"), f"runs_dir={runs}",
+    cmd = [sys.executable, "-m", "wharf.collect", "--config", str(REPO / "configs/default.yaml"), f"runs_dir={runs}",
            f"collect.tasks=[{','.join(TASKS)}]",
            f"engine.port={port}", f"endpoint.url=http://127.0.0.1:{port}", f"proxy.port={free_port()}"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)

@@ -8,10 +8,10 @@ import threading
 import pytest
 from aiohttp import web
 
-from wharf.config import load_config
-from engine.launch import launch
-from wharf.endpoint import Endpoint, EndpointError, parse_prefix_counters
-from collect.manifest import prefix_cache_summary
+from wharf.core.config import load_config
+from wharf.engine.launch import launch
+from wharf.core.endpoint import Endpoint, EndpointError, parse_prefix_counters
+from wharf.collect.manifest import prefix_cache_summary
 from conftest import free_port
 
 

@@ -9,12 +9,12 @@ import threading
 import pytest
 import torch
 
-from wharf.config import EngineConfig
-from wharf import model_store
-from engine.sequence import Done, Failed, Sequence, Token
-from engine.core import EngineCore
-from wharf.adapters import AdapterInvalid
-from engine.sampling import SamplingParams
+from wharf.core.config import EngineConfig
+from wharf.core import model_store
+from wharf.engine.sequence import Done, Failed, Sequence, Token
+from wharf.engine.core import EngineCore
+from wharf.core.adapters import AdapterInvalid
+from wharf.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow  # ~50 s of CPU: four model loads (one float64) and a few dozen passes
 PROMPTS = ["Tell me about the moon.", "Write a haiku about compilers, please, in English.", "Hi"]

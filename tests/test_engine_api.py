@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from engine.chat_format import parse_tool_calls
+from wharf.engine.chat_format import parse_tool_calls
 
 
 def post(url: str, body: bytes | dict) -> tuple[int, dict | str]:

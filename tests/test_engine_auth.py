@@ -6,11 +6,11 @@ import openai
 import pytest
 import requests
 
-from engine import launch as launcher
-from wharf import endpoint
-from wharf.config import load_config
-from collect.proxy.background import BackgroundProxy
-from wharf.schema import read_dir
+from wharf.engine import launch as launcher
+from wharf.core import endpoint
+from wharf.core.config import load_config
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.core.schema import read_dir
 from testing.proxy_load import free_port
 
 REPO = launcher.REPO_ROOT

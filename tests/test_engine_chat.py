@@ -8,7 +8,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from wharf import model_store
+from wharf.core import model_store
 
 EOT = "<|im_end|>"
 TOOLS = [{"type": "function", "function": {

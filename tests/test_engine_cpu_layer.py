@@ -1,4 +1,4 @@
-"""The layer kernel (engine/cpu_layer.py): decode steps on it draw what the model's own layers
+"""The layer kernel (wharf/engine/cpu_layer.py): decode steps on it draw what the model's own layers
 draw, with log-probs equal to float rounding, at several rows of different lengths; passes it
 cannot do exactly go to the model."""
 from __future__ import annotations
@@ -9,18 +9,18 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
 
-from engine import cpu_layer
-from engine.kv import SlackLayer
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
-from wharf import cbuild, cpu_linear, model_store
-from wharf.config import EngineConfig
+from wharf.engine import cpu_layer
+from wharf.engine.kv import SlackLayer
+from wharf.engine.sampling import SamplingParams
+from wharf.engine.sequence import Sequence
+from wharf.core import cbuild, cpu_linear, model_store
+from wharf.core.config import EngineConfig
 from test_cpu_linear import cpu_flags, kernel
 
 
 @pytest.fixture(scope="module")
 def core():
-    from engine.core import EngineCore
+    from wharf.engine.core import EngineCore
 
     c = EngineCore(EngineConfig(device="cpu", prefix_cache=False))
     if c.layer_kernel is None:

@@ -1,4 +1,4 @@
-"""engine/cpu_race.c: the sampling race with torch's very draws.
+"""wharf/engine/cpu_race.c: the sampling race with torch's very draws.
 
 The kernel must pick, for every row, the token torch's exponential race picks from the same
 generator, and leave the generator where torch's exponential_ leaves it, or seeded requests would
@@ -14,10 +14,10 @@ import shutil
 import pytest
 import torch
 
-from engine import cpu_race
-from wharf import cbuild
-from engine.cpu_race import torch_race
-from engine.sampling import sample_rows
+from wharf.engine import cpu_race
+from wharf.core import cbuild
+from wharf.engine.cpu_race import torch_race
+from wharf.engine.sampling import sample_rows
 
 
 @pytest.fixture(scope="module", params=[[], ["-mno-avx512f"]], ids=["native", "avx2"])

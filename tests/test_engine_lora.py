@@ -10,7 +10,7 @@ import pytest
 import torch
 from openai import OpenAI
 
-from wharf import model_store
+from wharf.core import model_store
 from test_engine_api import assert_error, post
 
 MSGS = [{"role": "user", "content": "Tell me about the moon."}]

@@ -10,9 +10,9 @@ import pytest
 import torch
 from openai import OpenAI
 
-from engine.kv import PrefillRow, is_slack, prefill_batch, row_kv, slack_cache
-from engine.prefix_cache import PrefixCache, common_prefix
-from wharf import model_store
+from wharf.engine.kv import PrefillRow, is_slack, prefill_batch, row_kv, slack_cache
+from wharf.engine.prefix_cache import PrefixCache, common_prefix
+from wharf.core import model_store
 from test_engine_api import post
 
 KV_TOKEN = 2 * 3 * 8 * 4  # bytes a token in the toy KV below: [layers=1, 2, heads=3, n, dim=8] fp32

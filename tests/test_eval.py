@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from conftest import REPO, free_port
-from wharf import model_store, schema
-from wharf.config import load_config
-from wharf.configio import ConfigError
-from wharf.endpoint import Endpoint
-from wharf.layout import RunLayout
-from pipeline.eval import EvalError, Policy, eval_name, resolve, serving
+from wharf.core import model_store, schema
+from wharf.core.config import load_config
+from wharf.core.configio import ConfigError
+from wharf.core.endpoint import Endpoint
+from wharf.core.layout import RunLayout
+from wharf.pipeline.eval import EvalError, Policy, eval_name, resolve, serving
 
 MSGS = [{"role": "user", "content": "Name a colour."}]
 
@@ -98,7 +98,7 @@ def test_both_forms_are_served_with_their_own_weights(adapters, engine_url):
 def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
     adapter, _ = adapters
     task = "datasets/learn/heldout/echo-color-1"
-    cmd = [sys.executable, "-m", "pipeline.cli", "eval", "--config", str(REPO / "configs/learn.yaml"),
+    cmd = [sys.executable, "-m", "wharf.pipeline.cli", "eval", "--config", str(REPO / "configs/learn.yaml"),
            f"runs_dir={tmp_path}", "name=t", f"eval.dataset={task}", f"eval.policies=[base,{adapter}]",
            "eval.attempts=2", f"endpoint.url={engine_url}", "endpoint.launch=false", f"proxy.port={free_port()}"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1400)
@@ -125,8 +125,8 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
 
 
 def test_summary_json_and_printed_figures(tmp_path):
-    from pipeline.eval import summary_lines, write_summary
-    from pipeline.eval_stats import Trial
+    from wharf.pipeline.eval import summary_lines, write_summary
+    from wharf.pipeline.eval_stats import Trial
 
     cfg = load_config(None, [f"runs_dir={tmp_path}", "eval.dataset=datasets/learn/heldout", "eval.attempts=2"])
     ev = cfg.layout.eval(eval_name(cfg))
@@ -151,8 +151,8 @@ def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest
     job = RunLayout(run.evals / "learn-heldout" / f"{run.root.name}-policy-v{k}").round(0).collect
     schema.write_table(job.rollouts, "rollouts", _rollouts(0, successes))
     job.manifest.write_text(json.dumps({
-        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "collect.agents.minimal:MinimalAgent",
-        "environment": "collect.sandbox.bwrap:BwrapEnvironment",
+        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "wharf.collect.agents.minimal:MinimalAgent",
+        "environment": "wharf.collect.sandbox.bwrap:BwrapEnvironment",
         "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}, **manifest}))
     return job.root
 
@@ -160,7 +160,7 @@ def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest
 def test_policies_their_loops_evaluated_are_read_not_run_again(tmp_path, capsys):
     """GRPO vs its control at round 2, both evaluated by their own loops with the same trials: the
     paired difference comes from the stored jobs, with no endpoint (nothing answers at its URL)."""
-    from pipeline.eval import main
+    from wharf.pipeline.eval import main
 
     runs = {}
     for name, ok in (("grpo", {"a": 4, "b": 3}), ("zero", {"a": 1, "b": 0})):

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from wharf.config import load_config
-from wharf.layout import RunLayout
-from pipeline import loop
-from pipeline.eval import Policy, eval_name, write_summary
-from pipeline.eval_stats import Trial
-from pipeline.report import write_report
-from pipeline.report.data import gather, round_line
-from pipeline.report.plots import heldout_points
-from pipeline.stages import run_stage
+from wharf.core.config import load_config
+from wharf.core.layout import RunLayout
+from wharf.pipeline import loop
+from wharf.pipeline.eval import Policy, eval_name, write_summary
+from wharf.pipeline.eval_stats import Trial
+from wharf.pipeline.report import write_report
+from wharf.pipeline.report.data import gather, round_line
+from wharf.pipeline.report.plots import heldout_points
+from wharf.pipeline.stages import run_stage
 from test_report import make_round, referenced
 
 
@@ -81,8 +81,8 @@ def test_rounds_without_evaluation_keep_their_line_and_plot(tmp_path):
 def test_a_stored_policy_is_named_as_read_from_this_eval_or_from_its_runs_loop(tmp_path):
     """The log line of a policy not run again says whose trials are read (was: "its run already
     ran" for this eval's own finished job too)."""
-    from pipeline.eval import stored_note
-    from wharf.layout import EvalLayout
+    from wharf.pipeline.eval import stored_note
+    from wharf.core.layout import EvalLayout
 
     ev = EvalLayout(tmp_path / "cmp" / "evals" / "heldout")
     p = Policy("runs/grpo:2", "grpo-policy-v2", tmp_path / "adapter", 2)
@@ -122,7 +122,7 @@ def test_a_warm_started_loop_is_measured_against_its_init_adapter(tmp_path, monk
 def test_the_table_of_warm_started_runs_reads_rounds_eval_and_families(tmp_path, monkeypatch, capsys):
     """`wharf report --table`: a row per run (reward, cut answers, mixed groups per round; the last
     held-out evaluation against policy-v0) and a line with pass@k and successes per task family."""
-    from pipeline.report.cli import main as report_main
+    from wharf.pipeline.report.cli import main as report_main
 
     sft = RunLayout(tmp_path / "sft")
     (sft.round(0).train.adapter).mkdir(parents=True)

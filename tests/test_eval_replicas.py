@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import requests
 
-from collect.proxy.background import BackgroundProxy
-from pipeline.eval import EvalError, Policy, serving
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.pipeline.eval import EvalError, Policy, serving
 from testing.vllm_stub import StubServer
-from wharf.config import load_config
-from wharf.endpoint import Endpoint
+from wharf.core.config import load_config
+from wharf.core.endpoint import Endpoint
 
 from proxy_util import close_rollout, make_cfg, open_rollout, post, rows
 
@@ -66,9 +66,9 @@ def test_a_replica_that_forgot_the_policy_is_routed_around(fleet, tmp_path):
 
 def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path):
     """The loop's check before a round samples policy-v1 asks every replica, not endpoint.url only."""
-    from pipeline.loop import ensure_served
-    from wharf.layout import RunLayout
-    from wharf.replicas import PublishRecord
+    from wharf.pipeline.loop import ensure_served
+    from wharf.core.layout import RunLayout
+    from wharf.core.replicas import PublishRecord
 
     a, b = fleet
     cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")
@@ -83,7 +83,7 @@ def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path)
 
 
 def _adapter(root, run: str, k: int):
-    from wharf.layout import RunLayout
+    from wharf.core.layout import RunLayout
 
     path = RunLayout.of(str(root), run).round(k - 1).train.adapter
     path.mkdir(parents=True)
@@ -94,9 +94,9 @@ def _adapter(root, run: str, k: int):
 def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, tmp_path):
     """An arm and its control share the replicas: each policy-v<k> is checked by its root (the
     adapter dir /v1/models gives), so run B neither samples nor unloads run A's policy-v1."""
-    from pipeline.loop import ensure_served
-    from train.publish import PublishError, publish
-    from wharf.replicas import PublishRecord
+    from wharf.pipeline.loop import ensure_served
+    from wharf.train.publish import PublishError, publish
+    from wharf.core.replicas import PublishRecord
 
     a, b = fleet
     run_a, run_b = (_cfg(a, b, f"runs_dir={tmp_path}", f"name={n}") for n in ("arm", "control"))
@@ -117,8 +117,8 @@ def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, t
 
 
 def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tmp_path, monkeypatch):
-    from wharf import storage
-    from wharf.replicas import same_adapter, serves_ours
+    from wharf.core import storage
+    from wharf.core.replicas import same_adapter, serves_ours
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "b"))
     here = storage.local_path("s3://bkt/runs/r/rounds/0/train/adapter")
@@ -133,7 +133,7 @@ def test_a_replica_root_matches_the_same_object_under_another_machines_mirror(tm
 def test_a_round_trained_again_is_not_taken_as_served_with_its_old_weights(fleet, tmp_path):
     """Same name, same dir, other weights: the replicas still hold the first training's. The loop's
     resumed publish refuses them (naming both digests) until the name is unloaded there."""
-    from train.publish import PublishError, publish
+    from wharf.train.publish import PublishError, publish
 
     a, b = fleet
     cfg = _cfg(a, b, f"runs_dir={tmp_path}", "name=r")

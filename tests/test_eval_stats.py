@@ -1,4 +1,4 @@
-"""pipeline/eval_stats.py against figures worked by hand and against the printed t table."""
+"""wharf/pipeline/eval_stats.py against figures worked by hand and against the printed t table."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.eval_stats import (Trial, figures, paired_difference, pass_at_k, t_interval, t_quantile,
+from wharf.pipeline.eval_stats import (Trial, figures, paired_difference, pass_at_k, t_interval, t_quantile,
                                  t_two_sided_cdf)
 
 
@@ -93,7 +93,7 @@ def test_the_interval_is_clustered_by_family_where_tasks_have_one():
 
 
 def test_the_held_out_splits_name_each_task_family():
-    from pipeline.eval import task_families
+    from wharf.pipeline.eval import task_families
 
     for split in ("datasets/multiturn/heldout", "datasets/learn/heldout"):
         fam = task_families(split)

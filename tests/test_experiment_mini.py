@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from wharf.config import load_config
-from wharf.layout import RunLayout, init_adapter_dir
+from wharf.core.config import load_config
+from wharf.core.layout import RunLayout, init_adapter_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,7 @@ def test_each_arm_is_a_loop_of_mini_with_held_out_eval(arm, advantage, init):
     cmds = wharf_commands("experiment-mini", f"ARM={arm}", "SEED=7")
     assert sorted(cmds) == (["loop"] if arm == "base" else ["collect", "convert", "loop", "train"])  # sft arms: mini-sft first
     cfg = cmds["loop"][0]
-    assert cfg.name == f"mini-{arm}-s7" and cfg.collect.agent == "collect.agents.mini_swe:LocalMiniSweAgent"
+    assert cfg.name == f"mini-{arm}-s7" and cfg.collect.agent == "wharf.collect.agents.mini_swe:LocalMiniSweAgent"
     assert cfg.sampling.seed == cfg.train.seed == 7 and cfg.convert.advantage == advantage
     assert cfg.loop.init_adapter == init and cfg.loop.eval_every == 5 and cfg.loop.eval_dataset == "datasets/multiturn/heldout"
     # 4 calls of 200 tokens bound a trial; the wall-clock limit must not be what a slow host trips

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from wharf import procs, schema
-from wharf.config import load_config
-from wharf.endpoint import Endpoint
-from wharf.layout import RunLayout
+from wharf.core import procs, schema
+from wharf.core.config import load_config
+from wharf.core.endpoint import Endpoint
+from wharf.core.layout import RunLayout
 from conftest import REPO, free_port
-from pipeline.eval import UNSCORED, main as eval_main, resolve
-from pipeline.loop import run_loop
+from wharf.pipeline.eval import UNSCORED, main as eval_main, resolve
+from wharf.pipeline.loop import run_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -28,7 +28,7 @@ TASKS = ("sed-sub", "echo-number", "sed-world")  # round 0 on seed 0 has a group
 
 
 def _engine(port: int, log: Path):
-    proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(CONFIG),
+    proc = procs.spawn([sys.executable, "-m", "wharf.engine", "--config", str(CONFIG),
                         f"engine.port={port}", "engine.threads=1"], log, cwd=REPO)
     Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)
     return proc

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from wharf.config import load_config
+from wharf.core.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
@@ -36,7 +36,7 @@ def test_gpu_profile_shares_one_gpu():
 def test_a_round_trains_in_the_memory_vllm_leaves(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from train.stage import train_round
+    from wharf.train.stage import train_round
     from train_util import convert_path, run_config, sample_rows, write_round
 
     share = vllm_share(load_config(REPO / "configs/vllm.yaml"))

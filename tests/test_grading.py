@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-GRADING = ROOT / "collect" / "tasks" / "grading.py"
-TESTLOG = ROOT / "collect" / "tasks" / "testlog.sh"
+GRADING = ROOT / "wharf" / "tasks" / "tools" / "grading.py"
+TESTLOG = ROOT / "wharf" / "tasks" / "tools" / "testlog.sh"
 LOGS = ROOT / "datasets" / "fixtures" / "swegym" / "logs"
 ROWS = ROOT / "datasets" / "fixtures" / "swegym" / "swegym_rows.jsonl"
 ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
@@ -161,7 +161,7 @@ def test_testlog_usage_error(tmp_path):
     ("grading.py", {"swebench"}), ("report_records.py", set()),
     ("pytest_report.py", {"pytest", "_pytest", "pytest_guard"}), ("pytest_guard.py", {"_pytest", "pluggy", "wharf_seal", "pytest_decide"}),
     ("pytest_decide.py", set()),
-    ("pytest_grade.py", {"grading", "report_records", "judge_io", "jail"}),  # its siblings in collect/tasks
+    ("pytest_grade.py", {"grading", "report_records", "judge_io", "jail"}),  # its siblings in wharf/tasks/tools
     # the checker and contest judges run under python -I -S: the stdlib and their siblings only
     ("judge.py", {"grading", "jail", "judge_calls", "judge_io", "judge_state"}), ("judge_calls.py", {"jail"}),
     ("judge_state.py", {"judge_calls"}), ("judge_io.py", set()), ("call_child.py", set()), ("jail.py", set()),

@@ -1,4 +1,4 @@
-"""The loop's health checks (pipeline/health.py) fire on the rounds they exist for, and say so.
+"""The loop's health checks (wharf/pipeline/health.py) fire on the rounds they exist for, and say so.
 
 Rounds are written the way the stages write theirs (turns and rollouts through wharf.schema,
 convert's stats.json, train's result.json and metrics.jsonl, the loop's markers); the policy
@@ -12,14 +12,14 @@ import math
 import pytest
 import torch
 
-from wharf import schema
-from wharf.config import ConfigError, HealthConfig, load_config
-from wharf.layout import RoundLayout, RunLayout
-from pipeline.health import HealthError, check_round, enforce
-from pipeline.loop import run_loop
-from pipeline.stages import write_marker
-from train.records import TrainResult
-from train.shift import shift_stats, weight_delta
+from wharf.core import schema
+from wharf.core.config import ConfigError, HealthConfig, load_config
+from wharf.core.layout import RoundLayout, RunLayout
+from wharf.pipeline.health import HealthError, check_round, enforce
+from wharf.pipeline.loop import run_loop
+from wharf.pipeline.stages import write_marker
+from wharf.train.records import TrainResult
+from wharf.train.shift import shift_stats, weight_delta
 
 from test_report import NOW, _rollouts
 
@@ -260,8 +260,8 @@ def _adapters(tmp_path):
 
 @pytest.mark.slow  # ~15 s idle: samples 4 rows and runs the model 6 times
 def test_shift_measured_on_real_adapters(tmp_path):
-    from wharf.model_store import embedded_model_dir
-    from train.shift import measure
+    from wharf.core.model_store import embedded_model_dir
+    from wharf.train.shift import measure
     from train_util import sample_rows
     from train_util import write_round as write_batches
 
@@ -283,8 +283,8 @@ def test_measured_log_probs_are_a_full_forward_s_at_the_loss_tokens(tmp_path):
     with the log-probs of a full forward there (all positions through the model's own head)."""
     import torch
 
-    from wharf.batches import load_micro_batch
-    from train.offpolicy import _logprobs
+    from wharf.core.batches import load_micro_batch
+    from wharf.train.offpolicy import _logprobs
     from train_util import base, sample_rows
     from train_util import write_round as write_batches
 
@@ -317,7 +317,7 @@ def test_a_step_a_few_tokens_outweighed_is_named(tmp_path):
 
 
 def test_a_replica_that_refused_the_published_policy_is_named(tmp_path):
-    from wharf.replicas import PublishRecord, ReplicaResult
+    from wharf.core.replicas import PublishRecord, ReplicaResult
 
     layout = RunLayout(tmp_path / "run")
     rnd = layout.round(1)
@@ -336,10 +336,10 @@ def test_replicas_serve_asks_the_replicas_not_the_publish_record(tmp_path):
     """A replica that restarted after publish holds no policy-v2 although the record says it took
     it: the loop's check asks each replica (/v1/models) and names it; one that refused at publish
     but serves it now (reloaded before the round) passes."""
-    from pipeline.loop import check_health
+    from wharf.pipeline.loop import check_health
     from testing.vllm_stub import StubServer
-    from wharf.endpoint import Endpoint
-    from wharf.replicas import PublishRecord, ReplicaResult
+    from wharf.core.endpoint import Endpoint
+    from wharf.core.replicas import PublishRecord, ReplicaResult
 
     with StubServer(loras=True) as a, StubServer(loras=True) as b:
         cfg = load_config(None, [f"runs_dir={tmp_path}", "name=run", f"endpoint.url={a.url}", "round=1",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collect.tasksets import discover
+from wharf.collect.tasksets import discover
 from tests.fixtures.trials import assert_judged_task_dir, assert_oracle_1_nop_0
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from collect.importers import import_trajectories
-from collect.importers.formats import TrajectoryError
-from wharf import schema
-from wharf.layout import CollectPaths
+from wharf.collect.importers import import_trajectories
+from wharf.collect.importers.formats import TrajectoryError
+from wharf.core import schema
+from wharf.core.layout import CollectPaths
 
 DONE = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 
@@ -113,9 +113,9 @@ def test_atif_holds_the_same_conversation_as_minis_own_file(tmp_path, runs):
 
 
 def test_imported_demonstrations_become_sft_rows(tmp_path, runs):
-    from convert.stage import convert_round
-    from wharf.batches import read_index
-    from wharf.config import load_config
+    from wharf.convert.stage import convert_round
+    from wharf.core.batches import read_index
+    from wharf.core.config import load_config
 
     trial(tmp_path / "job", "say-hi__a", runs["tool"], 1.0)
     import_trajectories([tmp_path / "job"], tmp_path / "imp")

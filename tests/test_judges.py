@@ -1,5 +1,5 @@
-"""The checker and contest judges (collect/tasks/judge.py) run as a task's test.sh runs them,
-outside a sandbox, and the task format that names a task's judge (collect/judges.py)."""
+"""The checker and contest judges (wharf/tasks/tools/judge.py) run as a task's test.sh runs them,
+outside a sandbox, and the task format that names a task's judge (wharf/tasks/judges.py)."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from collect.judges import TaskJudgeError, check_task, judge_of
+from wharf.tasks.judges import TaskJudgeError, check_task, judge_of
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "collect" / "tasks"
+TOOLS = ROOT / "wharf" / "tasks" / "tools"
 CONTEST = ROOT / "datasets" / "toy" / "fix-sum-to"
 CHECKER = ROOT / "tests" / "fixtures" / "tasks" / "checker-sum-to"
 
@@ -141,7 +141,7 @@ def test_a_comparison_that_raises_or_an_answer_too_big_to_show_stays_data():
 def test_the_verdict_is_macd_as_serialised_never_as_re_read_from_the_dir(tmp_path, monkeypatch):
     # a forger rewrites reward.json right after the grader renames it into place (it stopped the
     # grader there): the MAC is of the bytes the grader made, so the forged file does not verify
-    from collect.sandbox import rewardproof
+    from wharf.collect.sandbox import rewardproof
     sys.path.insert(0, str(TOOLS))
     try:
         import judge_io

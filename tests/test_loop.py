@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from wharf import procs, schema
-from wharf.config import load_config
-from wharf.endpoint import Endpoint
-from wharf.layout import RunLayout
+from wharf.core import procs, schema
+from wharf.core.config import load_config
+from wharf.core.endpoint import Endpoint
+from wharf.core.layout import RunLayout
 from conftest import REPO, free_port, kill_when
-from pipeline.loop import run_loop
-from pipeline.stages import read_marker
+from wharf.pipeline.loop import run_loop
+from wharf.pipeline.stages import read_marker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),  # two rounds, a kill, a resume, a replay
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -40,7 +40,7 @@ def _overrides(tmp_path: Path, name: str, engine_port: int) -> list[str]:
 
 
 def _engine(port: int, log: Path, *overrides: str) -> subprocess.Popen:
-    proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(REPO / "configs/learn.yaml"),
+    proc = procs.spawn([sys.executable, "-m", "wharf.engine", "--config", str(REPO / "configs/learn.yaml"),
                         f"engine.port={port}", "engine.threads=2", *overrides], log, cwd=REPO)
     Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)
     return proc
@@ -63,7 +63,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
     try:
         args = _overrides(tmp_path, "loop", port)
         run = RunLayout(tmp_path / "loop")
-        cmd = [sys.executable, "-m", "pipeline.cli", "loop", "--config", str(REPO / "configs/learn.yaml"), *args]
+        cmd = [sys.executable, "-m", "wharf.pipeline.cli", "loop", "--config", str(REPO / "configs/learn.yaml"), *args]
         _kill_during_train(cmd, run, tmp_path / "killed.log")
         assert read_marker(run.round(1), "convert") and read_marker(run.round(1), "train") is None
 
@@ -110,7 +110,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         procs.stop(engine)
 
     # replay: both rounds (different policies) into a new run, no endpoint
-    from pipeline.replay import check_jobs, replay_config, run_replay
+    from wharf.pipeline.replay import check_jobs, replay_config, run_replay
 
     jobs = check_jobs([str(run.round(0).collect.root), str(run.round(1).collect.root)])
     rcfg = replay_config(load_config(REPO / "configs/learn.yaml", [f"runs_dir={tmp_path}", "name=replay",

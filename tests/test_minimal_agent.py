@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from collect.agents.minimal import MinimalAgent, extract_command, is_done
+from wharf.collect.agents.minimal import MinimalAgent, extract_command, is_done
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "datasets" / "toy"
@@ -97,12 +97,12 @@ async def run_trial(task: str, tmp_path: Path, base_url: str, **kwargs):
         trial_name=f"{task}__minimal",
         trials_dir=tmp_path / "trials",
         agent=AgentConfig(
-            import_path="collect.agents.minimal:MinimalAgent",
+            import_path="wharf.collect.agents.minimal:MinimalAgent",
             model_name="smollm2-135m",
             kwargs={"base_url": base_url, "api_key": "k", **kwargs},
         ),
         environment=EnvironmentConfig(
-            import_path="collect.sandbox.bwrap:BwrapEnvironment"
+            import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment"
         ),
     )
     result = await (await Trial.create(cfg)).run()
@@ -203,12 +203,12 @@ def test_mini_swe_agent_runs_offline_from_the_venv(tmp_path, monkeypatch):
                 trial_name="mini",
                 trials_dir=tmp_path / "trials",
                 agent=AgentConfig(
-                    import_path="collect.agents.mini_swe:LocalMiniSweAgent",
+                    import_path="wharf.collect.agents.mini_swe:LocalMiniSweAgent",
                     model_name="openai/smollm2-135m",
                     kwargs={"base_url": url, "api_key": "k", "step_limit": 4, "max_tokens": 64},
                 ),
                 environment=EnvironmentConfig(  # the endpoint is the sandbox's one way out
-                    import_path="collect.sandbox.bwrap:BwrapEnvironment", kwargs={"forward": [url]}
+                    import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment", kwargs={"forward": [url]}
                 ),
             )
             return server, await (await Trial.create(cfg)).run()

@@ -32,7 +32,7 @@ def trial_config(tmp_path: Path, agent: dict, name: str):
         trials_dir=tmp_path / "trials",
         agent=AgentConfig(**agent),
         environment=EnvironmentConfig(
-            import_path="collect.sandbox.bwrap:BwrapEnvironment",
+            import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment",
             kwargs={"state_dir": str(tmp_path / "state"), **({"forward": [base_url]} if base_url else {})},
         ),
     )
@@ -52,7 +52,7 @@ def test_minimal_agent_against_the_engine(engine_url, tmp_path, monkeypatch):
     cfg = trial_config(
         tmp_path,
         {
-            "import_path": "collect.agents.minimal:MinimalAgent",
+            "import_path": "wharf.collect.agents.minimal:MinimalAgent",
             "model_name": "smollm2-135m",
             "kwargs": {"base_url": f"{engine_url}/v1", "api_key": "k", "max_turns": 2, "max_tokens": 64,
                        "temperature": 1.0},
@@ -76,7 +76,7 @@ def test_mini_swe_agent_textbased_against_the_engine(engine_url, tmp_path, monke
     cfg = trial_config(
         tmp_path,
         {
-            "import_path": "collect.agents.mini_swe:LocalMiniSweAgent",
+            "import_path": "wharf.collect.agents.mini_swe:LocalMiniSweAgent",
             "model_name": "openai/smollm2-135m",
             "kwargs": {"base_url": f"{engine_url}/v1", "api_key": "k", "step_limit": 2, "max_tokens": 64},
         },

@@ -1,4 +1,4 @@
-"""Overlapping rounds (loop.max_staleness, pipeline/overlap.py): the lag rule and its messages,
+"""Overlapping rounds (loop.max_staleness, wharf/pipeline/overlap.py): the lag rule and its messages,
 the config checks, the importance-weight figures of the loss, and the overlapped loop over stored
 rounds (the stub endpoint): health, the round's line and the report's overlap table. The live
 kill-and-resume of both halves is in test_overlap_live.py (slow)."""
@@ -13,14 +13,14 @@ from collections import Counter
 import pytest
 import torch
 
-from wharf.config import ConfigError, HealthConfig, load_config
-from wharf.layout import RunLayout, policy_version
-from pipeline.health import check_round
-from pipeline.loop import run_loop
-from pipeline.overlap import Published, StaleRowsError, allowed_policies, check_lag
-from pipeline.report.data import gather_round, round_line
-from pipeline.stages import write_marker
-from train.loss import LossConfig, StepNorm, grpo_loss
+from wharf.core.config import ConfigError, HealthConfig, load_config
+from wharf.core.layout import RunLayout, policy_version
+from wharf.pipeline.health import check_round
+from wharf.pipeline.loop import run_loop
+from wharf.pipeline.overlap import Published, StaleRowsError, allowed_policies, check_lag
+from wharf.pipeline.report.data import gather_round, round_line
+from wharf.pipeline.stages import write_marker
+from wharf.train.loss import LossConfig, StepNorm, grpo_loss
 
 from test_health import failed, write_round
 
@@ -127,7 +127,7 @@ def test_overlapped_loop_over_stored_rounds(tmp_path, stub, capsys, monkeypatch)
     _overlapped_round(layout, 1, BASE, 1)
     _overlapped_round(layout, 2, "policy-v1", 1)
     served = []  # the stub loads no adapter: record what the loop asks to serve
-    monkeypatch.setattr("pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
+    monkeypatch.setattr("wharf.pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
     assert run_loop(load_config(None, over)) == [0, 1, 2]
     assert served == [3]  # every collect was marked done: only the last policy, left serving
     for k in range(3):

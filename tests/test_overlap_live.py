@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from wharf import procs, schema
-from wharf.config import load_config
-from wharf.layout import RunLayout
+from wharf.core import procs, schema
+from wharf.core.config import load_config
+from wharf.core.layout import RunLayout
 from conftest import REPO, free_port, kill_when
-from pipeline.loop import run_loop
-from pipeline.stages import read_marker
+from wharf.pipeline.loop import run_loop
+from wharf.pipeline.stages import read_marker
 
 from test_loop import TASKS, _engine
 
@@ -67,7 +67,7 @@ def test_overlapped_loop_killed_in_both_halves_resumes_each_once(tmp_path):
     try:
         args = _overrides(tmp_path, port)
         run = RunLayout(tmp_path / "run")
-        cmd = [sys.executable, "-m", "pipeline.cli", "loop", "--config", str(REPO / "configs/learn.yaml"), *args]
+        cmd = [sys.executable, "-m", "wharf.pipeline.cli", "loop", "--config", str(REPO / "configs/learn.yaml"), *args]
         before = _kill_with_both_halves_running(cmd, run, tmp_path / "killed.log")
         assert before["policy"] == BASE and read_marker(run.round(0), "train") is None
 

@@ -10,8 +10,8 @@ import openai
 import pytest
 import requests
 
-from collect.proxy.background import BackgroundProxy
-from collect.proxy.forward import NEUTRAL_SAMPLING
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.forward import NEUTRAL_SAMPLING
 
 from proxy_util import ADMIN, close_rollout, conversation, make_cfg, open_rollout, post, proxy, rows, wal_lines  # proxy: the fixture
 

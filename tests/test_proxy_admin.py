@@ -6,7 +6,7 @@ import openai
 import pyarrow.parquet as pq
 import requests
 
-from collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.background import BackgroundProxy
 from testing.vllm_stub import StubServer
 
 from proxy_util import ADMIN, close_rollout, make_cfg, open_rollout, post, proxy, rows  # proxy: the fixture

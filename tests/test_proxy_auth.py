@@ -12,12 +12,12 @@ import openai
 import pytest
 import requests
 
-from wharf.config import ConfigError, dump_config, load_config
-from wharf.credentials import AdminAccess
-from wharf.layout import admin_file
-from collect.proxy.background import BackgroundProxy
-from collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
-from collect.tasksets import PlannedRollout, Task, new_rollout_id
+from wharf.core.config import ConfigError, dump_config, load_config
+from wharf.core.credentials import AdminAccess
+from wharf.core.layout import admin_file
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
+from wharf.collect.tasksets import PlannedRollout, Task, new_rollout_id
 from testing.proxy_load import free_port
 from testing.vllm_stub import StubServer
 from tests.test_proxy import rows, wal_lines

@@ -14,11 +14,11 @@ import pytest
 import requests
 
 from testing.vllm_stub import StubServer
-from wharf.config import load_config
-from collect.proxy.dialects import anthropic as anth
-from collect.proxy.dialects import responses as resp_dialect
-from collect.proxy.background import BackgroundProxy
-from wharf.schema import read_dir
+from wharf.core.config import load_config
+from wharf.collect.proxy.dialects import anthropic as anth
+from wharf.collect.proxy.dialects import responses as resp_dialect
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.core.schema import read_dir
 from proxy_util import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_engine import Tap, engine_view
 

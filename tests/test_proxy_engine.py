@@ -15,9 +15,9 @@ import pytest
 import requests
 from aiohttp import web
 
-from wharf.config import load_config
-from collect.proxy.background import BackgroundProxy
-from wharf.schema import read_dir
+from wharf.core.config import load_config
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.core.schema import read_dir
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},

@@ -11,8 +11,8 @@ import pytest
 from google import genai
 from google.genai import errors, types
 
-from collect.proxy.background import BackgroundProxy
-from collect.proxy.dialects import gemini as gem
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.dialects import gemini as gem
 from proxy_util import close_rollout, make_cfg, open_rollout, post, wal_lines
 from test_proxy_dialects import check_rows_match_upstream, proxy, rows, tap  # noqa: F401 (fixtures)
 from testing.vllm_stub import StubServer

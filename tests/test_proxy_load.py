@@ -11,7 +11,7 @@ import pytest
 
 from testing.proxy_load import (admin, admin_access, chat_body, free_port, load_stopper, recorded_calls, run_load,
                                 start_proxy, start_stub, stop)
-from wharf.schema import read_dir
+from wharf.core.schema import read_dir
 
 
 def open_targets(base: str, access, n: int, stream_every: int = 0, prefix: str = "load"):

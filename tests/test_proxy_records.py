@@ -13,10 +13,10 @@ import urllib.parse
 import pytest
 import requests
 
-from wharf.config import load_config
-from collect.proxy import wal as wal_mod
-from collect.proxy.background import BackgroundProxy
-from collect.proxy.wal import SegmentLog, read_records
+from wharf.core.config import load_config
+from wharf.collect.proxy import wal as wal_mod
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.wal import SegmentLog, read_records
 from tests.test_proxy import close_rollout, make_cfg, open_rollout, post, rows
 
 MSG = [{"role": "user", "content": "fix the bug"}]
@@ -157,7 +157,7 @@ def test_fsync_failure_answers_503_from_then_on(proxy, monkeypatch):
 
 
 def test_shard_renames_and_new_segments_fsync_their_directory(tmp_path, stub, monkeypatch):
-    import wharf.schema as schema_mod
+    import wharf.core.schema as schema_mod
     synced = []
     for mod in (schema_mod, wal_mod):
         real = mod.fsync_dir

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.background import BackgroundProxy
 from testing.vllm_stub import StubServer
 
 from proxy_util import close_rollout, conversation, make_cfg, open_rollout, rows
@@ -65,8 +65,8 @@ def test_an_upstream_that_ignores_return_token_ids_is_told_to_use_the_key(tmp_pa
 
 def test_the_endpoint_launcher_takes_a_teacher_as_it_is(tmp_path, teacher):
     """No engine started, no token-id check (which a teacher fails) under proxy.text_only."""
-    from engine.launch import launch
-    from wharf.endpoint import EndpointError
+    from wharf.engine.launch import launch
+    from wharf.core.endpoint import EndpointError
 
     with launch(make_cfg(tmp_path, teacher.url, "proxy.text_only=true", "endpoint.launch=false")) as ep:
         assert ep.url == teacher.url and ep.process is None

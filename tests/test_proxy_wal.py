@@ -10,8 +10,8 @@ import openai
 import pytest
 import requests
 
-from collect.proxy.background import BackgroundProxy
-from wharf.schema import read_dir
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.core.schema import read_dir
 
 from proxy_util import ADMIN, close_rollout, make_cfg, open_rollout, post, proxy, rows, wal_lines  # proxy: the fixture
 
@@ -65,7 +65,7 @@ def test_foreign_file_in_out_dir_is_named(tmp_path, stub):
     out = tmp_path / "turns"
     out.mkdir()
     (out / "part-0.parquet").write_bytes(b"not parquet")
-    from wharf.schema import SchemaError
+    from wharf.core.schema import SchemaError
     with pytest.raises(SchemaError, match="part-0.parquet"):
         BackgroundProxy(make_cfg(tmp_path, stub.url)).start()
     assert os.path.exists(out / "part-0.parquet")
@@ -95,8 +95,8 @@ def test_wal_write_failure_never_answers_unrecorded(proxy):
 def test_fast_shard_table_equals_schema_conversion():
     import array
 
-    from wharf import schema
-    from collect.proxy.shards import turns_table
+    from wharf.core import schema
+    from wharf.collect.proxy.shards import turns_table
     base = {"rollout_id": "r", "api": "chat", "policy": "p", "request": "{}", "response": None, "sampling": "{}",
             "finish_reason": "stop", "status": "ok", "error": None}
     rows = [dict(base, turn=0, request_id="a", started_at=1700000000.123456, ended_at=1700000001.5,
@@ -115,7 +115,7 @@ def test_second_proxy_on_the_same_dir_is_refused(proxy, stub):
 
 
 def test_restart_after_an_interrupted_compaction_counts_each_row_once(tmp_path, stub):
-    from wharf import schema
+    from wharf.core import schema
     cfg = make_cfg(tmp_path, stub.url)
     with BackgroundProxy(cfg) as p:
         url = f"{open_rollout(p, 'twice')['base_url']}/chat/completions"

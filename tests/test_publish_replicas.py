@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from collect.proxy.upstreams import UpstreamPool
-from collect.runner import with_refusals
+from wharf.collect.proxy.upstreams import UpstreamPool
+from wharf.collect.runner import with_refusals
 from conftest import free_port
-from train.publish import PublishError, publish
-from wharf import model_store, procs
-from wharf.config import load_config
-from wharf.endpoint import Endpoint
-from wharf.replicas import PublishRecord, not_serving
+from wharf.train.publish import PublishError, publish
+from wharf.core import model_store, procs
+from wharf.core.config import load_config
+from wharf.core.endpoint import Endpoint
+from wharf.core.replicas import PublishRecord, not_serving
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def second_engine():
     """A second real engine (the session's engine_url is the first): two replicas of one model."""
     port = free_port()
     log = Path(tempfile.mkdtemp(prefix="wharf-engine-")) / "engine.log"
-    proc = procs.spawn([sys.executable, "-m", "engine", "--config", str(REPO / "configs/default.yaml"),
+    proc = procs.spawn([sys.executable, "-m", "wharf.engine", "--config", str(REPO / "configs/default.yaml"),
                         f"engine.port={port}", "engine.host=127.0.0.1", "engine.threads=1"], log, cwd=REPO)
     try:
         Endpoint(f"http://127.0.0.1:{port}").wait_healthy(300, proc, log)

@@ -1,4 +1,4 @@
-"""Grading from pytest's own reports (collect/tasks/pytest_grade.py, pytest_report.py,
+"""Grading from pytest's own reports (wharf/tasks/tools/pytest_grade.py, pytest_report.py,
 report_records.py): the record stream's checks by hand, then grade_pytest.sh run as a task's
 test.sh runs it, outside a sandbox, on the honest fix and on attackers that forge the result
 from inside the test process (the same ones tests/test_redteam.py runs in the sandbox)."""
@@ -19,12 +19,12 @@ import pytest
 from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ROOT / "collect" / "tasks"
+TOOLS = ROOT / "wharf" / "tasks" / "tools"
 TASK = ROOT / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
 
 
 def _load(name: str):
-    """A standalone tool of collect/tasks, loaded from its file (they are not imported as a package)."""
+    """A standalone tool of wharf/tasks/tools, loaded from its file (they are not imported as a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"wharf_tool_{name}", TOOLS / f"{name}.py")
@@ -71,13 +71,13 @@ def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_re
 
 
 def _sealer():
-    """collect/tasks/wharf_seal, built by make setup (build_seal.sh)."""
+    """wharf/tasks/tools/wharf_seal, built by make setup (build_seal.sh)."""
     import importlib.machinery
     import importlib.util
     import sysconfig
 
     path = TOOLS / f"wharf_seal{sysconfig.get_config_var('EXT_SUFFIX')}"
-    assert path.exists(), f"{path}: not built; run make setup (collect/tasks/build_seal.sh)"
+    assert path.exists(), f"{path}: not built; run make setup (wharf/tasks/tools/build_seal.sh)"
     spec = importlib.util.spec_from_file_location("wharf_seal", path, loader=importlib.machinery.ExtensionFileLoader(
         "wharf_seal", str(path)))
     return importlib.util.module_from_spec(spec)
@@ -162,7 +162,7 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
     out.mkdir()
-    if reward_key is not None:  # as the sandbox puts it there (collect/sandbox/rewardproof.py)
+    if reward_key is not None:  # as the sandbox puts it there (wharf/collect/sandbox/rewardproof.py)
         (tests / ".wharf-reward-key").write_bytes(reward_key)
     if mathutil is not None:
         (work / "mathutil.py").write_text(mathutil)
@@ -270,7 +270,7 @@ def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
 
 
 def test_reward_proof_keeps_a_reward_whose_mac_verifies_or_whose_grader_does_not_take_part(tmp_path):
-    from collect.sandbox import rewardproof
+    from wharf.collect.sandbox import rewardproof
 
     key, reward = b"ab" * 32, b'{"reward": 1.0}\n'
     good = _verifier_dir(tmp_path / "a", reward, hmac.new(key, reward, hashlib.sha256).hexdigest())
@@ -288,7 +288,7 @@ def test_reward_proof_keeps_a_reward_whose_mac_verifies_or_whose_grader_does_not
     (None, None, None, "no reward.json"),
 ])
 def test_reward_proof_turns_a_reward_the_grader_did_not_sign_into_0(tmp_path, reward, proof, key_left, words):
-    from collect.sandbox import rewardproof
+    from wharf.collect.sandbox import rewardproof
 
     d = _verifier_dir(tmp_path, reward, proof)
     assert words in rewardproof.enforce(d, b"ab" * 32, key_left=key_left)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from wharf import schema
-from collect.records import ROLLOUT_FIELDS, TURN_FIELDS, ClosedRollout, OpenedRollout, RecordError, TurnRow
+from wharf.core import schema
+from wharf.collect.records import ROLLOUT_FIELDS, TURN_FIELDS, ClosedRollout, OpenedRollout, RecordError, TurnRow
 
 
 def test_row_fields_are_the_schema_columns_in_order():

@@ -23,7 +23,7 @@ import pytest
 import requests
 
 from testing.vllm_stub import StubServer
-from collect.proxy.background import BackgroundProxy
+from wharf.collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
 from tests.fixtures.redteam import ANSWER_ATTACKS_TAIL, ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
 from tests.test_proxy import make_cfg
@@ -103,7 +103,7 @@ async def attack_trial(world: World, attack: str, include_logs: list[str] | None
         trial_name=rid,
         trials_dir=trials,
         agent=AgentConfig(import_path="tests.fixtures.redteam:AttackAgent", kwargs={"attack": attack, "facts": facts}),
-        environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
+        environment=EnvironmentConfig(import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment",
                                       kwargs={"forward": [opened["base_url"]], "disk_mb": 64, "pids_max": 256}),
         # the tests of fix-sum-to take ~1 s: a hung test process is killed (and graded 0) after 15
         verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": "15"}, include_logs=include_logs or []),
@@ -190,7 +190,7 @@ def test_attack_gets_reward_0(world, attack):
 
 
 def test_the_route_relay_refuses_what_is_not_the_rollouts_route():
-    from collect.sandbox.relay import allowed, parse_forward
+    from wharf.collect.sandbox.relay import allowed, parse_forward
 
     assert parse_forward("http://127.0.0.1:8200/rollout/abc/v1") == ("127.0.0.1", 8200, "/rollout/abc/")
     prefix = "/rollout/abc/"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from wharf import schema
-from wharf.layout import RunLayout
-from pipeline.stages import write_marker
-from pipeline.report import gather, write_report
-from pipeline.report.cli import main as report_main
+from wharf.core import schema
+from wharf.core.layout import RunLayout
+from wharf.pipeline.stages import write_marker
+from wharf.pipeline.report import gather, write_report
+from wharf.pipeline.report.cli import main as report_main
 
 NOW = dt.datetime(2026, 11, 23, tzinfo=dt.timezone.utc)
 

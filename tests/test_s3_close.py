@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from collect.proxy.background import BackgroundProxy
-from collect.records import RolloutRow
-from collect.runner import save_rollouts
-from wharf import schema, storage
-from wharf.layout import CollectPaths
+from wharf.collect.proxy.background import BackgroundProxy
+from wharf.collect.records import RolloutRow
+from wharf.collect.runner import save_rollouts
+from wharf.core import schema, storage
+from wharf.core.layout import CollectPaths
 
 from proxy_util import close_rollout, make_cfg, open_rollout, post
 
@@ -68,7 +68,7 @@ def test_finished_rows_stay_on_disk_until_the_bucket_takes_them(s3_faults):
 def test_rows_are_written_off_the_dispatch_loop_newest_first_and_all_at_the_end(s3_faults):
     """With a slow bucket (0.2 s a request) recording a finished trial returns at once; rows that
     finish during a write go out together in the next; drain leaves every row on disk and in the bucket."""
-    from collect.runner import RowsWriter
+    from wharf.collect.runner import RowsWriter
 
     s3, faults = s3_faults
     paths = CollectPaths(storage.local_path(f"{s3}/collect"))

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, free_port, kill_when
-from collect.proxy.forward import call_seed
-from collect.tasksets import PlannedRollout, discover, rollout_seed
-from pipeline.health_checks import CHECKS
+from wharf.collect.proxy.forward import call_seed
+from wharf.collect.tasksets import PlannedRollout, discover, rollout_seed
+from wharf.pipeline.health_checks import CHECKS
 from testing.vllm_stub import StubServer
-from wharf import schema, storage
-from wharf.config import load_config
+from wharf.core import schema, storage
+from wharf.core.config import load_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")]
@@ -46,7 +46,7 @@ def _args(runs: str, name: str, stub_url: str, *extra: str) -> list[str]:
 
 
 def _loop_cmd(args: list[str]) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "loop", "--config", str(CONFIG), *args]
+    return [sys.executable, "-m", "wharf.pipeline.cli", "loop", "--config", str(CONFIG), *args]
 
 
 def _first_machine(mirror: Path) -> dict:
@@ -68,7 +68,7 @@ def _digest(url: str) -> str:
 def _resumed_elsewhere(run: str, args: list[str], stub: StubServer, monkeypatch, mirror: Path) -> None:
     """The loop run again on another machine (an empty mirror): it finishes, every health check of
     both rounds passes, both rounds trained, and the endpoint is left serving the newest policy."""
-    from pipeline.loop import run_loop
+    from wharf.pipeline.loop import run_loop
 
     monkeypatch.setenv("WHARF_MIRROR", str(mirror))  # another machine: nothing local
     assert run_loop(load_config(CONFIG, args)) == [0, 1]

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from convert.reader import ConvertInputError, read_job
-from wharf import storage
-from wharf.layout import CollectPaths
+from wharf.convert.reader import ConvertInputError, read_job
+from wharf.core import storage
+from wharf.core.layout import CollectPaths
 
 
 def _write(d, files: dict[str, bytes]) -> None:

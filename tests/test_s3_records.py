@@ -8,12 +8,12 @@ import logging
 
 import pytest
 
-from pipeline.eval import Policy, eval_name, write_summary
-from pipeline.eval_stats import Trial
-from wharf import schema, storage
-from wharf.config import load_config
-from wharf.layout import RunLayout
-from wharf.replicas import PublishRecord, ReplicaResult
+from wharf.pipeline.eval import Policy, eval_name, write_summary
+from wharf.pipeline.eval_stats import Trial
+from wharf.core import schema, storage
+from wharf.core.config import load_config
+from wharf.core.layout import RunLayout
+from wharf.core.replicas import PublishRecord, ReplicaResult
 
 
 def test_a_publish_record_goes_up_and_is_read_on_another_machine(s3, monkeypatch, tmp_path):
@@ -43,7 +43,7 @@ def test_an_evals_policy_round_names_the_bucket_so_each_node_works_in_its_own_mi
     """The collect round of an eval in object storage goes to collect (and Ray's nodes) by its URL:
     on the driver it lands where the eval reads it, on a node in the node's own mirror, from
     which the node uploads (was: the driver's mirror path, no node's and no URL on a node)."""
-    from pipeline.eval import policy_config
+    from wharf.pipeline.eval import policy_config
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "driver"))
     cfg = load_config(None, ["runs_dir=s3://b/runs", "name=r", "eval.dataset=datasets/learn/heldout"])
@@ -66,7 +66,7 @@ def test_a_run_in_the_bucket_is_evaluated_from_an_empty_mirror(s3, monkeypatch, 
     loop already evaluated come from the bucket (was: the URL was taken for a local path, and an
     adapter never pulled "held no adapter")."""
     from conftest import REPO, free_port
-    from pipeline.eval import main, resolve
+    from wharf.pipeline.eval import main, resolve
     from test_eval import _loop_eval_job
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "first"))
@@ -99,7 +99,7 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     bucket: the trials are read from there, with no adapter loaded (nothing answers at the
     endpoint; was: the local mirror alone was checked, and the adapter was loaded first)."""
     from conftest import REPO, free_port
-    from pipeline.eval import main
+    from wharf.pipeline.eval import main
     from test_report import _rollouts
 
     run = RunLayout.of(f"{s3}/runs", "grpo")
@@ -111,8 +111,8 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     job = RunLayout.of(f"{s3}/runs", "cmp").eval("learn-heldout").policy("grpo-policy-v2").round(0).collect
     schema.write_table(job.rollouts, "rollouts", _rollouts(0, {"a": 2, "b": 1}))
     job.manifest.write_text(json.dumps({
-        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "collect.agents.minimal:MinimalAgent",
-        "environment": "collect.sandbox.bwrap:BwrapEnvironment", "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}}))
+        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "wharf.collect.agents.minimal:MinimalAgent",
+        "environment": "wharf.collect.sandbox.bwrap:BwrapEnvironment", "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}}))
     storage.push(job.root)
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second"))
@@ -128,9 +128,9 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
 
 
 def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_bucket(s3, monkeypatch, tmp_path):
-    from pipeline.stages import has_signal
-    from train.stage import convert_dir
-    from wharf.batches import BatchFile, BatchIndex, write_index
+    from wharf.pipeline.stages import has_signal
+    from wharf.train.stage import convert_dir
+    from wharf.core.batches import BatchFile, BatchIndex, write_index
 
     cfg = load_config(None, [f"runs_dir={s3}/runs", "name=r", "round=0"])
     d = convert_dir(cfg)
@@ -144,10 +144,10 @@ def test_a_converted_round_resumed_on_an_empty_mirror_reads_its_index_from_the_b
 def test_a_converted_round_resumed_on_an_empty_mirror_checks_its_lag_on_the_bucket_index(s3, monkeypatch, tmp_path):
     """The overlapped loop's lag check before train (train_checked) read index.json from the mirror:
     a round converted but not trained when the loop was killed failed there on another machine."""
-    from pipeline.loop import train_checked
-    from pipeline.overlap import StaleRowsError
-    from train.stage import convert_dir
-    from wharf.batches import BatchFile, BatchIndex, write_index
+    from wharf.pipeline.loop import train_checked
+    from wharf.pipeline.overlap import StaleRowsError
+    from wharf.train.stage import convert_dir
+    from wharf.core.batches import BatchFile, BatchIndex, write_index
 
     over = [f"runs_dir={s3}/runs", "name=r", "round=2", "loop.max_staleness=1"]
     d = convert_dir(load_config(None, over))
@@ -163,7 +163,7 @@ def test_a_converted_round_resumed_on_an_empty_mirror_checks_its_lag_on_the_buck
 def test_the_health_checks_of_a_finished_round_read_its_files_from_the_bucket(s3, monkeypatch, tmp_path):
     """A loop resumed on an empty mirror checked its finished rounds on missing files, failed them,
     and pushed the failing health.json over the good one: the files the checks read are pulled first."""
-    from pipeline.loop import health_inputs
+    from wharf.pipeline.loop import health_inputs
 
     rnd = RunLayout.of(f"{s3}/runs", "r").round(0)
     made = [rnd.collect.manifest, rnd.collect.rollouts, rnd.collect.turns / "part-1.parquet", rnd.convert.stats,
@@ -204,8 +204,8 @@ def test_an_overlapped_loop_resumed_on_another_machine_takes_its_rounds_from_the
     """Finished rounds are not run again (their markers, then health's inputs, come from the
     bucket, and every check passes on them); the killed collect resumes with the policy it
     started with (was: the empty mirror had no manifest, so it took the newest policy)."""
-    from pipeline.loop import round_config
-    from pipeline.overlap import Collector
+    from wharf.pipeline.loop import round_config
+    from wharf.pipeline.overlap import Collector
 
     over, layout = _stored_overlapped_run(s3, monkeypatch, tmp_path)
     storage.pull(layout.root, ("rounds/*/done/*.json",))  # where each round stands, as run_loop starts
@@ -235,12 +235,12 @@ def test_a_loop_resumed_on_another_machine_runs_no_finished_round_again(s3, stub
 
 def _resume_finished(s3, stub, monkeypatch, over: list[str]) -> None:
     """run_loop for rounds 0-1, all finished in the bucket: nothing runs again, health passes."""
-    from pipeline.loop import run_loop
+    from wharf.pipeline.loop import run_loop
 
     served = []  # the stub loads no adapter: record what the loop asks to serve
-    monkeypatch.setattr("pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
+    monkeypatch.setattr("wharf.pipeline.loop.ensure_served", lambda ep, cfg, v: served.append(v))
     for stage in ("collect_stage", "convert_stage", "train_checked", "publish_stage"):
-        monkeypatch.setattr(f"pipeline.loop.{stage}", lambda *a, **k: pytest.fail("a finished round ran again"))
+        monkeypatch.setattr(f"wharf.pipeline.loop.{stage}", lambda *a, **k: pytest.fail("a finished round ran again"))
     assert run_loop(load_config(None, [*over, "rounds=2", f"endpoint.url={stub.url}"])) == [0, 1]
     assert served == [2]
     for k in (0, 1):  # checked on the bucket's files, and the passing health.json pushed
@@ -251,8 +251,8 @@ def test_a_round_trained_again_is_published_again(s3, monkeypatch, tmp_path):
     """Its train marker removed (the way to train a round again), the round's publish marker is
     dropped too, here and in the bucket: publish runs, and checks the replicas' weights (was:
     skipped, the replicas kept the first training's weights under the same name)."""
-    from pipeline import loop
-    from pipeline.stages import write_marker
+    from wharf.pipeline import loop
+    from wharf.pipeline.stages import write_marker
 
     cfg = load_config(None, [f"runs_dir={s3}/runs", "name=r", "round=0"])
     rnd = cfg.layout.round(0)

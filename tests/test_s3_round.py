@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from testing.synthetic_job import make_job
-from wharf import schema, storage
-from wharf.config import dump_config, load_config
+from wharf.core import schema, storage
+from wharf.core.config import dump_config, load_config
 from conftest import REPO, free_port
 
 pytestmark = pytest.mark.slow
@@ -27,7 +27,7 @@ TASKS = Path(__file__).parent / "fixtures" / "tasks"
 def wharf(tmp_path: Path, node: str, *args: str) -> subprocess.CompletedProcess:
     """`wharf ARGS` on a machine whose local disk is tmp_path/node (its mirror starts empty)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "WHARF_MIRROR": str(tmp_path / node)}
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "wharf.pipeline.cli", *args], cwd=REPO, capture_output=True, text=True,
                          timeout=900, env=env)
     assert out.returncode == 0, f"wharf {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
@@ -39,7 +39,7 @@ def bucket_json(url: str) -> dict:
 
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 def test_a_collect_round_writes_to_s3_and_converts_from_there(s3, stub, tmp_path):
-    from collect.runner import Round
+    from wharf.collect.runner import Round
 
     runs = f"{s3}/runs"
     cfg = load_config(None, [
@@ -126,7 +126,7 @@ def test_replay_of_a_job_in_s3_into_s3(s3, s3_job, tmp_path):
 
 def test_a_missing_bucket_is_named_by_the_command(s3, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "WHARF_MIRROR": str(tmp_path / "m")}
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "convert", "runs_dir=s3://no-such-bucket-wharf/runs",
+    out = subprocess.run([sys.executable, "-m", "wharf.pipeline.cli", "convert", "runs_dir=s3://no-such-bucket-wharf/runs",
                           "name=x"], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 1
     assert "wharf convert: s3://no-such-bucket-wharf/runs/x/rounds/0/collect: cannot open the bucket: " \

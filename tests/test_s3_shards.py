@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from collect.proxy.shards import TurnStore, shard_name, write_shard
-from collect.records import TurnRow
-from wharf import schema, storage
+from wharf.collect.proxy.shards import TurnStore, shard_name, write_shard
+from wharf.collect.records import TurnRow
+from wharf.core import schema, storage
 
 
 def _row(i: int) -> dict:

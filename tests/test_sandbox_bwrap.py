@@ -13,9 +13,9 @@ import pytest
 from harbor.models.task.config import EnvironmentConfig
 from harbor.models.trial.paths import TrialPaths
 
-from collect.sandbox import ns
-from collect.sandbox.bwrap import BwrapEnvironment
-from collect.sandbox.process import SandboxTimeoutError
+from wharf.collect.sandbox import ns
+from wharf.collect.sandbox.bwrap import BwrapEnvironment
+from wharf.collect.sandbox.process import SandboxTimeoutError
 
 from tests.conftest import needs_bwrap
 
@@ -220,13 +220,13 @@ def test_the_boundary(tmp_path):
             for ns in ("user", "pid", "net", "ipc", "uts", "mnt"):
                 inside = (await env.exec(f"readlink /proc/self/ns/{ns}")).stdout.strip()
                 assert inside != os.readlink(f"/proc/self/ns/{ns}"), ns
-            r = await env.exec(f"ls {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow {REPO / 'wharf/config.py'}")
+            r = await env.exec(f"ls {REPO / 'datasets'} /root/.bashrc {secret}; cat /etc/shadow {REPO / 'wharf/core/config.py'}")
             assert r.return_code != 0 and not r.stdout
             # the repo dir holds only the path down to the agent CLIs bound at their real path
-            # (collect/agents/node/node_modules, when `make agents` installed them): no source
-            r = await env.exec(f"ls {REPO} {REPO / 'collect'} {REPO / 'collect/agents'}")
+            # (wharf/collect/agents/node/node_modules, when `make agents` installed them): no source
+            r = await env.exec(f"ls {REPO} {REPO / 'collect'} {REPO / 'wharf/collect/agents'}")
             assert set((r.stdout or "").split()) <= {f"{REPO}:", "collect", f"{REPO / 'collect'}:", "agents",
-                                             f"{REPO / 'collect/agents'}:", "node"}, r.stdout
+                                             f"{REPO / 'wharf/collect/agents'}:", "node"}, r.stdout
             ifaces = (await env.exec("awk 'NR > 2 {print $1}' /proc/net/dev")).stdout.split()
             assert ifaces == ["lo:"], "loopback only"
             # the agent's python (the venv) runs; the project's own package is not importable
@@ -273,7 +273,7 @@ def test_verification_gets_a_clean_copy_plus_the_agents_change(tmp_path):
             assert (await env.exec("ls -A /app/sub")).stdout is None, "the .pth file stays out"
             assert " M calc.py" in r.stdout and "sleep" not in r.stdout
             # the verifier runs as uid 1000 and may nest a user namespace: the grader confines the
-            # code under test in one (collect/tasks/jail.py); the agent phase may not (test_the_boundary)
+            # code under test in one (wharf/tasks/tools/jail.py); the agent phase may not (test_the_boundary)
             r = await env.exec("id -u; unshare -U true && echo nested")
             assert r.stdout.split() == ["1000", "nested"], (r.stdout, r.stderr)
             await env.exec("echo 1 > /logs/verifier/reward.txt")
@@ -312,7 +312,7 @@ def test_missing_bwrap_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_an_install_under_a_writable_dir_is_bound_over_its_tmpfs():
     """A clone in /tmp: its venv and node_modules must not be hidden by the sandbox's /tmp."""
-    from collect.sandbox.ns import Spec, bwrap_args
+    from wharf.collect.sandbox.ns import Spec, bwrap_args
 
     spec = Spec(writable=["/app", "/tmp"], expose=["/tmp/clone/.venv", "/tmp/clone/collect/agents/node/node_modules"],
                 python="/tmp/clone/.venv/bin/python")
@@ -325,7 +325,7 @@ def test_an_install_under_a_writable_dir_is_bound_over_its_tmpfs():
 def test_a_bind_into_a_system_dir_is_read_only_and_keeps_the_dirs_entries():
     """An agent's fixed path (/opt/openhands-venv): /opt is rebuilt from its entries on a tmpfs
     (bwrap cannot make a mount point in the host's read-only /opt), read-only again after the bind."""
-    from collect.sandbox.ns import Spec, bwrap_args
+    from wharf.collect.sandbox.ns import Spec, bwrap_args
 
     spec = Spec(writable=["/app"], binds={"/opt/wharf-venv": "/host/venv"}, python="/v/bin/python")
     args = bwrap_args(spec, {"init": "/x/init.py"}, 3)
@@ -341,7 +341,7 @@ def test_a_bind_into_a_system_dir_is_read_only_and_keeps_the_dirs_entries():
 
 
 def test_the_agents_fixed_path_shows_its_venv_read_only_in_the_agent_phase_only(tmp_path, monkeypatch):
-    from collect.sandbox import bwrap
+    from wharf.collect.sandbox import bwrap
 
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)

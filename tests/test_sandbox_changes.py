@@ -1,7 +1,7 @@
 """changes.merge: what of the agent's workdir reaches the verifier (pure, no sandbox needed)."""
 from __future__ import annotations
 
-from collect.sandbox import changes
+from wharf.collect.sandbox import changes
 
 
 def f(text: str, x: bool = False):

@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from wharf.schema import SchemaError, read_dir, read_table, write_table
+from wharf.core.schema import SchemaError, read_dir, read_table, write_table
 
 
 def turn(i=0):
@@ -66,7 +66,7 @@ def test_read_dir_concatenates_and_handles_empty(tmp_path):
 def test_compact_dir_is_crash_safe(tmp_path):
     for i in range(3):
         write_table(tmp_path / f"part-0000{i}.parquet", "turns", [turn(i)])
-    from wharf.schema import compact_dir, shard_files
+    from wharf.core.schema import compact_dir, shard_files
 
     before = read_dir(tmp_path, "turns").column("turn").to_pylist()
     out = compact_dir(tmp_path, "turns")
@@ -84,7 +84,7 @@ def test_compact_dir_is_crash_safe(tmp_path):
 
 
 def test_compacting_again_after_an_interrupted_compaction_counts_nothing_twice(tmp_path):
-    from wharf.schema import compact_dir
+    from wharf.core.schema import compact_dir
 
     for i in range(2):
         write_table(tmp_path / f"part-0000{i}.parquet", "turns", [turn(i)])

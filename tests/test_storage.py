@@ -1,4 +1,4 @@
-"""wharf/storage.py against a real S3 server (SeaweedFS on 127.0.0.1: the `s3` fixture)."""
+"""wharf/core/storage.py against a real S3 server (SeaweedFS on 127.0.0.1: the `s3` fixture)."""
 from __future__ import annotations
 
 import os
@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from wharf import schema, storage
-from wharf.layout import RunLayout
+from wharf.core import schema, storage
+from wharf.core.layout import RunLayout
 
 
 def test_local_paths_are_used_as_they_are(tmp_path):

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from collect.tasks import swegym
-from collect.tasks.swegym import RowError, convert, parse_row
+from wharf.tasks import swegym
+from wharf.tasks.swegym import RowError, convert, parse_row
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "datasets" / "fixtures" / "swegym"
@@ -129,7 +129,7 @@ def test_cli_limit_ids_and_parquet(tmp_path):
     import pyarrow.parquet as pq
 
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "collect.tasks.swegym", str(GYM_ROWS), str(out), "--limit", "1"],
+    p = subprocess.run([sys.executable, "-m", "wharf.tasks.swegym", str(GYM_ROWS), str(out), "--limit", "1"],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert sorted(x.name for x in out.iterdir()) == ["facebookresearch__hydra-90001"]
@@ -178,7 +178,7 @@ def _bad(tmp_path: Path, **over) -> Path:
 def test_bad_row_names_file_row_field_and_writes_nothing(tmp_path, capsys, over, words):
     # The CLI's main in this process (a child process per row cost ~10 s of imports each);
     # test_cli_limit_ids_and_parquet runs the real `python -m`.
-    from collect.tasks.swegym.cli import main
+    from wharf.tasks.swegym.cli import main
 
     rows = _bad(tmp_path, **over)
     out = tmp_path / "out"
@@ -229,7 +229,7 @@ def test_test_commands_per_repo():
 def test_bake_grader_builds_from_dockerfile(tmp_path):
     from harbor.models.task.task import Task
 
-    p = subprocess.run([sys.executable, "-m", "collect.tasks.swegym", str(GYM_ROWS), str(tmp_path),
+    p = subprocess.run([sys.executable, "-m", "wharf.tasks.swegym", str(GYM_ROWS), str(tmp_path),
                         "--ids", "iterative__dvc-90002", "--bake-grader"],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
@@ -250,7 +250,7 @@ def _trial(task: Path, agent: str, tmp: Path) -> dict:
     cfg = TrialConfig(
         task=TaskConfig(path=task), trial_name=f"{task.name}__{agent}", trials_dir=tmp / "trials",
         agent=AgentConfig(name=agent),
-        environment=EnvironmentConfig(import_path="collect.sandbox.bwrap:BwrapEnvironment",
+        environment=EnvironmentConfig(import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment",
                                       kwargs={"state_dir": str(tmp / "state")}))
     result = asyncio.run(_run(cfg))
     assert result.exception_info is None, result.exception_info

@@ -32,7 +32,7 @@ def test_task_set_shape():
 
 
 def test_tasks_grade_with_the_shared_tools():
-    """One grader for every task: test.sh runs collect/tasks/judge.sh (exported by the sandbox as
+    """One grader for every task: test.sh runs wharf/tasks/tools/judge.sh (exported by the sandbox as
     WHARF_TASK_TOOLS), never a copy that could go stale."""
     for task in TASKS:
         script = (task / "tests" / "test.sh").read_text()
@@ -97,7 +97,7 @@ def test_grade_pytest_ignores_planted_test_config_outside_the_sandbox(tmp_path, 
     import subprocess
     import sys
 
-    from collect.sandbox.bwrap import TASK_TOOLS
+    from wharf.collect.sandbox.bwrap import TASK_TOOLS
     from tests.fixtures.redteam import PASS_ALL_CONFTEST
 
     task = REPO / "tests" / "fixtures" / "tasks" / "pytest-sum-to"

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
+from wharf.train.loss import LossConfig, StepNorm, grpo_loss, naive_logprobs, sampled_logprobs
 
 
 def direct_loss(logp, behaviour, mask, adv, w, cfg: LossConfig, n_tokens, n_rollouts, prox=None, ref=None):
@@ -169,7 +169,7 @@ def test_unscored_positions_off_the_mask_leave_the_loss_finite_and_unchanged():
 def test_the_kl_estimate_is_bounded_per_token():
     """A token the update pushed far below the reference (d = ref - logp = 12 nats) adds at most
     KL_CAP and no KL gradient; one within the bound keeps k3 and its gradient 1 - exp(d)."""
-    from train.loss import KL_CAP
+    from wharf.train.loss import KL_CAP
 
     logp = torch.tensor([[-13.0, -3.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
@@ -197,10 +197,10 @@ def _split_rollouts(split: bool):
 
     import numpy as np
 
-    from convert.batching import pack
-    from convert.build import build
-    from convert.reader import Job
-    from convert.rows import Call, RowOptions
+    from wharf.convert.batching import pack
+    from wharf.convert.build import build
+    from wharf.convert.reader import Job
+    from wharf.convert.rows import Call, RowOptions
 
     def call(turn, prompt, completion):
         return Call(turn, np.array(prompt, np.int32), np.array(completion, np.int32),
@@ -244,8 +244,8 @@ def test_a_rollout_weighs_the_same_merged_or_split_into_rows(agg):
 
 
 def test_the_dr_grpo_constant_is_the_generation_budget_fixed_for_the_run():
-    from wharf.config import ConfigError, load_config
-    from train.stage import loss_config
+    from wharf.core.config import ConfigError, load_config
+    from wharf.train.stage import loss_config
 
     cfg = load_config(None, ["train.loss_agg=constant", "sampling.max_tokens=40", "collect.agent_kwargs={max_turns: 3}"])
     assert loss_config(cfg).constant == 120.0  # 40 tokens x 3 turns, whatever the round's rows
@@ -273,8 +273,8 @@ def test_the_head_stays_float32_under_bf16_autocast():
 def test_a_scaled_head_is_applied_and_a_soft_capped_one_refused():
     from peft import LoraConfig, get_peft_model
 
-    from wharf.model_store import ModelError, embedded_model_dir, load_model
-    from train.model import PolicyLogprobs
+    from wharf.core.model_store import ModelError, embedded_model_dir, load_model
+    from wharf.train.model import PolicyLogprobs
 
     model, _ = load_model(embedded_model_dir(), "cpu", "float32")
     ids = torch.tensor([[1, 504, 3145, 314, 260, 2567, 30, 2]])

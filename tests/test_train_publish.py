@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from wharf.config import dump_config
-from wharf.endpoint import Endpoint
-from train import publish as publish_mod
-from train.publish import PublishError
-from train.stage import train_round
+from wharf.core.config import dump_config
+from wharf.core.endpoint import Endpoint
+from wharf.train import publish as publish_mod
+from wharf.train.publish import PublishError
+from wharf.train.stage import train_round
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import convert_path, run_config, sample_rows, write_round  # noqa: E402
@@ -53,9 +53,9 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
 
     if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
         pytest.skip("needs CUDA and vllm")
-    from engine.launch import launch
-    from wharf.endpoint import with_key
-    from wharf.model_store import embedded_model_dir
+    from wharf.engine.launch import launch
+    from wharf.core.endpoint import with_key
+    from wharf.core.model_store import embedded_model_dir
 
     model = str(embedded_model_dir())  # vLLM serves the same converted base the trainer loads
     cfg = run_config(tmp_path, "train.lr=0.01", "train.publish=true", "train.device=cuda",

@@ -1,4 +1,4 @@
-"""A SIGKILL'd `python -m train` resumes to the same adapter; two CPU processes (gloo) match one."""
+"""A SIGKILL'd `python -m wharf.train` resumes to the same adapter; two CPU processes (gloo) match one."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from wharf.config import dump_config
-from wharf.layout import RunLayout
+from wharf.core.config import dump_config
+from wharf.core.layout import RunLayout
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import convert_path, run_config, sample_rows, write_round  # noqa: E402
@@ -41,7 +41,7 @@ def adapter(tmp: Path, name: str) -> dict:
 
 
 def run_train(config: Path, *prefix: str) -> None:
-    r = subprocess.run([*(prefix or [sys.executable]), "-m", "train", "--config", str(config)], cwd=REPO, env=env(),
+    r = subprocess.run([*(prefix or [sys.executable]), "-m", "wharf.train", "--config", str(config)], cwd=REPO, env=env(),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -52,7 +52,7 @@ def test_sigkill_then_resume_ends_with_the_same_adapter(tmp_path):
     whole, killed = setup_run(tmp_path, "whole", *over), setup_run(tmp_path, "killed", *over)
     run_train(whole)
     metrics = RunLayout.of(tmp_path, "killed").round(0).train.metrics
-    proc = subprocess.Popen([sys.executable, "-m", "train", "--config", str(killed)], cwd=REPO, env=env(),
+    proc = subprocess.Popen([sys.executable, "-m", "wharf.train", "--config", str(killed)], cwd=REPO, env=env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from train.loss import LossConfig, StepNorm, sft_loss
-from train.stage import train_round
+from wharf.train.loss import LossConfig, StepNorm, sft_loss
+from wharf.train.stage import train_round
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import base, convert_path, run_config, sample_rows, write_round  # noqa: E402
@@ -34,8 +34,8 @@ def test_sft_objective_is_checked():
 
 
 def test_grpo_refuses_supervised_rows(tmp_path):
-    from wharf.batches import read_index, write_index
-    from train.errors import TrainError
+    from wharf.core.batches import read_index, write_index
+    from wharf.train.errors import TrainError
 
     cfg = run_config(tmp_path, "train.objective=grpo")
     write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0)[:2], [1.0, 1.0], 1.0)
@@ -111,7 +111,7 @@ def test_a_warm_started_round_0_continues_the_init_adapter(sft_run):
     ("train.lora_target_modules=[q_proj]", "targets .* but train.lora_target_modules"),
 ])
 def test_an_init_adapter_that_does_not_fit_is_refused_before_the_loop_starts(sft_run, override, message):
-    from pipeline.loop import LoopError, check_init_adapter
+    from wharf.pipeline.loop import LoopError, check_init_adapter
 
     tmp, _, _ = sft_run
     cfg = run_config(tmp, "name=other", f"loop.init_adapter={tmp / 'sft'}:1", override)
@@ -120,8 +120,8 @@ def test_an_init_adapter_that_does_not_fit_is_refused_before_the_loop_starts(sft
 
 
 def test_an_init_adapter_of_another_base_model_is_refused(sft_run, tmp_path):
-    from pipeline.loop import LoopError, check_init_adapter
-    from wharf.model_store import embedded_model_dir
+    from wharf.pipeline.loop import LoopError, check_init_adapter
+    from wharf.core.model_store import embedded_model_dir
 
     other = tmp_path / "SmolLM2-other"
     other.mkdir()

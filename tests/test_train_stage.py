@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 
-from wharf.layout import RunLayout
-from wharf.batches import BatchFormatError
-from train.model import AdapterError
-from train.stage import TrainError, train_round
+from wharf.core.layout import RunLayout
+from wharf.core.batches import BatchFormatError
+from wharf.train.model import AdapterError
+from wharf.train.stage import TrainError, train_round
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from train_util import base, convert_path, run_config, sample_rows, write_round  # noqa: E402
@@ -63,7 +63,7 @@ def test_one_step_raises_positive_and_lowers_negative_completions(tmp_path, rows
     cfg_json = json.loads((paths.adapter / "adapter_config.json").read_text())
     assert cfg_json["r"] == 4 and not cfg_json.get("modules_to_save")
     assert (paths.adapter / "adapter_model.safetensors").is_file()
-    from wharf.adapters import check_adapter  # the engine's own (vLLM's) acceptance checks
+    from wharf.core.adapters import check_adapter  # the engine's own (vLLM's) acceptance checks
 
     check_adapter("policy-v1", str(paths.adapter), base()[0])
     assert mean_logp(paths.adapter, rows, +1) > mean_logp(None, rows, +1)
@@ -213,7 +213,7 @@ def test_round_one_resumes_adamw_where_round_zero_left_it(tmp_path, rows):
 def test_another_lora_dropout_after_round_zero_is_refused(tmp_path, small_round):
     from peft import LoraConfig, get_peft_model
 
-    from wharf.model_store import embedded_model_dir, load_model
+    from wharf.core.model_store import embedded_model_dir, load_model
 
     model, _ = load_model(embedded_model_dir(), "cpu", "float32")
     lc = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(small_round.train.lora_target_modules))
@@ -232,9 +232,9 @@ def test_a_rank_without_files_adds_nothing_to_the_metrics(small_round):
     # keep the all-reduce in step; its tokens, ratio, clip and entropy must not be counted.
     from dataclasses import dataclass
 
-    from train.plan import Step, plan_steps
-    from train.run import build
-    from train.stage import load_batches, loss_config
+    from wharf.train.plan import Step, plan_steps
+    from wharf.train.run import build
+    from wharf.train.stage import load_batches, loss_config
 
     @dataclass(frozen=True)
     class NotMine(Step):
@@ -254,8 +254,8 @@ def test_a_rank_without_files_adds_nothing_to_the_metrics(small_round):
 def test_the_trainer_measures_its_update_as_the_loops_two_forward_measure_does(tmp_path, rows, round_):
     """shift.json from the trainer's held log-probs of the sampling policy (prox: step 0's own, then
     the recomputed ones of later steps) plus one forward, against train/shift.measure (two)."""
-    from train.model import base_model_dir
-    from train.shift import measure
+    from wharf.train.model import base_model_dir
+    from wharf.train.shift import measure
 
     if round_:  # round 1 starts from policy-v1: pi_prev is an adapter, not the base model
         cfg0 = run_config(tmp_path, "train.lr=0.002")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from wharf import schema
-from wharf.config import load_config
-from wharf.endpoint import Endpoint
-from wharf.layout import RunLayout
+from wharf.core import schema
+from wharf.core.config import load_config
+from wharf.core.endpoint import Endpoint
+from wharf.core.layout import RunLayout
 from conftest import REPO, free_port
-from pipeline.loop import run_loop
-from pipeline.stages import read_marker
+from wharf.pipeline.loop import run_loop
+from wharf.pipeline.stages import read_marker
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import adapter_tensors, trained_adapter  # noqa: E402

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import loop
-from pipeline.overlap import allowed_policies, check_lag
+from wharf.pipeline import loop
+from wharf.pipeline.overlap import allowed_policies, check_lag
 from testing.vllm_stub import StubServer
-from wharf.config import ConfigError, load_config
-from wharf.endpoint import Endpoint
-from wharf.layout import RunLayout
-from train.stage import train_round
+from wharf.core.config import ConfigError, load_config
+from wharf.core.endpoint import Endpoint
+from wharf.core.layout import RunLayout
+from wharf.train.stage import train_round
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_util import adapter_tensors, convert_path, run_config, sample_rows, trained_adapter, write_round  # noqa: E402
@@ -64,7 +64,7 @@ def test_without_init_adapter_round_0_is_the_base(tmp_path, monkeypatch):
 
 
 def test_a_round_0_without_signal_carries_the_init_adapter(tmp_path):
-    from pipeline.stages import carry_policy
+    from wharf.pipeline.stages import carry_policy
 
     start = adapter(tmp_path / "sft")
     cfg = loop.round_config(cfg_with(tmp_path, f"loop.init_adapter={start}"), 0)
@@ -84,7 +84,7 @@ def test_zero_advantage_rounds_leave_the_init_adapter_bit_for_bit(tmp_path):
     """The warm-start experiment's SFT-only arm (convert.advantage=zero from the SFT adapter) keeps
     policy-v0's weights in every round: kl_coef 0, weight_decay 0 and a fresh AdamW on zero
     gradients take no step. So its held-out score is the init adapter's, which every eval of the
-    SFT+GRPO arm measures on the same trials (pipeline/loop.py: eval_stage)."""
+    SFT+GRPO arm measures on the same trials (wharf/pipeline/loop.py: eval_stage)."""
     init = trained_adapter(tmp_path, "sft")
     zero = run_config(tmp_path, "name=zero", f"loop.init_adapter={tmp_path / 'sft'}:1", "train.epochs=2")
     write_round(convert_path(zero), sample_rows(4, 10, 1.0, seed=0), [0.0, 0.0, 0.0, 0.0], 1.0)

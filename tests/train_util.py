@@ -6,10 +6,10 @@ from pathlib import Path
 
 import torch
 
-from wharf.config import RunConfig, load_config
-from wharf.model_store import embedded_model_dir, load_model
-from wharf.layout import RunLayout
-from wharf.batches import BatchFile, BatchIndex, MicroBatch, PAD_ID, save_micro_batch, write_index
+from wharf.core.config import RunConfig, load_config
+from wharf.core.model_store import embedded_model_dir, load_model
+from wharf.core.layout import RunLayout
+from wharf.core.batches import BatchFile, BatchIndex, MicroBatch, PAD_ID, save_micro_batch, write_index
 
 PROMPTS = ["Write the word yes.", "Count from one to three.", "Name a colour.", "Say hello to Ada.",
            "What is 2 + 2?", "Name an animal.", "Spell cat.", "Give one fruit."]
@@ -102,7 +102,7 @@ def convert_path(cfg: RunConfig, k: int = 0) -> Path:
 def trained_adapter(tmp: Path, name: str = "sft") -> Path:
     """A LoRA trained by one small round (run `name` in tmp, policy-v1 of `<tmp>/<name>`): a
     stand-in for any adapter a run starts from (an SFT run's, as `make mini-sft` trains one)."""
-    from train.stage import train_round
+    from wharf.train.stage import train_round
 
     cfg = run_config(tmp, f"name={name}", "train.lr=0.02")
     write_round(convert_path(cfg), sample_rows(4, 10, 1.0, seed=0), [1.0, 1.0, 1.0, 1.0], 1.0)

@@ -1,5 +1,17 @@
-"""The shared floor of wharf: what more than one stage uses (the run config and its loader, the
-run-dir layout, the parquet schema, the process environment, credentials, child processes, the
-endpoint client, model loading, the adapter check, processed log-probs, logging, the error base
-and the one entry idiom). It imports nothing from the stages (collect, convert, train) or from
-the orchestration above them (pipeline)."""
+"""wharf: train coding agents with reinforcement learning from the trajectories of real CLI agents.
+
+One import package, its rooms side by side (nothing imports upward):
+
+    wharf.core      the shared floor: run config, parquet schema, run-dir layout, processes, models
+    wharf.engine    the local engine: vLLM's API on a CPU
+    wharf.collect   harbor trials through the recording proxy -> parquet shards + rollouts
+    wharf.convert   shards -> training rows -> advantages -> padded micro-batches
+    wharf.train     the LoRA trainer (GRPO, SFT) and the adapter's publication
+    wharf.pipeline  above the stages: the `wharf` command, loop, eval, replay, report
+"""
+from importlib.metadata import PackageNotFoundError, version as _version
+
+try:
+    __version__ = _version("wharf")
+except PackageNotFoundError:  # a checkout on sys.path that was never installed
+    __version__ = "0+unknown"

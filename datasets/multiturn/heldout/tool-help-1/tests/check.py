@@ -1,4 +1,4 @@
-"""The checker of this task (collect/tasks/judge.py): each check gets a read-only view of the
+"""The checker of this task (wharf/tasks/tools/judge.py): each check gets a read-only view of the
 workspace the agent left and fails by raising; nothing of the workspace is imported here."""
 
 

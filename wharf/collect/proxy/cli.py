@@ -1,0 +1,46 @@
+"""`wharf proxy --config FILE [key=value ...]`: serve until SIGTERM/SIGINT, then publish every row
+(`python -m wharf.collect.proxy`, as the runner starts it)."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from wharf.collect.proxy.server import RecordingProxy
+from wharf.core.config import cli_config
+from wharf.core.entry import guarded
+from wharf.core.errors import WharfError
+from wharf.core.layout import admin_file
+
+
+async def serve(cfg) -> None:
+    proxy = RecordingProxy(cfg)
+    url = await proxy.start()
+    rec = proxy.recovery
+    if rec.get("segments"):
+        print(f"wharf proxy: folded {rec['recovered_rows']} rows from {rec['segments']} left-over WAL "
+              f"segments into {rec['shard']}", flush=True)
+    # One line the runner and tests wait for; the port is the bound one (proxy.port=0 picks a free one).
+    print(f"wharf proxy listening on {url} (turns -> {proxy.out_dir})", flush=True)
+    print(f"wharf proxy admin API on {proxy.admin_url} (its URL and token: {admin_file(proxy.wal_dir)})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proxy.stop()
+    print("wharf proxy stopped; every row is published", flush=True)
+
+
+def main(argv: list[str] | None = None, prog: str = "wharf proxy") -> int:
+    cfg = cli_config(argv, prog, "Serve the recording proxy until SIGTERM/SIGINT, then publish every row.")
+    return guarded(prog, lambda: _serve(cfg))
+
+
+def _serve(cfg) -> int:
+    try:
+        asyncio.run(serve(cfg))
+    except OSError as e:  # e.g. the port is taken
+        p = cfg.proxy
+        raise WharfError(f"cannot serve on {p.host}:{p.port} (agents) and {p.admin_host}:{p.admin_port} "
+                         f"(admin): {e}") from None
+    return 0

@@ -1,0 +1,340 @@
+"""`wharf eval`: policies side by side on one task set, with no training.
+
+`wharf eval --config FILE eval.dataset=DIR "eval.policies=[base,runs/R:5]" eval.attempts=4`
+(`make eval`). A policy is `base` (the endpoint's model), a run's round `<run dir>:<k>`
+(policy-v<k> of that run: the adapter round k-1 trained), or an adapter dir. Every policy runs
+the same (task, attempt) trials with the same sampling seeds (collect's seeds of round 0), so two
+policies' trials pair up and their difference is paired (wharf/pipeline/eval_stats.py).
+
+Each policy's trials are a normal collect job, written by collect's own round machinery into a
+one-round run of its own: runs/<name>/evals/<eval>/<policy>/rounds/0/collect (turns and rollouts
+parquet, manifest, harbor trials): replayable, auditable. A policy whose job is finished is not
+run again (an interrupted one resumes), and summary.json beside them holds the figures. A run's
+round that the run's own loop already evaluated with the same trials (loop.eval_every: the same
+split, agent, sampling and seed, at least as many attempts) is read from runs/<run>/evals/, not
+run again: GRPO and its control evaluated by their loops compare with no new trial.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from wharf.collect.runner import run as collect_round
+from wharf.collect.tasksets import TaskSetError, discover
+from wharf.core import schema, storage
+from wharf.core.config import RunConfig, check_policy_spec, cli_config
+from wharf.engine.launch import launch
+from wharf.core.endpoint import Endpoint, with_key
+from wharf.core.entry import guarded
+from wharf.core.errors import WharfError
+from wharf.core.replicas import replica_urls
+from wharf.core.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name
+
+from .eval_stats import PolicyFigures, Trial, figures, paired_difference
+
+log = logging.getLogger("wharf.eval")
+UNSCORED = ("infra_error", "verifier_error")  # not the policy's doing: left out, as convert leaves them out
+
+
+class EvalError(WharfError, RuntimeError):
+    """A policy that cannot be resolved or served; the message names the key and the path."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    spec: str  # as written in eval.policies
+    label: str  # its folder under the eval dir
+    adapter: Path | None  # None: the base model
+    round: int | None = None  # k of a run round's policy-v<k> (0: base)
+
+    @property
+    def digest(self) -> str:
+        """The adapter's weights' sha256 prefix: what tells two adapters apart."""
+        return hashlib.sha256(adapter_weights(self.adapter).read_bytes()).hexdigest()[:12]
+
+    def served_name(self, base: str) -> str:
+        """The model name to sample: the base's, or one named by the adapter's weights (the same
+        weights are loaded once, a different adapter never reuses a name)."""
+        return base if self.adapter is None else f"eval-{self.digest}"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def resolve(spec: str, key: str = "eval.policies") -> Policy:
+    """A policy spec -> the weights it names; a missing run round or adapter names the path."""
+    check_policy_spec(spec, key)
+    if spec == "base":
+        return Policy(spec, "base", None, 0)
+    head, sep, tail = spec.rpartition(":")
+    if sep:
+        run, k = storage.local_path(head), int(tail)  # a run dir, or a run in object storage (its mirror)
+        if k == 0:
+            return Policy(spec, "base", None, 0)
+        adapter = RunLayout(run).round(k - 1).train.adapter
+        storage.pull(adapter)  # in object storage: the bucket's (a loop's eval resumed on another machine)
+        if not has_adapter(adapter):
+            raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
+                            f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
+        return Policy(spec, _slug(f"{run.name}-{policy_name(k)}"), adapter, k)
+    adapter = Path(spec)
+    if not has_adapter(adapter):
+        raise EvalError(f"{key}: {spec!r} is neither base nor <run dir>:<k>, and {adapter} holds no adapter "
+                        "(no adapter_config.json)")
+    named = Policy(spec, "", adapter)  # two adapter dirs of one name (.../train/adapter) differ by weights
+    return dataclasses.replace(named, label=_slug(f"adapter-{adapter.resolve().name}-{named.digest[:6]}"))
+
+
+def eval_name(cfg: RunConfig) -> str:
+    """eval.name, else the dataset's last two path parts (datasets/multiturn/heldout -> multiturn-heldout)."""
+    if cfg.eval.name:
+        return cfg.eval.name
+    parts = [p for p in Path(dataset_of(cfg)).resolve().parts[-2:] if p != "datasets"]
+    return _slug("-".join(parts))
+
+
+def dataset_of(cfg: RunConfig) -> str:
+    return cfg.eval.dataset or cfg.collect.dataset
+
+
+def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
+    """The collect round of one policy: round 0 of its own run dir under the eval, eval's dataset
+    and attempts, every task, sampled from `served` with a fixed seed (0 when sampling.seed is unset),
+    none of its calls to the replicas in `refused`. An eval in object storage is named by its URL,
+    not this machine's mirror path: a Ray node works in its own mirror and uploads its shards and
+    trial logs from there (a path of the driver's mirror is no node's, and no URL's on the node)."""
+    collect = dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[], attempts=cfg.eval.attempts,
+                                  policy=served)
+    sampling = dataclasses.replace(cfg.sampling, seed=0 if cfg.sampling.seed is None else cfg.sampling.seed)
+    proxy = dataclasses.replace(cfg.proxy, out_dir=None, wal_dir=None,
+                                refused={**cfg.proxy.refused, **({served: list(refused)} if refused else {})})
+    return dataclasses.replace(cfg, runs_dir=storage.url_of(ev.root) or str(ev.root), name=p.label, round=0, collect=collect,
+                               sampling=sampling, proxy=proxy)
+
+
+@contextmanager
+def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[tuple[str, list[str]]]:
+    """`p` served for the block on every replica the proxy routes to (endpoint.url and
+    proxy.upstreams: a load reaches only the server that receives it): its adapter loaded under its
+    weights' name where it is not (unloaded after: adapter slots are few). Yields the name and the
+    replicas that refused it, which the round's proxy routes none of its calls; all refusing is an error."""
+    name = p.served_name(cfg.endpoint.model)
+    loaded: list[Endpoint] = []
+    refused: dict[str, str] = {}
+    replicas = replica_urls(ep.url, cfg.proxy.upstreams) if p.adapter is not None else []
+    for url in replicas:
+        replica = Endpoint(url, ep.api_key, ep.model)
+        try:
+            if name not in replica.models():
+                log.info("loading %s as %s on %s", p.adapter, name, url)
+                replica.load_adapter(name, p.adapter)
+                loaded.append(replica)
+        except WharfError as e:
+            refused[url] = str(e)
+    try:
+        if replicas and len(refused) == len(replicas):
+            raise EvalError(f"{p.spec}: no replica serves {p.adapter} as {name!r}: "
+                            + "; ".join(f"{u}: {why}" for u, why in refused.items()))
+        for url, why in refused.items():
+            log.error("eval: replica %s refused %s and gets none of its calls: %s", url, name, why)
+        yield name, sorted(refused)
+    finally:
+        for replica in loaded:
+            try:
+                replica.unload_adapter(name)
+            except WharfError as e:
+                log.warning("could not unload %s from %s: %s", name, replica.url, e)
+
+
+def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None = None) -> list[Trial]:
+    """The scored trials of a policy's collect job, attempts 0..attempts-1 (an earlier call with more
+    attempts left more); a policy-side failure without a reward scores 0. `families`: task -> family."""
+    rows = schema.read_table(run.round(0).collect.rollouts, "rollouts").to_pylist()
+    fam = families or {}
+    return [Trial(r["task_id"], r["attempt"], r["reward"] if r["reward"] is not None else 0.0, fam.get(r["task_id"]))
+            for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
+
+
+def task_families(dataset: str | Path) -> dict[str, str]:
+    """task -> the `family` its task.toml's [metadata] names (near-copies share one: the interval
+    is clustered by it); tasks without one are left out (each is its own cluster)."""
+    import tomllib
+
+    out = {}
+    for t in discover(dataset):
+        try:
+            family = tomllib.loads((t.path / "task.toml").read_text()).get("metadata", {}).get("family")
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(family, str) and family:
+            out[t.task_id] = family
+    return out
+
+
+def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
+    """Whether a finished job ran the trials this eval would: the same tasks, agent, sandbox,
+    sampling and seed, and at least as many attempts."""
+    s, seed = manifest.get("sampling") or {}, 0 if cfg.sampling.seed is None else cfg.sampling.seed
+    try:
+        same_set = Path(manifest.get("dataset", "")).resolve() == Path(dataset_of(cfg)).resolve()
+    except OSError:
+        return False
+    return (same_set and manifest.get("state") == "done" and (manifest.get("attempts") or 0) >= cfg.eval.attempts
+            and (manifest.get("agent"), manifest.get("environment")) == (cfg.collect.agent, cfg.collect.environment)
+            and (s.get("temperature"), s.get("top_p"), s.get("seed")) == (cfg.sampling.temperature, cfg.sampling.top_p, seed))
+
+
+def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
+    """A run round's policy whose trials were already run: this eval's own finished job (as the
+    bucket has it: a re-run on another machine loads no adapter for it), or one the run's own loop
+    ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has an unfinished job
+    of its own for the policy (it resumes that one), or no such job is found."""
+    if p.round is None or p.adapter is None:
+        return None
+    own = cfg.layout.eval(eval_name(cfg)).policy(p.label)
+    storage.pull(own.round(0).collect.root, ("manifest.json", "rollouts.parquet"))
+    if own.round(0).collect.manifest.is_file():
+        return own if _finished(own, cfg) else None
+    evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
+    job = f"*/{p.label}/rounds/0/collect"
+    storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
+    for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
+        if _finished(RunLayout(d), cfg):
+            return RunLayout(d)
+    return None
+
+
+def stored_note(ev: EvalLayout, p: Policy, run: RunLayout) -> str:
+    """The log line of a policy whose trials are read, not run: this eval's own finished job, or
+    the one its run's loop ran (stored_trials)."""
+    if run.root == ev.policy(p.label).root:
+        return f"eval {ev.root.name}: {p.spec}: its trials are already in this eval, {run.root}: not run again"
+    return f"eval {ev.root.name}: {p.spec}: reading the trials its run's loop already ran, {run.root}"
+
+
+def _finished(run: RunLayout, cfg: RunConfig) -> bool:
+    """Whether a policy's collect job there is done, with the trials this eval would run."""
+    try:
+        return _same_trials(cfg, json.loads(run.round(0).collect.manifest.read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:
+    """Run every policy's trials (skipping finished jobs, and reading those the policy's run already
+    ran: stored_trials) and write the eval's summary.json. `ep` may be None when every policy is stored."""
+    ev = cfg.layout.eval(eval_name(cfg))
+    cfg = with_key(cfg, ep) if ep is not None else cfg
+    results, families = {}, task_families(dataset_of(cfg))
+    for p in policies:
+        run = stored_trials(cfg, p)
+        if run is not None:
+            log.info(stored_note(ev, p, run))
+        else:
+            run = ev.policy(p.label)
+            with serving(ep, cfg, p) as (served, refused):
+                log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
+                collect_round(policy_config(cfg, ev, p, served, refused))
+        results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
+    return write_summary(ev, cfg, results)
+
+
+def _interval(iv) -> dict:
+    """JSON's null, not NaN, where there is no interval (one task): strict readers refuse NaN."""
+    bound = (lambda v: None if math.isnan(v) else v)
+    # "tasks" counts the clusters, as it did before families ("clustered_by" says which kind)
+    return {"mean": iv.mean, "low": bound(iv.low), "high": bound(iv.high), "tasks": iv.clusters,
+            "clustered_by": iv.by}
+
+
+def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
+    return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
+            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials, "reward": _interval(f.reward),
+            "pass_at": {str(k): v for k, v in f.pass_at.items()},
+            "successes": {t: list(cn) for t, cn in f.successes.items()}}
+
+
+def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Policy, list[Trial], RunLayout]]) -> dict:
+    """summary.json: this call's policies (kept beside those of earlier calls into the same eval) and
+    each policy's paired difference to the first one of this call."""
+    storage.pull_file(ev.summary)  # in object storage: the bucket's, with the policies of earlier calls
+    old = json.loads(ev.summary.read_text()) if ev.summary.is_file() else {}
+    entries = dict(old.get("policies", {}))
+    ks = tuple(range(1, cfg.eval.attempts + 1))
+    figs = {label: figures(trials, ks) for label, (_, trials, _) in results.items()}
+    for label, (p, _, run) in results.items():
+        entries[label] = _policy_entry(p, figs[label], run)
+    labels = list(results)
+    paired = dict(old.get("paired", {}))
+    for label in labels[1:]:
+        iv, pairs = paired_difference(results[label][1], results[labels[0]][1])
+        paired[f"{label} - {labels[0]}"] = {"a": label, "b": labels[0], "pairs": pairs, **_interval(iv)}
+    summary = {"dataset": str(dataset_of(cfg)), "attempts": cfg.eval.attempts, "seed": cfg.sampling.seed or 0,
+               "last": labels, "policies": entries, "paired": paired}
+    ev.root.mkdir(parents=True, exist_ok=True)
+    tmp = ev.summary.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
+    tmp.replace(ev.summary)
+    storage.push_file(ev.summary)
+    return summary
+
+
+def _iv(d: dict) -> str:
+    if d["tasks"] < 2:
+        return f"{d['mean']:.3f}"
+    return f"{d['mean']:.3f} [{d['low']:.3f}, {d['high']:.3f}]"
+
+
+def _clustered_by(summary: dict) -> str:
+    return "family" if any(e["reward"].get("clustered_by") == "family" for e in summary["policies"].values()) else "task"
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """Per policy of the last call: mean reward with its 95% interval, pass@1 / pass@k, successes per
+    task; then the paired differences."""
+    lines = [f"eval on {summary['dataset']}: {summary['attempts']} attempts a task, seed {summary['seed']}; "
+             f"95% t intervals over per-{_clustered_by(summary)} means"]
+    for label in summary["last"]:
+        e = summary["policies"][label]
+        ks = sorted(int(k) for k in e["pass_at"])
+        pk = ", ".join(f"pass@{k} {e['pass_at'][str(k)]:.3f}" for k in ks if k in (1, ks[-1]))
+        lines.append(f"  {e['spec']}: reward {_iv(e['reward'])} over {e['trials']} trials; {pk}")
+        lines.append("    successes: " + " ".join(f"{t} {c}/{n}" for t, (c, n) in e["successes"].items()))
+    for key, d in summary["paired"].items():
+        if d["a"] in summary["last"] and d["b"] in summary["last"]:
+            a, b = summary["policies"][d["a"]]["spec"], summary["policies"][d["b"]]["spec"]
+            lines.append(f"  {a} - {b}: {_iv(d)} (paired by task and attempt, {d['pairs']} pairs)")
+    return lines
+
+
+def main(argv: list[str] | None = None, prog: str = "wharf eval") -> int:
+    cfg = cli_config(argv, prog, "Evaluate policies (eval.policies) on a task set (eval.dataset), no training.")
+    return guarded(prog, lambda: _eval(cfg))
+
+
+def _eval(cfg: RunConfig) -> int:
+    policies = [resolve(s, f"eval.policies[{i}]") for i, s in enumerate(cfg.eval.policies)]  # all, before serving
+    try:
+        discover(dataset_of(cfg))
+    except TaskSetError as e:
+        raise EvalError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
+    labels = [p.label for p in policies]
+    if len(set(labels)) < len(labels):
+        raise EvalError(f"eval.policies: {cfg.eval.policies} names the same policy twice ({labels})")
+    if all(stored_trials(cfg, p) for p in policies):  # nothing to sample: no endpoint to start
+        summary = evaluate(cfg, policies, None)
+    else:
+        with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
+            summary = evaluate(cfg, policies, ep)
+    print("\n".join(summary_lines(summary)))
+    print(f"eval: {cfg.layout.eval(eval_name(cfg)).summary}")
+    return 0
