@@ -85,10 +85,24 @@ def _turn_policies(run: str) -> set:
     return {t["policy"] for t in schema.read_dir(turns, "turns").to_pylist()}
 
 
+# Secrets of the run (the endpoint's key, the proxy's admin token, an agent's credential): no object
+# of the run in the bucket may hold one.
+SECRETS = {"endpoint.api_key": "wharf-test-endpoint-key-6f1d", "proxy.admin_token": "wharf-test-admin-token-93ab",
+           "collect.agent_env": "{WHARF_TEST_API_KEY: wharf-test-agent-key-c27e, WHARF_TEST_REGION: wharf-test-env-5d10}"}
+
+
+def _secrets_in_bucket(run: str) -> list[str]:
+    values = ["wharf-test-endpoint-key-6f1d", "wharf-test-admin-token-93ab", "wharf-test-agent-key-c27e",
+              "wharf-test-env-5d10"]
+    keys = storage.listing(run)
+    assert len(keys) > 50, keys  # the whole run: rounds, trials' logs, adapters, configs
+    return [f"{k}: {v}" for k in keys for v in values if v.encode() in storage.get(f"{run}/{k}")]
+
+
 def test_an_s3_loop_killed_after_round_0_trained_finishes_on_another_machine(s3, monkeypatch, tmp_path):
     runs, run = f"{s3}/runs", f"{s3}/runs/sync"
-    with StubServer(loras=True) as stub:
-        args = _args(runs, "sync", stub.url)
+    with StubServer(loras=True, api_key=SECRETS["endpoint.api_key"]) as stub:
+        args = _args(runs, "sync", stub.url, *(f"{k}={v}" for k, v in SECRETS.items()))
         _kill_once_round_0_trained(args, run, tmp_path / "first", tmp_path / "killed.log")
         adapter0 = f"{run}/rounds/0/train/adapter/adapter_model.safetensors"
         before = {"adapter": _digest(adapter0), "marker": storage.get(f"{run}/rounds/0/done/train.json"),
@@ -102,6 +116,7 @@ def test_an_s3_loop_killed_after_round_0_trained_finishes_on_another_machine(s3,
     manifest = json.loads(storage.get(f"{run}/rounds/1/collect/manifest.json"))
     assert manifest["policy"] == "policy-v1" and manifest["state"] == "done"
     assert _turn_policies(run) == {"policy-v1"}
+    assert not _secrets_in_bucket(run)
 
 
 # The overlapped loop: the stub holds round 1's attempts 2 and 3 (the calls with their seeds), so

@@ -19,6 +19,7 @@ from wharf.collect.records import Outcome, RolloutRow
 from wharf.collect.tasksets import PlannedRollout, new_rollout_id, rollout_seed
 from wharf.collect.trials import RolloutRoute, classify, trial_config
 from wharf.core.config import RunConfig
+from wharf.core.config_redact import scrub_json_files, secret_values
 from wharf.core.layout import wal_dir
 
 log = logging.getLogger("wharf.collect")
@@ -60,6 +61,7 @@ class NodeTrials:
         self.policy = policy
         self._config_path = config_path
         self._log_path = log_path
+        self._secrets = secret_values(cfg)  # what no trial's record may keep
         self._stack = contextlib.AsyncExitStack()
 
     async def __aenter__(self) -> "NodeTrials":
@@ -97,6 +99,8 @@ class NodeTrials:
             log.exception("trial %s crashed in harbor", rollout_id)
             result, crash = None, f"{type(e).__name__}: {e}"
         (n_turns, n_errors), close_error = await close_rollout(self.admin, rollout_id)
+        # the trial's own record (harbor's config.json, result.json) keeps no credential of the run
+        scrub_json_files(self.paths.trial(rollout_id), [*self._secrets, opened.api_key])
         if result is None or close_error:
             outcome = Outcome("infra_error", None, {}, crash or close_error)
         else:

@@ -26,7 +26,7 @@ class ServiceError(WharfError, RuntimeError):
 def proxy_process(cfg: RunConfig, config_path: Path, turns_dir: Path, log_path: Path) -> Iterator[AdminAccess]:
     """Run `python -m wharf.collect.proxy` writing its shards to `turns_dir` for the life of the block,
     and yield where its admin API is and its token. Its config (cfg with proxy.out_dir and, unless
-    one is configured, a fresh admin token) is written owner-only to `config_path`."""
+    one is configured, a fresh admin token) goes to the child privately (procs.stage_argv), its record without secrets to `config_path`."""
     token = cfg.proxy.admin_token or new_token()
     proxy = dataclasses.replace(cfg.proxy, out_dir=str(turns_dir), admin_token=token)
     cfg = dataclasses.replace(cfg, proxy=proxy)

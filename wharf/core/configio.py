@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
+from wharf.core.config_redact import redacted
 from wharf.core.credentials import write_private
 from wharf.core.errors import WharfError
 
@@ -174,7 +175,13 @@ def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = (
 
 
 def dump(cfg: Any, path: str | Path) -> None:
-    """Write `cfg` as YAML, owner-only: a resolved config can hold tokens and API keys."""
+    """Write `cfg` as YAML for the record, its secrets taken out (config_redact), owner-only."""
+    write_private(path, yaml.safe_dump(redacted(cfg), sort_keys=False).encode())
+
+
+def dump_whole(cfg: Any, path: str | Path) -> None:
+    """Write `cfg` as YAML with its secrets, owner-only: only for a child process to read, never
+    into a run dir (procs.stage_argv)."""
     write_private(path, yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False).encode())
 
 

@@ -3,17 +3,23 @@ stopping one also stops what it spawned, and tied to our life so a killed `make 
 leaves nothing holding a port.
 
 A child stage gets its config one way: the resolved config written to a YAML file, passed as
-`--config FILE` (stage_argv); its environment is envdefaults.child_env()."""
+`--config FILE` (stage_argv). That file holds the run's secrets, so it lives in a private
+directory outside the run dir, removed when we exit; the run dir gets a redacted record of it.
+Its environment is envdefaults.child_env()."""
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from wharf.core import envdefaults
+from wharf.core import configio, envdefaults
 from wharf.core.config import RunConfig, dump_config
 
 _PR_SET_PDEATHSIG = 1
@@ -23,10 +29,25 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+_private: Path | None = None
+
+
+def private_dir() -> Path:
+    """A directory only we can read (mkdtemp: 0700), outside every run dir, gone when we exit."""
+    global _private
+    if _private is None:
+        _private = Path(tempfile.mkdtemp(prefix="wharf-"))
+        atexit.register(shutil.rmtree, _private, True)
+    return _private
+
+
 def stage_argv(module: str, cfg: RunConfig, config_path: Path) -> list[str]:
-    """`python -m <module> --config <config_path>`, with `cfg` written there first."""
+    """`python -m <module> --config FILE`: FILE is `cfg` whole, in private_dir(); `config_path`
+    gets the record of it with its secrets taken out."""
     dump_config(cfg, config_path)
-    return [sys.executable, "-m", module, "--config", str(config_path)]
+    whole = private_dir() / f"{secrets.token_hex(4)}-{Path(config_path).name}"
+    configio.dump_whole(cfg, whole)
+    return [sys.executable, "-m", module, "--config", str(whole)]
 
 
 def spawn(argv: list[str], log_path: Path, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.Popen:
