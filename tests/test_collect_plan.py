@@ -74,6 +74,9 @@ def result(rewards=None, exc=None):
 @pytest.mark.parametrize("res, upstream, status, reward", [
     (result({"reward": 1.0}), 0, "ok", 1.0),
     (result({"accuracy": 0.0}), 0, "ok", 0.0),
+    # it ended after the endpoint failed its calls (e.g. 404s from a replica without the policy): no real 0
+    (result({"reward": 0.0}), 3, "infra_error", 0.0),
+    (result({"reward": 1.0}), 1, "ok", 1.0),  # a retried error that still solved it is the policy's success
     (result({"a": 1, "b": 0}), 0, "verifier_error", None),
     (result(None), 0, "verifier_error", None),
     (result({"reward": 0.0}, ("AgentTimeoutError", "timed out after 5s")), 0, "agent_timeout", 0.0),

@@ -143,6 +143,22 @@ def test_summary_json_and_printed_figures(tmp_path):
     assert lines[4] == "    successes: a 2/2 b 1/2" and "runs/R:2 - base: 0.500 [0.500, 0.500]" in lines[5]
 
 
+def test_trials_left_out_are_counted_in_the_summary_and_its_lines(tmp_path):
+    from test_report import _rollouts
+    from wharf.pipeline.eval import read_trials, summary_lines, write_summary
+
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "eval.dataset=datasets/learn/heldout", "eval.attempts=4"])
+    ev = cfg.layout.eval(eval_name(cfg))
+    rows = _rollouts(0, {"a": 2, "b": 1})
+    for r, status in zip(rows, ["infra_error", "infra_error", "verifier_error"]):
+        r["status"], r["reward"] = status, None
+    schema.write_table(ev.policy("base").round(0).collect.rollouts, "rollouts", rows)
+    trials = read_trials(ev.policy("base"), 4)
+    s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), trials, ev.policy("base"))})
+    assert len(trials) == len(rows) - 3 and s["policies"]["base"]["unscored"] == {"infra_error": 2, "verifier_error": 1}
+    assert f"over {len(rows) - 3} trials (3 left out: infra_error 2, verifier_error 1);" in summary_lines(s)[1]
+
+
 def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest) -> Path:
     """What a loop with loop.eval_every leaves for policy-v<k> of `run`: a finished collect job
     under runs/<run>/evals/learn-heldout/<run>-policy-v<k>/ (rewards: successes of 4 attempts per task)."""

@@ -158,6 +158,9 @@ def classify(result: TrialResult, upstream_errors: int = 0) -> Outcome:
     if exc is None:
         if reward is None:
             return Outcome("verifier_error", None, rewards, f"verifier wrote no usable reward: {json.dumps(rewards)}")
+        if upstream_errors and reward <= 0:  # it stopped on a failing endpoint: the 0 is not the policy's
+            return Outcome("infra_error", reward, rewards, f"the agent ended unrewarded after {upstream_errors} "
+                           "model calls the endpoint failed (a replica refusing the policy, a restart)")
         return Outcome("ok", reward, rewards, None)
     kind, message = exc.exception_type, exc.exception_message
     error = f"{kind}: {message}"[:2000]

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import re
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,6 +165,13 @@ def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None =
             for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
 
 
+def unscored(run: RunLayout, attempts: int) -> dict[str, int]:
+    """How many trials of attempts 0..attempts-1 read_trials leaves out, by status ({}: no table)."""
+    path = run.round(0).collect.rollouts
+    rows = schema.read_table(path, "rollouts").to_pylist() if path.is_file() else []
+    return dict(Counter(r["status"] for r in rows if r["status"] in UNSCORED and r["attempt"] < attempts))
+
+
 def task_families(dataset: str | Path) -> dict[str, str]:
     """task -> the `family` its task.toml's [metadata] names (near-copies share one: the interval
     is clustered by it); tasks without one are left out (each is its own cluster)."""
@@ -245,6 +253,10 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
                 collect_round(policy_config(cfg, ev, p, served, refused))
         results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
+        left_out = unscored(run, cfg.eval.attempts)
+        if left_out:
+            log.warning("eval %s: %s: %d trials left out, not the policy's doing (%s)", ev.root.name, p.spec,
+                        sum(left_out.values()), ", ".join(f"{s} {n}" for s, n in sorted(left_out.items())))
     return write_summary(ev, cfg, results)
 
 
@@ -256,9 +268,10 @@ def _interval(iv) -> dict:
             "clustered_by": iv.by}
 
 
-def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout) -> dict:
+def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout, attempts: int) -> dict:
     return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
-            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials, "reward": _interval(f.reward),
+            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials,
+            "unscored": unscored(run, attempts), "reward": _interval(f.reward),
             "pass_at": {str(k): v for k, v in f.pass_at.items()},
             "successes": {t: list(cn) for t, cn in f.successes.items()}}
 
@@ -272,7 +285,7 @@ def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Polic
     ks = tuple(range(1, cfg.eval.attempts + 1))
     figs = {label: figures(trials, ks) for label, (_, trials, _) in results.items()}
     for label, (p, _, run) in results.items():
-        entries[label] = _policy_entry(p, figs[label], run)
+        entries[label] = _policy_entry(p, figs[label], run, cfg.eval.attempts)
     labels = list(results)
     paired = dict(old.get("paired", {}))
     for label in labels[1:]:
@@ -307,7 +320,10 @@ def summary_lines(summary: dict) -> list[str]:
         e = summary["policies"][label]
         ks = sorted(int(k) for k in e["pass_at"])
         pk = ", ".join(f"pass@{k} {e['pass_at'][str(k)]:.3f}" for k in ks if k in (1, ks[-1]))
-        lines.append(f"  {e['spec']}: reward {_iv(e['reward'])} over {e['trials']} trials; {pk}")
+        dropped = e.get("unscored") or {}  # summaries written before it was recorded have none
+        left = f" ({sum(dropped.values())} left out: " + ", ".join(f"{s} {n}" for s, n in sorted(dropped.items())) + ")" \
+            if dropped else ""
+        lines.append(f"  {e['spec']}: reward {_iv(e['reward'])} over {e['trials']} trials{left}; {pk}")
         lines.append("    successes: " + " ".join(f"{t} {c}/{n}" for t, (c, n) in e["successes"].items()))
     for key, d in summary["paired"].items():
         if d["a"] in summary["last"] and d["b"] in summary["last"]:
