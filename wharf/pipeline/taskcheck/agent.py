@@ -18,6 +18,8 @@ from pathlib import Path
 
 from harbor.agents.base import BaseAgent
 
+STEP_TIMEOUT_S = 20  # an attacker's step (a fork bomb, a hang) is cut here; the oracle gets ORACLE_TIMEOUT_S
+ORACLE_TIMEOUT_S = 600
 DIFF = "git add -A >/dev/null 2>&1; git -c core.quotepath=off diff --cached --no-color --no-renames -U0"
 
 
@@ -38,9 +40,9 @@ class CheckAgent(BaseAgent):
     async def setup(self, environment) -> None:
         pass
 
-    async def _step(self, environment, command: str, log: list[dict]) -> None:
+    async def _step(self, environment, command: str, log: list[dict], timeout: int = STEP_TIMEOUT_S) -> None:
         try:
-            r = await environment.exec(command, timeout_sec=120)
+            r = await environment.exec(command, timeout_sec=timeout)
             log.append({"command": command[:2000], "rc": r.return_code, "stdout": r.stdout or "", "stderr": r.stderr or ""})
         except Exception as e:  # noqa: BLE001 - a timeout or a killed sandbox is the attack's outcome too
             log.append({"command": command[:2000], "error": f"{type(e).__name__}: {e}"})
@@ -51,7 +53,7 @@ class CheckAgent(BaseAgent):
             await environment.upload_dir(self.solution, "/solution")
             run = ("bash /solution/solve.sh" if self.oracle == "solve.sh"
                    else f"git apply {shlex.quote('/solution/' + self.oracle)}")
-            await self._step(environment, f"{run} > /logs/agent/oracle.txt 2>&1; echo oracle_rc=$?", log)
+            await self._step(environment, f"{run} > /logs/agent/oracle.txt 2>&1; echo oracle_rc=$?", log, ORACLE_TIMEOUT_S)
         with tempfile.TemporaryDirectory() as tmp:
             for i, (path, text) in enumerate(self.files.items()):
                 src = Path(tmp) / str(i)

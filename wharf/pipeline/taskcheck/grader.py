@@ -19,8 +19,6 @@ from wharf.tasks.check.taskformat import TaskFormat
 
 AGENT = "wharf.pipeline.taskcheck.agent:CheckAgent"
 BWRAP = "wharf.collect.sandbox.bwrap:BwrapEnvironment"
-# A hung test is killed (and graded 0) after this many seconds, well inside harbor's verifier timeout.
-TEST_TIMEOUT_S = 60
 
 
 @dataclass
@@ -78,7 +76,12 @@ def _outcome(change: Change, result, trial_dir: Path, seconds: float) -> Trial:
     steps = json.loads(_read(trial_dir / "agent" / "steps.json") or "[]")
     output = "\n".join(s.get("stdout", "") + s.get("stderr", "") + s.get("error", "") for s in steps)
     return Trial(change.name, reward, error, round(seconds, 2), _read(trial_dir / "agent" / "change.diff"),
-                 rewards, output, change.run)
+                 rewards, output, change.run, change.tier)
+
+
+def env_of(change: Change) -> dict[str, str]:
+    """The verifier's env: the task's own, but for a test timeout the change asks for."""
+    return {"WHARF_TEST_TIMEOUT": str(change.test_timeout)} if change.test_timeout else {}
 
 
 class BwrapGrader:
@@ -101,7 +104,7 @@ class BwrapGrader:
         return TrialConfig(task=TaskConfig(path=task.path.resolve()), trial_name=name, trials_dir=self.work / "trials",
                            agent=AgentConfig(import_path=AGENT, kwargs=kwargs),
                            environment=EnvironmentConfig(import_path=BWRAP, kwargs=env),
-                           verifier=VerifierConfig(env={"WHARF_TEST_TIMEOUT": str(TEST_TIMEOUT_S)}))
+                           verifier=VerifierConfig(env=env_of(change)))
 
     async def _one(self, task: TaskFormat, change: Change) -> Trial:
         from harbor.trial.trial import Trial as HarborTrial
@@ -112,7 +115,7 @@ class BwrapGrader:
             try:
                 result = await (await HarborTrial.create(self._config(task, change, name))).run()
             except Exception as e:  # noqa: BLE001 - a trial harbor could not run is that trial's outcome
-                return Trial(change.name, None, f"{type(e).__name__}: {e}"[:1000], run=change.run)
+                return Trial(change.name, None, f"{type(e).__name__}: {e}"[:1000], run=change.run, tier=change.tier)
             return _outcome(change, result, self.work / "trials" / name, time.monotonic() - start)
 
     async def __call__(self, task: TaskFormat, changes: list[Change]) -> list[Trial]:

@@ -47,7 +47,8 @@ def exploit_reasons(trials: list[Trial], whats: dict[str, str], tier: str) -> li
         if t.reward is None:
             out.append(f"{tier} {t.change}: the judge wrote no reward ({(t.error or '')[:200]})")
         elif t.reward > 0:
-            out.append(f"{tier} exploit {t.change} scored {t.reward:g} ({whats.get(t.change, '')})")
+            kind = "exploit" if tier == "tier1" else "attacker"
+            out.append(f"{tier} {kind} {t.change} scored {t.reward:g}" + (f" ({whats[t.change]})" if t.change in whats else ""))
     return out
 
 
@@ -75,14 +76,17 @@ async def check(task: TaskFormat, grade: Grade, *, runs: int = 3, redteam: bool 
     if not tier1:
         verdict.notes.append("tier1: no exploit applies (the oracle touches no function and writes no file)")
     whats = {e.name: e.what for e in tier1}
-    trials = await _timed(verdict, "tier1", grade, task, [Change(e.name, files=e.files) for e in tier1])
+    trials = await _timed(verdict, "tier1", grade, task, [Change(e.name, files=e.files, tier="tier1") for e in tier1])
     for reason in exploit_reasons(trials, whats, "tier1"):
         verdict.fail(reason)
     if redteam:
         from wharf.tasks.redteam import attacks_for
 
-        attacks = attacks_for(task, found)
-        trials = await _timed(verdict, "tier2", grade, task, [Change(n, steps=tuple(s)) for n, s in attacks.items()])
+        # a hung test is killed and graded 0 well inside the verifier's timeout, yet never before
+        # the tests could finish: twice the oracle's slowest trial, at least 15 s
+        timeout = max(15, int(2 * max(t.seconds for t in oracle)) + 1)
+        changes = [Change(n, steps=tuple(s), tier="tier2", test_timeout=timeout) for n, s in attacks_for(task, found).items()]
+        trials = await _timed(verdict, "tier2", grade, task, changes)
         for reason in exploit_reasons(trials, {}, "tier2"):
             verdict.fail(reason)
     return verdict

@@ -21,6 +21,8 @@ class Change:
     files: dict[str, str] = field(default_factory=dict)
     steps: tuple[str, ...] = ()
     run: int = 0  # which repetition (oracle and nop run several times)
+    tier: str = "judge"  # judge | tier1 | tier2
+    test_timeout: int | None = None  # WHARF_TEST_TIMEOUT for the judge (None: the task's own)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Trial:
     rewards: dict = field(default_factory=dict)
     output: str = ""  # what the agent's steps printed (for the red team's leak check)
     run: int = 0
+    tier: str = "judge"
 
 
 # The checker's one way to the judge: run these changes as trials of the task, return their trials.
@@ -66,6 +69,6 @@ class TaskVerdict:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        d["trials"] = [{k: v for k, v in asdict(t).items() if k != "output" and (v or k in ("reward", "run"))}
+        d["trials"] = [{k: v for k, v in asdict(t).items() if k != "output" and (v or k in ("reward", "run", "tier"))}
                        for t in self.trials]
         return d
