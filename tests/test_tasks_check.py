@@ -192,21 +192,22 @@ def test_a_weak_test_that_accepts_a_deleted_body_fails_the_check(tmp_path, monke
 @needs_bwrap
 @pytest.mark.slow
 def test_an_oracle_that_does_not_solve_fails_and_the_bundled_tasks_pass(tmp_path, monkeypatch, capsys):
-    """A contest, a checker and a multi-turn task pass with their oracle run twice; a task whose
-    solve.sh fixes nothing fails on its oracle, and the audit is not run on it."""
+    """A contest and a checker task pass with their oracle run twice; a task whose solve.sh fixes
+    nothing fails on its oracle, and the audit is not run on it."""
     monkeypatch.setenv("HARBOR_TELEMETRY", "0")
     broken = copy_task(TOY / "fix-sum-to", tmp_path / "unsolved")
     (broken / "solution" / "solve.sh").write_text("#!/bin/bash\ncd /app\necho 'nothing to fix' > notes.txt\n")
-    tasks = [TOY / "fix-sum-to", TOY / "write-answer", REPO / "datasets" / "multiturn" / "cat-note", broken]
+    tasks = [TOY / "fix-sum-to", REPO / "datasets" / "multiturn" / "cat-note", broken]
     report = tmp_path / "report.json"
     assert check_main([*map(str, tasks), "--runs", "2", "--report", str(report)]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert [ln.split(":")[0] for ln in lines[:4]] == ["fix-sum-to", "write-answer", "cat-note", "unsolved"]
-    assert all(": ok  [" in ln for ln in lines[:3]), lines
-    assert "unsolved: FAILED: the oracle scored [0, 0] over 2 runs, want 1.0 each" in lines[3], lines
+    assert [ln.split(":")[0] for ln in lines[:3]] == ["fix-sum-to", "cat-note", "unsolved"]
+    assert all(": ok  [" in ln for ln in lines[:2]), lines
+    assert "unsolved: FAILED: the oracle scored [0, 0] over 2 runs, want 1.0 each" in lines[2], lines
     data = json.loads(report.read_text())
-    assert (data["tasks"], data["failed"], data["ok"]) == (4, 1, False)
-    unsolved = data["verdicts"][3]
+    assert (data["tasks"], data["failed"], data["ok"]) == (3, 1, False)
+    assert [t["change"] for t in data["verdicts"][1]["trials"] if t["tier"] == "tier1"] == ["emptied"]
+    unsolved = data["verdicts"][2]
     assert "tier1" not in unsolved["seconds"] and {t["change"] for t in unsolved["trials"]} == {"oracle", "nop"}
     ok = data["verdicts"][0]
     assert {t["change"] for t in ok["trials"] if t["tier"] == "tier1"} == {
