@@ -10,6 +10,7 @@ dispatcher (wharf/pipeline/tasks.py): it cannot import it, the tasks room standi
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +27,9 @@ async def check_async(task_dir: Path, *, runs: int = 3, redteam: bool = False, j
     start = time.monotonic()
     task = read_task(Path(task_dir))  # TaskFormatError (bad input) before any trial
     fmt = time.monotonic() - start
+    if work is None:  # the trial dirs are kept only where the caller asks
+        with tempfile.TemporaryDirectory(prefix="wharf-tasks-check-") as tmp:
+            return await check_async(task_dir, runs=runs, redteam=redteam, jobs=jobs, work=Path(tmp))
     grader = BwrapGrader(work, jobs)
     if not redteam:
         return await check(task, grader, runs=runs, format_seconds=fmt)

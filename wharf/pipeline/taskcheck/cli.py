@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,9 +74,6 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks check") -> int:
     except TaskFormatError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    import shutil
-    import tempfile
-
     start = time.monotonic()
     work = args.keep or Path(tempfile.mkdtemp(prefix="wharf-tasks-check-"))
     try:

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +86,8 @@ def env_of(change: Change) -> dict[str, str]:
 class BwrapGrader:
     """grade(task, changes) -> trials, `jobs` at a time, trial dirs under `work` (kept when `keep`)."""
 
-    def __init__(self, work: Path | None = None, jobs: int = 4, world: World | None = None):
-        self.work = Path(work) if work else Path(tempfile.mkdtemp(prefix="wharf-tasks-check-"))
+    def __init__(self, work: Path, jobs: int = 4, world: World | None = None):
+        self.work = Path(work)
         self.sem = asyncio.Semaphore(max(1, jobs))
         self.world = world
 

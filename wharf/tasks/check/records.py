@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Awaitable, Callable
 
+from wharf.tasks.check.taskformat import TaskFormat
+
 TIERS = ("format", "judge", "tier1", "tier2")  # the stages whose seconds a verdict records
 
 
@@ -41,7 +43,7 @@ class Trial:
 
 
 # The checker's one way to the judge: run these changes as trials of the task, return their trials.
-Grade = Callable[["object", list[Change]], Awaitable[list[Trial]]]
+Grade = Callable[[TaskFormat, list[Change]], Awaitable[list[Trial]]]
 
 
 @dataclass
