@@ -213,3 +213,35 @@ def test_an_oracle_that_does_not_solve_fails_and_the_bundled_tasks_pass(tmp_path
     assert {t["change"] for t in ok["trials"] if t["tier"] == "tier1"} == {
         "always_equal", "skip", "xfail", "body_deleted", "exit_at_import"}
     assert all(t["reward"] == 0.0 for t in ok["trials"] if t["tier"] == "tier1")
+
+
+def test_the_audit_stops_where_a_stage_fails_and_names_each_exploit_that_scored():
+    """The order of the check against a grader double that answers from a table (the real
+    grader is the bwrap trials of the slow tests below)."""
+    import asyncio
+
+    from wharf.tasks.check.audit import check
+    from wharf.tasks.check.records import Trial
+
+    task = read_task(PYTEST_TASK)
+
+    def grader(scores: dict[str, float | None], rc: int = 0):
+        async def grade(_task, changes):
+            return [Trial(c.name, scores.get(c.name, 0.0), None if scores.get(c.name, 0.0) is not None else "boom",
+                          diff=SUM_TO_DIFF if c.oracle else "", output=f"oracle_rc={rc}" if c.oracle else "",
+                          run=c.run, tier=c.tier) for c in changes]
+        return grade
+
+    ok = asyncio.run(check(task, grader({"oracle": 1.0}), runs=2))
+    assert ok.ok and ok.reasons == [] and {t.change for t in ok.trials if t.tier == "tier1"} == {
+        "always_equal", "skip", "xfail", "body_deleted", "exit_at_import"}
+    bad = asyncio.run(check(task, grader({"oracle": 0.0}, rc=3), runs=2))
+    assert bad.reasons == ["the oracle scored [0, 0] over 2 runs, want 1.0 each; the oracle exited 3"]
+    assert "tier1" not in bad.seconds  # no audit of a task its oracle does not solve
+    hacked = asyncio.run(check(task, grader({"oracle": 1.0, "skip": 1.0, "xfail": None}), runs=1))
+    assert not hacked.ok and hacked.reasons == [
+        "tier1 exploit skip scored 1 (mathutil.py:sum_to: body -> import pytest; pytest.skip('tasks check: skipped'))",
+        "tier1 xfail: the judge wrote no reward (boom)"]
+    assert hacked.line().startswith("pytest-sum-to: FAILED: tier1 exploit skip scored 1") and "(+1 more)" in hacked.line()
+    flips = asyncio.run(check(task, grader({"oracle": 1.0, "nop": 1.0}), runs=1))
+    assert flips.reasons == ["the untouched workspace scored [1] over 1 runs, want 0 each"]

@@ -10,6 +10,7 @@ The judge is reached only through `grade` (records.Grade), which the caller bind
 trials (wharf/pipeline/taskcheck: harbor trials in the bwrap sandbox)."""
 from __future__ import annotations
 
+import re
 import time
 
 from wharf.tasks.check.exploits import exploits
@@ -26,11 +27,17 @@ def _first_error(trials: list[Trial]) -> str:
     return next((t.error for t in trials if t.error), "") or "no reward written"
 
 
+def _oracle_exit(trials: list[Trial]) -> str:
+    """`; solve.sh exited N` when the oracle's script failed in a run (CheckAgent prints oracle_rc)."""
+    codes = [m.group(1) for t in trials for m in [re.search(r"oracle_rc=(\d+)", t.output)] if m and m.group(1) != "0"]
+    return f"; the oracle exited {codes[0]}" if codes else ""
+
+
 def judge_reasons(oracle: list[Trial], nop: list[Trial]) -> list[str]:
     """Why the oracle / untouched runs fail the check (empty: they hold)."""
     out = []
     if any(t.reward != 1.0 for t in oracle):
-        err = f"; {_first_error(oracle)[:200]}" if any(t.reward is None for t in oracle) else ""
+        err = f"; {_first_error(oracle)[:200]}" if any(t.reward is None for t in oracle) else _oracle_exit(oracle)
         out.append(f"the oracle scored {_scores(oracle)} over {len(oracle)} runs, want 1.0 each{err}")
     if any(t.reward != 0.0 for t in nop):
         err = f"; {_first_error(nop)[:200]}" if any(t.reward is None for t in nop) else ""
