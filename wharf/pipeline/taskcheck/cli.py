@@ -24,7 +24,8 @@ REPORTS = Path("runs") / "tasks-check"
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=prog, description="Validate task dirs: the format, the oracle 1.0 and the "
+                                "untouched workspace 0 on every run, the hackability audit (docs/tasks.md).")
     p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="task dirs, or dirs of task dirs")
     p.add_argument("--runs", type=int, default=3, help="oracle and untouched runs each (default 3)")
     p.add_argument("--redteam", action="store_true", help="tier 2: the red team's scripted attackers too")
