@@ -2,8 +2,8 @@
 core) bound to real harbor trials in the bwrap sandbox (wharf.collect's), which is why this glue
 stands in the pipeline, the one room that sees both.
 
-    check_task(task_dir, *, runs=3, redteam=False) -> TaskVerdict   one task dir, in this process
-    check_tasks(task_dirs, ...) -> list[TaskVerdict]                several, one after another
+    check_task(task_dir, *, runs=3, redteam=False) -> TaskVerdict   one task dir (runs its own event loop)
+    await check_async(task_dir, runs=.., redteam=.., jobs=4, work=None)   the same from async code
 
 The factory (`wharf tasks make`, wharf/tasks/factory) is handed check_task by the `wharf tasks`
 dispatcher (wharf/pipeline/tasks.py): it cannot import it, the tasks room standing below this one."""
@@ -24,12 +24,12 @@ async def check_async(task_dir: Path, *, runs: int = 3, redteam: bool = False, j
     from wharf.pipeline.taskcheck.grader import BwrapGrader, World
     from wharf.pipeline.taskcheck.leaks import leak_reasons
 
-    start = time.monotonic()
-    task = read_task(Path(task_dir))  # TaskFormatError (bad input) before any trial
-    fmt = time.monotonic() - start
     if work is None:  # the trial dirs are kept only where the caller asks
         with tempfile.TemporaryDirectory(prefix="wharf-tasks-check-") as tmp:
             return await check_async(task_dir, runs=runs, redteam=redteam, jobs=jobs, work=Path(tmp))
+    start = time.monotonic()
+    task = read_task(Path(task_dir))  # TaskFormatError (bad input) before any trial
+    fmt = time.monotonic() - start
     grader = BwrapGrader(work, jobs)
     if not redteam:
         return await check(task, grader, runs=runs, format_seconds=fmt)
