@@ -42,8 +42,6 @@ def judge_reasons(oracle: list[Trial], nop: list[Trial]) -> list[str]:
     if any(t.reward != 0.0 for t in nop):
         err = f"; {_first_error(nop)[:200]}" if any(t.reward is None for t in nop) else ""
         out.append(f"the untouched workspace scored {_scores(nop)} over {len(nop)} runs, want 0 each{err}")
-    if oracle and not oracle[0].diff.strip():
-        out.append("the oracle changed nothing in the workspace")
     return out
 
 
@@ -81,7 +79,8 @@ async def check(task: TaskFormat, grade: Grade, *, runs: int = 3, redteam: bool 
     found = targets(oracle[0].diff, task.path / "environment")
     tier1 = exploits(found, task.path / "environment")
     if not tier1:
-        verdict.notes.append("tier1: no exploit applies (the oracle touches no function and writes no file)")
+        # e.g. an oracle that only makes an empty dir: git's diff holds no file of it
+        verdict.notes.append("tier1: no exploit applies (the oracle's diff touches no function and writes no file)")
     whats = {e.name: e.what for e in tier1}
     trials = await _timed(verdict, "tier1", grade, task, [Change(e.name, files=e.files, tier="tier1") for e in tier1])
     for reason in exploit_reasons(trials, whats, "tier1"):

@@ -65,7 +65,7 @@ class TaskVerdict:
     def line(self) -> str:
         """One line: the task, ok or FAILED with the first reason, and the seconds per tier."""
         times = " ".join(f"{t} {self.seconds[t]:.1f}s" for t in TIERS if t in self.seconds)
-        head = "ok" if self.ok else f"FAILED: {self.reasons[0]}" + (
+        head = ("ok" + (f" ({'; '.join(self.notes)})" if self.notes else "")) if self.ok else f"FAILED: {self.reasons[0]}" + (
             f" (+{len(self.reasons) - 1} more)" if len(self.reasons) > 1 else "")
         return f"{self.task}: {head}  [{times}]"
 
