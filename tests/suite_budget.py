@@ -19,7 +19,7 @@ _GROUPS = {
     "loop": ["test_loop", "test_fleet_live", "test_overlap_live", "test_s3_loop"],
     "sandboxed trials": ["test_redteam", "test_collect_round", "test_toy_tasks", "test_minimal_agent", "test_judges",
                          "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",
-                         "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes"],
+                         "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes", "test_tasks_check"],
     "agent CLIs": ["test_agent_rounds", "test_agent_clis", "test_agents_check_install"],
     "engine": ["test_collect_engine", "test_minimal_agent_engine", "test_engine_adapters", "test_engine_api",
                "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",

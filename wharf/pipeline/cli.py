@@ -25,6 +25,7 @@ COMMANDS = {
     "chat": ("wharf.collect.demo", "one chat completion, shown with its token ids and log-probs"),
     "import": ("wharf.collect.importers.cli", "trajectory files (ATIF, mini-swe-agent) -> a collect dir of text-only rows"),
     "audit": ("wharf.collect.audit", "check a collect dir's rows against the agents' own logs"),
+    "tasks": ("wharf.pipeline.tasks", "task dirs: `tasks check` validates and audits them, `tasks make` makes them"),
     "agents-check": ("wharf.pipeline.agents_check", "one real trial per agent through the proxy (a repo tool)"),
 }
 
