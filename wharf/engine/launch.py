@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from wharf.core import envdefaults, procs
+from wharf.core import bundled, envdefaults, procs
 from wharf.core.config import RunConfig
 from wharf.core.credentials import new_token
 from wharf.core.endpoint import Endpoint, EndpointError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The child starts where this copy of wharf is importable from (a checkout's root, or site-packages).
+REPO_ROOT = bundled.PACKAGE_PARENT
 
 
 def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
