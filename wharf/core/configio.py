@@ -238,6 +238,9 @@ def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> A
     """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2."""
     import sys
 
+    from wharf.core.log import setup_logging
+
+    setup_logging()  # before the load: what it says (an old class name, a carried path) reaches the console
     try:
         return load(cls, args.config, [*extra, *args.overrides])
     except ConfigError as e:

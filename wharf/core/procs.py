@@ -24,9 +24,10 @@ def _die_with_parent() -> None:
 
 
 def stage_argv(module: str, cfg: RunConfig, config_path: Path) -> list[str]:
-    """`python -m <module> --config <config_path>`, with `cfg` written there first."""
+    """`python -m <module> --config <config_path>`, with `cfg` written there first; the path is
+    absolute, so a child started in another directory (the engine: wharf/engine/launch.py) finds it."""
     dump_config(cfg, config_path)
-    return [sys.executable, "-m", module, "--config", str(config_path)]
+    return [sys.executable, "-m", module, "--config", str(Path(config_path).absolute())]
 
 
 def spawn(argv: list[str], log_path: Path, env: dict | None = None, cwd: str | Path | None = None) -> subprocess.Popen:
