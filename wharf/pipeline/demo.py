@@ -37,7 +37,8 @@ def run_demo(cfg: RunConfig, progress: bool = True) -> DemoResult:
                                          f"run `wharf audit {collected.collect_dir} --tokenizer DIR`"])
     tok = AutoTokenizer.from_pretrained(tok_dir)
     report = audit_round(collected.collect_dir, lambda ids: tok.decode(ids), tok.eos_token or "")
-    return DemoResult(collected, report.checked, report.problems)
+    return DemoResult(collected, report.checked, report.problems, unread=len(report.skipped),
+                      orphan_turns=sum(report.orphan_turns.values()), abandoned=report.abandoned)
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf demo") -> int:

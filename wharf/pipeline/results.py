@@ -25,20 +25,26 @@ class CollectResult:
     mean_reward: float | None
     mixed_groups: list[str]  # tasks with both a success and a failure: what GRPO learns from
     text_only: int  # rollouts without token ids (convert.mode=sft only)
+    prefix_cache: dict | None = field(default=None, repr=False)  # the endpoint's prompt tokens and cache hits
 
     @classmethod
     def of(cls, summary: RoundSummary, paths: CollectPaths) -> "CollectResult":
         return cls(collect_dir=paths.root, rollouts=paths.rollouts, manifest=paths.manifest, planned=summary.planned,
                    finished=len(summary.rows), resumed=summary.resumed, statuses=summary.counts,
                    mean_reward=summary.mean_reward, mixed_groups=summary.mixed_groups(),
-                   text_only=len(summary.text_only))
+                   text_only=len(summary.text_only), prefix_cache=summary.prefix_cache)
 
     def lines(self) -> list[str]:
+        """What `wharf collect` prints."""
         mean = "-" if self.mean_reward is None else f"{self.mean_reward:.3f}"
-        return [f"collect: {self.finished}/{self.planned} rollouts ({self.resumed} resumed), status {self.statuses}, "
-                f"mean reward {mean}",
-                f"groups with both a success and a failure: {len(self.mixed_groups)} {self.mixed_groups}",
-                f"wrote {self.collect_dir}"]
+        out = [f"collect: {self.finished}/{self.planned} rollouts ({self.resumed} resumed), status {self.statuses}, "
+               f"mean reward {mean}",
+               f"groups with both a success and a failure: {len(self.mixed_groups)} {self.mixed_groups}"]
+        pc = self.prefix_cache
+        if pc and pc.get("hit_rate") is not None:
+            out.append(f"prefix cache: {pc['cached_tokens']} of {pc['prompt_tokens']} prompt tokens reused "
+                       f"({pc['hit_rate']:.1%})")
+        return [*out, f"wrote {self.collect_dir}"]
 
 
 @dataclass(frozen=True)
@@ -116,11 +122,16 @@ class DemoResult:
     collect: CollectResult
     audited: int  # rollouts whose completion ids were decoded and compared with the agent's own log
     problems: list[str]
+    unread: int = 0  # rollouts without a trajectory the audit reads
+    orphan_turns: int = 0  # turns rows of no rollout in rollouts.parquet (convert ignores them)
+    abandoned: int = 0  # calls the agent hung up on
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def lines(self) -> list[str]:
+        """What `wharf collect` and `wharf audit` print."""
         return [*self.collect.lines(), *self.problems,
-                f"audit: {self.audited} rollouts checked, {len(self.problems)} problems"]
+                f"audited {self.audited} rollouts ({self.unread} without a trajectory we read): "
+                f"{len(self.problems)} problems; {self.orphan_turns} orphan turns rows; {self.abandoned} abandoned calls"]
