@@ -120,3 +120,16 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(wheel, tmp_path):
     assert "collect.dataset=datasets/toy: not under" in demo.stderr and "using the copy wharf carries" in demo.stderr
     assert "collect: 2/2 rollouts" in demo.stdout and "audited 2 rollouts (0 without a trajectory we read): 0 problems" in demo.stdout, demo.stdout
     assert (work / "runs/default/rounds/0/collect/rollouts.parquet").is_file()
+
+
+def test_the_engine_child_gets_absolute_paths_it_starts_elsewhere(tmp_path, monkeypatch):
+    from wharf.core.configio import read_yaml
+    from wharf.engine import launch
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models/m").mkdir(parents=True)
+    for model, want in (("models/m", str(tmp_path / "models/m")), ("Org/Name", "Org/Name"), (None, None)):
+        cfg = load_config(None, [f"engine.model={model if model else 'null'}"])
+        argv = launch._engine_command(cfg, "127.0.0.1", 8100, Path("logs/e.yaml"), "key")
+        assert argv[-2:] == ["--config", str(tmp_path / "logs/e.yaml")]  # the child runs in launch.REPO_ROOT
+        assert read_yaml(argv[-1])["engine"]["model"] == want
