@@ -33,7 +33,8 @@ setup: $(VENV)/.installed wharf/tasks/tools/.seal-built
 # are read-only in the sandbox, where an uncompiled module is compiled again on every run.
 UV_PIN := uv==0.13.9
 UV := $(VENV)/bin/uv
-MAIN_PKGS := -e '.[test,ray]'
+# constraints.txt: the exact versions the tests run on (pyproject.toml gives ranges)
+MAIN_PKGS := -e '.[test,ray]' -c constraints.txt
 # $(call install,PYTHON,PACKAGES): into the venv of PYTHON
 install = if [ -x $(UV) ] && $(UV) pip install -q --compile-bytecode --python $(1) $(2); then :; \
 	else echo "install: uv did not install $(2): pip does"; $(1) -m pip install -q $(2); fi
@@ -43,7 +44,7 @@ wharf/tasks/tools/.seal-built: wharf/tasks/tools/wharf_seal.c wharf/tasks/tools/
 	bash wharf/tasks/tools/build_seal.sh $(PY)
 	touch $@
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@test -n "$(PYTHON312)" || { echo "setup: python3.12 not found (harbor needs Python >= 3.12)"; exit 1; }
 	@# bubblewrap: the sandbox of the embedded default; wrk: bench/proxy's load generator;
 	@# chromium: the run report's headless check.
@@ -97,9 +98,10 @@ $(AGENTS_PY)/%/.installed:
 agents-check: setup agents agents-py
 	$(WHARF) agents-check $(ARGS)
 
-# The main job on the embedded default: one collect round, then its token-exactness audit.
-demo: collect
-	$(WHARF) audit runs/default/rounds/0/collect
+# The main job on the embedded default: one collect round, then its token-exactness audit
+# (`wharf demo` does both; it runs from any directory on the configs and tasks wharf carries).
+demo: setup
+	$(WHARF) demo --config $(CONFIG) $(DOTTED) $(ARGS)
 
 # One chat completion from the local engine, shown with its token ids and log-probs.
 chat: setup

@@ -16,6 +16,7 @@ BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
 # What each module starts; the budget of each group is in docs/development.md.
 _GROUPS = {
     "default round": ["test_default_round"],
+    "demo rounds": ["test_package", "test_api"],
     "loop": ["test_loop", "test_fleet_live", "test_overlap_live", "test_s3_loop"],
     "sandboxed trials": ["test_redteam", "test_collect_round", "test_toy_tasks", "test_minimal_agent", "test_judges",
                          "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",

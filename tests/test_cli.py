@@ -50,3 +50,11 @@ def test_a_bad_config_is_one_line_and_exit_2():
     assert out.returncode == 2
     assert out.stderr.strip() == ("wharf publish: bad config: defaults: train.lora_rank=128 is above "
                                   "train.max_lora_rank=64 (the endpoint's --max-lora-rank): lower the rank or raise the limit")
+
+
+def test_version_is_the_installed_distributions():
+    import tomllib
+
+    want = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    out = wharf("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"wharf {want}", out

@@ -32,6 +32,33 @@ def test_gpu_profile_shares_one_gpu():
     assert cfg.train.lora_rank <= cfg.train.max_lora_rank
 
 
+def flag(cfg, name: str) -> str | None:
+    """The value of vLLM flag `name` (--x=v) in endpoint.vllm_args, '' for a bare flag, None when absent."""
+    for arg in cfg.endpoint.vllm_args:
+        key, _, value = arg.partition("=")
+        if key == name:
+            return value
+    return None
+
+
+@pytest.mark.parametrize("name", ["gpu-shared", "gpu-split"])
+def test_each_gpu_setup_loads_and_serves_what_it_trains(name):
+    cfg = load_config(REPO / f"configs/{name}.yaml")
+    assert cfg.name == name and cfg.endpoint.kind == "vllm"
+    assert cfg.train.model == cfg.endpoint.model  # the trainer's base is the model vLLM serves
+    assert cfg.train.device == "cuda" and cfg.train.mixed_precision == "bf16" and cfg.train.grad_checkpointing
+    assert flag(cfg, "--enable-lora") == "" and flag(cfg, "--logprobs-mode") == "processed_logprobs"
+    assert int(flag(cfg, "--max-lora-rank")) == cfg.train.max_lora_rank >= cfg.train.lora_rank
+    assert int(flag(cfg, "--max-loras")) >= 2  # the policy sampling and the one being published
+    share = float(flag(cfg, "--gpu-memory-utilization"))
+    if name == "gpu-shared":  # vLLM started by the loop, on the GPU the trainer uses too
+        assert cfg.endpoint.launch and share <= 0.5
+    else:  # vLLM on GPUs of its own, started by the user (a launched one would share the loop's GPUs)
+        assert not cfg.endpoint.launch and share >= 0.8 and int(flag(cfg, "--data-parallel-size")) >= 1
+        text = (REPO / f"configs/{name}.yaml").read_text()
+        assert f"--data-parallel-size {flag(cfg, '--data-parallel-size')}" in text  # the command it documents
+
+
 @pytest.mark.gpu
 def test_a_round_trains_in_the_memory_vllm_leaves(tmp_path):
     if not torch.cuda.is_available():

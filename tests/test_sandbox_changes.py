@@ -68,3 +68,11 @@ def test_links_in_a_real_workdir_arrive_as_the_files_they_are_and_nothing_is_del
     m = changes.merge(pristine, agent, others, set())
     assert m.tree["mathutil.py"] == body and m.tree["run.sh"] == f("echo hi\n", True) and m.deleted == []
     assert {k: v for k, v in m.set_aside.items()} == {n: "not a regular file" for n in others}
+
+
+def test_a_shipped_environment_is_read_without_its_bytecode(tmp_path):
+    (tmp_path / "app" / "__pycache__").mkdir(parents=True)
+    (tmp_path / "app" / "m.py").write_text("x = 1\n")
+    (tmp_path / "app" / "__pycache__" / "m.cpython-312.pyc").write_bytes(b"\x00")
+    (tmp_path / "stray.pyc").write_bytes(b"\x00")
+    assert changes.read_dir(tmp_path) == {"app": None, "app/m.py": (b"x = 1\n", False)}

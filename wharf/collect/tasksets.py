@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wharf.tasks.judges import check_task
+from wharf.core import bundled
 from wharf.core.errors import WharfError
 
 
@@ -34,7 +35,9 @@ def discover(dataset: str | Path, only: list[str] | None = None) -> list[Task]:
     """A task dir (has task.toml) or a directory of task dirs; `only` keeps the named tasks."""
     root = Path(dataset)
     if not root.is_dir():
-        raise TaskSetError(f"collect.dataset: {root} is not a directory of harbor tasks")
+        carries = ", ".join(f"datasets/{p.name}" for p in sorted((bundled.DATA / "datasets").iterdir()))
+        where = "" if root.is_absolute() else f" (read from {Path.cwd()}; wharf itself carries {carries})"
+        raise TaskSetError(f"collect.dataset: {root} is not a directory of harbor tasks{where}")
     if (root / "task.toml").is_file():
         tasks = [Task(root.name, root.resolve())]
     else:

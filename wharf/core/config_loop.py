@@ -6,6 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from wharf.core import bundled
 from wharf.core.config_types import Fraction, NonNegative, NonNegativeFloat, Positive
 
 
@@ -76,6 +77,8 @@ class EvalConfig:
     name: str | None = None
 
     def __post_init__(self):
+        if self.dataset is not None:
+            self.dataset = bundled.resolve(self.dataset, "eval.dataset")
         for i, spec in enumerate(self.policies):
             check_policy_spec(spec, f"eval.policies[{i}]")
         if self.name is not None and (not self.name.strip() or "/" in self.name or self.name in (".", "..")):
@@ -100,6 +103,8 @@ class LoopConfig:
     init_adapter: str | None = None
 
     def __post_init__(self):
+        if self.eval_dataset is not None:
+            self.eval_dataset = bundled.resolve(self.eval_dataset, "loop.eval_dataset")
         if self.init_adapter is not None:
             check_policy_spec(self.init_adapter, "loop.init_adapter")
             if self.init_adapter == "base" or self.init_adapter.endswith(":0"):

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from wharf.core import legacy
+from wharf.core import bundled, legacy
 from wharf.core.config_types import Advantage, Device, Fraction, NonNegative, NonNegativeFloat, Positive, PositiveFloat
 
 
@@ -41,6 +41,7 @@ class CollectConfig:
     ray_trial_timeout_s: PositiveFloat | None = None
 
     def __post_init__(self):
+        self.dataset = bundled.resolve(self.dataset, "collect.dataset")  # datasets/toy from any directory
         self.agent = legacy.modern_ref(self.agent)
         self.environment = legacy.modern_ref(self.environment)
 

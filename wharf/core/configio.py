@@ -17,6 +17,7 @@ import yaml
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from wharf.core.config_redact import redacted
+from wharf.core import bundled
 from wharf.core.credentials import write_private
 from wharf.core.errors import WharfError
 
@@ -138,7 +139,8 @@ def read_yaml(path: str | Path) -> dict:
     try:
         text = Path(path).read_text()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+        hint = f"; wharf carries {', '.join(bundled.carried_configs())} (--config NAME)" if not Path(path).exists() else ""
+        raise ConfigError(f"{path}: cannot read config ({e.strerror}){hint}") from None
     try:
         data = _yaml(text) or {}
     except yaml.YAMLError as e:
@@ -168,10 +170,16 @@ def remove(data: dict, text: str) -> dict:
 def load(cls: type, path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Any:
     """Read `path` (None: defaults only), apply overrides in order (`key=value` merges, `~key`
     removes), and validate the result as `cls`."""
+    path = bundled.config_path(path) if path is not None else None
     data = read_yaml(path) if path is not None else {}
+    return load_data(cls, data, overrides, str(path) if path is not None else "defaults")
+
+
+def load_data(cls: type, data: dict, overrides: typing.Sequence[str] = (), source: str = "config") -> Any:
+    """`data` (what a YAML file holds) with `overrides` applied, validated as `cls`; errors name `source`."""
     for text in overrides:
         data = remove(data, text) if text.startswith("~") else deep_merge(data, parse_override(text))
-    return validate(cls, data, str(path) if path is not None else "defaults")
+    return validate(cls, data, source)
 
 
 def dump(cfg: Any, path: str | Path) -> None:
@@ -237,6 +245,9 @@ def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> A
     """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2."""
     import sys
 
+    from wharf.core.log import setup_logging
+
+    setup_logging()  # before the load: what it says (an old class name, a carried path) reaches the console
     try:
         return load(cls, args.config, [*extra, *args.overrides])
     except ConfigError as e:

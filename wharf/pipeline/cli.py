@@ -12,6 +12,7 @@ from wharf.core.entry import launch
 
 # command -> (module, what it does)
 COMMANDS = {
+    "demo": ("wharf.pipeline.demo", "the embedded default: one collect round on the bundled toy tasks, then its audit"),
     "collect": ("wharf.collect.cli", "one collect round: the agents' trials through the recording proxy"),
     "convert": ("wharf.convert.cli", "stored collect dirs -> training rows, GRPO advantages, micro-batches"),
     "train": ("wharf.pipeline.train", "LoRA GRPO on a round's micro-batches; publishes policy-v<round+1>"),
@@ -30,10 +31,21 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (a checkout never installed has none)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+
+    try:
+        return dist_version("wharf")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
-    return ("usage: wharf <command> [--config FILE] [key=value ...]   (wharf <command> --help: its keys)\n\n"
+    return ("usage: wharf <command> [--config FILE] [key=value ...]   (wharf <command> --help: its keys)\n"
+            "       wharf --version\n\n"
             "commands:\n" + "\n".join(lines))
 
 
@@ -41,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        print(f"wharf {version()}")
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

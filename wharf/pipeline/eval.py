@@ -338,6 +338,14 @@ def main(argv: list[str] | None = None, prog: str = "wharf eval") -> int:
 
 
 def _eval(cfg: RunConfig) -> int:
+    summary = run_eval(cfg)
+    print("\n".join(summary_lines(summary)))
+    print(f"eval: {cfg.layout.eval(eval_name(cfg)).summary}")
+    return 0
+
+
+def run_eval(cfg: RunConfig) -> dict:
+    """Every policy of eval.policies on the eval's task set; returns summary.json's content."""
     policies = [resolve(s, f"eval.policies[{i}]") for i, s in enumerate(cfg.eval.policies)]  # all, before serving
     try:
         discover(dataset_of(cfg))
@@ -351,6 +359,4 @@ def _eval(cfg: RunConfig) -> int:
     else:
         with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
             summary = evaluate(cfg, policies, ep)
-    print("\n".join(summary_lines(summary)))
-    print(f"eval: {cfg.layout.eval(eval_name(cfg)).summary}")
-    return 0
+    return summary

@@ -61,11 +61,12 @@ def why_protected(rel: str, test_names: set[str], shadow: set[str], new: bool) -
 
 
 def read_dir(root: Path) -> Tree:
-    """A host dir the project ships (trusted): its regular files, build files left out."""
+    """A host dir the project ships (trusted): its regular files, build files and bytecode left out
+    (pip compiles the .py files of the tasks an install carries: no trial should start with them)."""
     tree: Tree = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
-        if path.is_symlink() or path.name in BUILD_FILES:
+        if path.is_symlink() or path.name in BUILD_FILES or why_protected(rel, set(), set(), False) == "bytecode":
             continue
         if path.is_dir():
             tree[rel] = None
