@@ -1,0 +1,61 @@
+"""The plots of a run with one round so far: what one round holds (success per task, the length
+of each answer, each optimizer step, the stage times), not curves over rounds of a single point."""
+from __future__ import annotations
+
+from .data import STAGES, RoundData
+from .plots import Plot, training
+
+
+def tasks(rounds: list[RoundData], fig) -> bool:
+    r = rounds[-1]
+    if not r.success_by_task:
+        return False
+    ax = fig.subplots()
+    names = list(r.success_by_task)[::-1]  # the first task on top
+    ax.barh(names, [r.success_by_task[t] for t in names], color="C0")
+    if r.mean_reward is not None:
+        ax.axvline(r.mean_reward, color="k", linestyle="--", label=f"mean reward {r.mean_reward:.3f}")
+        ax.legend(fontsize=8, loc="lower right")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("success rate (share of attempts with reward > 0)")
+    ax.tick_params(axis="y", labelsize=7 if len(names) > 12 else 9)
+    ax.set_title(f"round {r.k} ({r.policy}): {r.rollouts} rollouts")
+    ax.grid(alpha=0.3, axis="x")
+    return True
+
+
+def lengths(rounds: list[RoundData], fig) -> bool:
+    r = rounds[-1]
+    if not r.call_lengths:
+        return False
+    ax = fig.subplots()
+    ax.hist(r.call_lengths, bins=min(30, max(5, len(set(r.call_lengths)))), color="C1")
+    ax.set_xlabel("completion tokens")
+    ax.set_ylabel("calls")
+    ax.set_title(f"round {r.k}: completion tokens of each of {len(r.call_lengths)} calls "
+                 f"(mean {sum(r.call_lengths) / len(r.call_lengths):.0f})")
+    ax.grid(alpha=0.3)
+    return True
+
+
+def walls(rounds: list[RoundData], fig) -> bool:
+    r = rounds[-1]
+    stages = [s for s in STAGES if r.walls.get(s)]
+    if not stages:
+        return False
+    ax = fig.subplots()
+    ax.barh(stages[::-1], [r.walls[s] for s in stages[::-1]], color="C2")
+    ax.set_xlabel("seconds")
+    ax.set_title(f"round {r.k}: wall time per stage")
+    ax.grid(alpha=0.3, axis="x")
+    return True
+
+
+ONE_ROUND: dict[str, tuple[str, Plot, tuple[float, float]]] = {
+    "tasks": ("Success rate per task", tasks, (6, 3.6)),
+    "lengths": ("Answer lengths", lengths, (6, 3.6)),
+    "training": ("Loss, KL, clip fraction, entropy per step", training, (10, 6)),
+    "walls": ("Stage wall times", walls, (6, 2.4)),
+}
+# What only two rounds or more can show (said on a one-round page instead of drawn).
+CURVES = "reward and success per round, groups and rows, mismatch, answer length and stage times over rounds"
