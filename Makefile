@@ -97,9 +97,11 @@ $(AGENTS_PY)/%/.installed:
 agents-check: setup agents agents-py
 	$(WHARF) agents-check $(ARGS)
 
-# The main job on the embedded default: one collect round, then its token-exactness audit.
+# The main job on the embedded default: one collect round, its token-exactness audit, and the
+# run's report (runs/default/report.html: the round's tasks, answers and sample trajectories).
 demo: collect
 	$(WHARF) audit runs/default/rounds/0/collect
+	$(WHARF) report runs/default
 
 # One chat completion from the local engine, shown with its token ids and log-probs.
 chat: setup

@@ -29,7 +29,10 @@ def lengths(rounds: list[RoundData], fig) -> bool:
     if not r.call_lengths:
         return False
     ax = fig.subplots()
-    ax.hist(r.call_lengths, bins=min(30, max(5, len(set(r.call_lengths)))), color="C1")
+    lo, hi = min(r.call_lengths), max(r.call_lengths)
+    # a bin a token where the lengths span few (a bar at each length), else 30 bins
+    bins = [x - 0.5 for x in range(lo, hi + 2)] if hi - lo < 30 else 30
+    ax.hist(r.call_lengths, bins=bins, color="C1")
     ax.set_xlabel("completion tokens")
     ax.set_ylabel("calls")
     ax.set_title(f"round {r.k}: completion tokens of each of {len(r.call_lengths)} calls "
