@@ -96,15 +96,20 @@ def test_a_tracker_that_fails_is_dropped_and_the_others_go_on(tmp_path, caplog):
     assert warned == ["tracker broken: log failed (OSError: disk full); the run goes on without it"]
 
 
-def test_a_tracker_whose_package_is_missing_is_refused_by_name(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", ["train", "loop"])
+def test_a_tracker_whose_package_is_missing_is_refused_by_name(tmp_path, monkeypatch, capsys, command):
+    """`wharf train` and `wharf loop` refuse it first: one line, exit 1, nothing written (no model
+    loaded, no endpoint started)."""
+    import importlib
+
     real = tracking.importlib.util.find_spec
     monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda m: None if m == "mlflow" else real(m))
-    tracking.check(["tensorboard"])
-    with pytest.raises(tracking.TrackingError) as e:
-        tracking.open_trackers(tracking.TrackerRun.of(config(tmp_path, "train.log_with=[tensorboard,mlflow]")))
-    assert str(e.value) == ("train.log_with names mlflow, but its package is not installed: pip install -e "
-                            "'.[track]' (or pip install mlflow-skinny), or drop mlflow")
-    assert not (tmp_path / "t").exists()  # refused before anything was written
+    main = importlib.import_module(f"wharf.pipeline.{command}").main
+    rc = main([f"runs_dir={tmp_path}", "name=t", "train.log_with=[tensorboard,mlflow]", "endpoint.launch=true"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and err == [f"wharf {command}: train.log_with names mlflow, but its package is not installed: "
+                               "pip install -e '.[track]' (or pip install mlflow-skinny), or drop mlflow"]
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unknown_tracker_is_a_config_error(tmp_path):

@@ -41,7 +41,6 @@ def _accelerator(cfg: RunConfig):
 def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
     from accelerate.utils import set_seed
 
-    tracking.check(cfg.train.log_with)  # before the model loads
     run = RunLayout.of(cfg.runs_dir, cfg.name)
     acc = _accelerator(cfg)
     set_seed(cfg.train.seed)
