@@ -186,6 +186,13 @@ def test_one_round_shows_what_the_round_holds(tmp_path):
     assert plots.reward(gather(layout.root), fig)  # the curve plot, were it drawn: round 0's slot, not ±0.04
     assert fig.axes[0].get_xlim() == (-0.5, 0.5)
     plt.close(fig)
+    # the loop evaluated policy-v1 after it: the base (at 0) and policy-v1 (at 1) beside the training reward
+    write_marker(layout.round(0), "eval", 1.0, policy="policy-v1", k=1, mean=0.6, low=0.5, high=0.7,
+                 base={"mean": 0.2, "low": 0.1, "high": 0.3})
+    assert referenced(write_report(layout.root))[0] == "report/reward.png"
+    fig = plt.figure()
+    assert plots.reward(gather(layout.root), fig) and fig.axes[0].get_xlim() == (-0.5, 1.5)
+    plt.close(fig)
 
 
 def test_samples_show_the_best_and_worst_of_a_group_call_by_call(tmp_path):

@@ -149,7 +149,8 @@ def _plots(rounds: list[RoundData], images: dict[str, tuple[str, str]]) -> str:
     for key, (title, src) in images.items():
         title, src = html.escape(title), html.escape(src)
         parts.append(f"<figure id='plot-{key}'><h2>{title}</h2><img src='{src}' alt='{title}'></figure>")
-    missing = [t for k, (t, _, _) in plot_set(rounds).items() if k not in images and k != "offpolicy"]
+    optional = {"offpolicy", "reward"} if len(rounds) == 1 else {"offpolicy"}  # a replay's; an evaluated round's
+    missing = [t for k, (t, _, _) in plot_set(rounds).items() if k not in images and k not in optional]
     if missing and rounds:
         parts.append("<p>Not drawn yet (no data): " + html.escape(", ".join(missing)) + ".</p>")
     return "\n".join(parts) + "</section>"

@@ -3,7 +3,7 @@ of each answer, each optimizer step, the stage times), not curves over rounds of
 from __future__ import annotations
 
 from .data import STAGES, RoundData
-from .plots import Plot, training
+from .plots import Plot, offpolicy, reward, training
 
 
 def tasks(rounds: list[RoundData], fig) -> bool:
@@ -54,11 +54,19 @@ def walls(rounds: list[RoundData], fig) -> bool:
     return True
 
 
+def heldout(rounds: list[RoundData], fig) -> bool:
+    """Where the loop evaluated after the round: the base's and policy-v1's held-out reward beside
+    the round's training reward (points at rounds 0 and 1, a comparison, not a curve)."""
+    return bool(rounds[-1].heldout) and reward(rounds, fig)
+
+
 ONE_ROUND: dict[str, tuple[str, Plot, tuple[float, float]]] = {
+    "reward": ("Training and held-out reward", heldout, (6, 3.6)),
     "tasks": ("Success rate per task", tasks, (6, 3.6)),
     "lengths": ("Answer lengths", lengths, (6, 3.6)),
     "training": ("Loss, KL, clip fraction, entropy per step", training, (10, 6)),
     "walls": ("Stage wall times", walls, (6, 2.4)),
+    "offpolicy": ("Off-policy statistics per job (replay)", offpolicy, (10, 3.6)),
 }
 # What only two rounds or more can show (said on a one-round page instead of drawn).
 CURVES = "reward and success per round, groups and rows, mismatch, answer length and stage times over rounds"

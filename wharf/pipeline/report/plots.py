@@ -33,13 +33,14 @@ def _legend(ax, **kw) -> None:
         ax.legend(**kw)
 
 
-def _rounds_axis(ax, title: str, rounds: list[RoundData] = ()) -> None:
+def _rounds_axis(ax, title: str, rounds: list[RoundData] = (), more: tuple[int, ...] = ()) -> None:
     ax.set_xlabel("round")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
-    if rounds:  # every round's slot, half a round either side: a lone point sits at its round, not in ±0.04
-        ax.set_xlim(min(r.k for r in rounds) - 0.5, max(r.k for r in rounds) + 0.5)
+    ks = [r.k for r in rounds] + list(more)  # `more`: x of points past the rounds (a held-out policy-v<k+1>)
+    if ks:  # every round's slot, half a round either side: a lone point sits at its round, not in ±0.04
+        ax.set_xlim(min(ks) - 0.5, max(ks) + 0.5)
 
 
 def _panels(fig, panels: list[tuple[bool, Callable]]) -> bool:
@@ -80,7 +81,7 @@ def reward(rounds, fig) -> bool:
         err = [[max(m - v, 0) for m, v in zip(ms, lo)], [max(v - m, 0) for m, v in zip(ms, hi)]]
         ax.errorbar(ks, ms, yerr=err, marker="s", capsize=3, label="held-out reward (95% interval)")
     ax.set_ylim(-0.02, 1.02)
-    _rounds_axis(ax, "reward per round (round k samples policy-v<k>)", rounds)
+    _rounds_axis(ax, "reward per round (round k samples policy-v<k>)", rounds, tuple(p[0] for p in held))
     _legend(ax, fontsize=8)
     return drawn or bool(held)
 
