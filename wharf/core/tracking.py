@@ -15,6 +15,8 @@ Where each writes (nothing goes over the network):
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib.util
 import json
 import logging
@@ -82,8 +84,6 @@ class TrackerRun:
     @classmethod
     def of(cls, cfg) -> "TrackerRun":
         """From a RunConfig (its train.log_with, its run dir, its config)."""
-        import dataclasses
-
         return cls(tuple(cfg.train.log_with), cfg.layout.trackers, cfg.name, flat(dataclasses.asdict(cfg)))
 
 
@@ -165,26 +165,14 @@ class MLflowTracker(Tracker):
 
 
 def _mlflow_client(cls, uri: str):
-    """A client of `uri`; a local file store is allowed on purpose (MLflow 3 refuses one unless
-    told: it wants a database, whose set-up costs ~10 s): only while the store is built."""
-    if not uri.startswith("file:"):
-        return cls(tracking_uri=uri)
-    before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
-    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
-    try:
-        client = cls(tracking_uri=uri)
-        client._tracking_client.store  # noqa: B018  built and cached per URI by mlflow
-        return client
-    finally:
-        if before is None:
-            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
-        else:
-            os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
+    """A client of `uri`. A local file store is wanted here (MLflow 3 refuses one unless told: it
+    wants a database, whose set-up costs ~10 s a run); a user's own MLFLOW_ALLOW_FILE_STORE stands."""
+    if uri.startswith("file:"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return cls(tracking_uri=uri)
 
 
 def _digest(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
