@@ -12,7 +12,8 @@ def tasks(rounds: list[RoundData], fig) -> bool:
         return False
     ax = fig.subplots()
     names = list(r.success_by_task)[::-1]  # the first task on top
-    ax.barh(names, [r.success_by_task[t] for t in names], color="C0")
+    bars = ax.barh(names, [r.success_by_task[t] for t in names], color="C0")
+    ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)  # a task at 0 has no bar: its value says so
     if r.mean_reward is not None:
         ax.axvline(r.mean_reward, color="k", linestyle="--", label=f"mean reward {r.mean_reward:.3f}")
         ax.legend(fontsize=8, loc="lower right")
