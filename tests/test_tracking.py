@@ -4,6 +4,7 @@ their own axes, the config recorded with its credentials redacted; a round's fig
 dir written as the stages write theirs (wharf/pipeline/stages.py: track_round)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -137,6 +138,9 @@ def test_the_loop_tracks_each_round_once(tmp_path, monkeypatch):
     layout = RunLayout(tmp_path / "t")
     make_round(layout, 0, {"a": 1, "b": 2})
     make_round(layout, 1, {"a": 3, "b": 2})
+    manifest = layout.round(1).collect.manifest  # as collect writes it: the endpoints' prefix-cache counters
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()),
+                                    "prefix_cache": {"prompt_tokens": 3767, "cached_tokens": 3182, "hit_rate": 0.8447}}))
     for k in (0, 1, 1):
         track_round(_round(cfg, k))
     assert read.tb_series(layout.trackers, "t", "round/mean_reward") == [(0, 0.375), (1, 0.625)]
@@ -145,6 +149,7 @@ def test_the_loop_tracks_each_round_once(tmp_path, monkeypatch):
                 "completion_tokens_per_call", "mismatch_mean"):
         assert f"round/{key}" in tags, key
     assert read.tb_series(layout.trackers, "t", "round/clip_fraction") == [(0, 0.03), (1, 0.03)]
+    assert read.tb_series(layout.trackers, "t", "round/prefix_cache_hit_rate") == [(1, 0.8447)]
 
 
 def _round(cfg, k):
