@@ -181,6 +181,7 @@ class WandbTracker(Tracker):
 
     def __init__(self, run: TrackerRun):
         super().__init__(run)
+        os.environ.setdefault("WANDB_ERROR_REPORTING", "false")  # wharf.core.envdefaults' too: no network
         import wandb
 
         run_id, new = self._id("wandb-run-id", lambda: f"{run.name[:40]}-{secrets.token_hex(4)}")
