@@ -12,6 +12,7 @@ export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
 export TOKENIZERS_PARALLELISM ?= false
 export HF_HUB_OFFLINE ?= 1
+export WANDB_ERROR_REPORTING ?= false
 
 # harbor needs Python >= 3.12; a pyenv shim may name python3.12 without serving it.
 PYTHON312 ?= $(shell for p in python3.12 $$HOME/.pyenv/versions/3.12*/bin/python3.12 /usr/local/bin/python3.12 /usr/bin/python3.12; do \
@@ -98,8 +99,9 @@ $(AGENTS_PY)/%/.installed:
 agents-check: setup agents agents-py
 	$(WHARF) agents-check $(ARGS)
 
-# The main job on the embedded default: one collect round, then its token-exactness audit
-# (`wharf demo` does both; it runs from any directory on the configs and tasks wharf carries).
+# The main job on the embedded default: one collect round, its token-exactness audit and the run's
+# report (runs/default/report.html); `wharf demo` does all three, from any directory, on the configs
+# and tasks wharf carries.
 demo: setup
 	$(WHARF) demo --config $(CONFIG) $(DOTTED) $(ARGS)
 

@@ -28,6 +28,7 @@ _GROUPS = {
     "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage", "test_warmstart_loop"],
     "ray": ["test_collect_ray", "test_collect_ray_dispatch", "test_collect_ray_nodes"],
     "s3": ["test_s3_round", "test_s3_shards", "test_storage"],
+    "trackers": ["test_tracking"],
 }
 MODULE_GROUPS = {module: group for group, modules in _GROUPS.items() for module in modules}
 # Fixtures that start a live part, in the order that decides a test's group.

@@ -4,6 +4,7 @@ data is drawn, the page references only files that exist, and a partial run stil
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 import re
 import shutil
@@ -95,7 +96,7 @@ def test_partial_run_and_stale_plots(tmp_path):
     (layout.report_assets / "training.png").write_bytes(b"stale")
     page = write_report(layout.root)
     refs = referenced(page)
-    assert "report/reward.png" in refs and "report/training.png" not in refs
+    assert "report/tasks.png" in refs and "report/training.png" not in refs  # one round: no step trained
     assert not (layout.report_assets / "training.png").exists()
     assert all((page.parent / r).is_file() for r in refs)
 
@@ -140,19 +141,136 @@ def test_experiment_pairs_arms_by_seed(tmp_path, capsys):
     assert plt.imread(out).shape[1] == 20 * 90  # and the held-out reward per round beside them
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
-def test_report_opens_in_headless_chromium(tmp_path):
-    """The page renders from the file system with nothing else running (a screenshot to look at:
-    chromium --headless --screenshot=shot.png --window-size=1150,4200 file://.../report.html)."""
+CHAT = [  # a two-call rollout as the minimal agent's chat requests and the endpoint's answers
+    ({"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix {task}."}]},
+     {"choices": [{"message": {"role": "assistant", "content": "",
+                               "tool_calls": [{"function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}]}}]}),
+    ({"messages": [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Fix {task}."},
+                   {"role": "assistant", "content": "calling bash"}, {"role": "tool", "content": "README <b>"}]},
+     {"choices": [{"message": {"role": "assistant", "content": "Done with {task}, attempt {a}."}}]}),
+]
+
+
+def chat_turns(rows: list[dict]) -> list[dict]:
+    out = []
+    for r in rows:
+        for turn, (req, resp) in enumerate(CHAT):
+            fill = lambda x: json.loads(json.dumps(x).replace("{task}", r["task_id"]).replace("{a}", str(r["attempt"])))  # noqa: E731
+            out.append({**_turns([r], 3)[0], "turn": turn, "request": json.dumps(fill(req)),
+                        "response": json.dumps(fill(resp))})
+    return out
+
+
+def chat_round(layout: RunLayout, successes: dict[str, int]) -> None:
+    """Round 0 as `make demo` leaves it (collect only), its rollouts two chat calls each."""
+    make_round(layout, 0, successes, train=False)
+    rows = _rollouts(0, successes)
+    schema.write_table(layout.round(0).collect.turns / "part-00000.parquet", "turns", chat_turns(rows))
+
+
+def test_one_round_shows_what_the_round_holds(tmp_path):
+    """A run of one collect round (the demo): its tasks, answer lengths and stage time, no curve of
+    a single point, and the page says what needs more rounds."""
+    import matplotlib.pyplot as plt
+
+    from wharf.pipeline.report import plots
+
     layout = RunLayout(tmp_path / "run")
-    make_round(layout, 0, {"a": 1, "b": 2})
-    make_round(layout, 1, {"a": 3, "b": 2})
+    chat_round(layout, {"a": 1, "b": 4, "c": 0})
     page = write_report(layout.root)
-    shot = tmp_path / "shot.png"
-    subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1150,4200", f"--screenshot={shot}", page.resolve().as_uri()],
-                   check=True, capture_output=True, timeout=120)
-    assert shot.stat().st_size > 50_000  # the plots, not a blank page (a page of text alone: ~23 kB)
+    refs, text = referenced(page), page.read_text()
+    assert refs == ["report/tasks.png", "report/lengths.png", "report/walls.png"]
+    assert "One round so far" in text and "drawn from the second round on" in text
+    assert "Not drawn yet (no data): Loss, KL, clip fraction, entropy per step." in text
+    fig = plt.figure()
+    assert plots.reward(gather(layout.root), fig)  # the curve plot, were it drawn: round 0's slot, not ±0.04
+    assert fig.axes[0].get_xlim() == (-0.5, 0.5)
+    plt.close(fig)
+    # the loop evaluated policy-v1 after it: the base (at 0) and policy-v1 (at 1) beside the training reward
+    write_marker(layout.round(0), "eval", 1.0, policy="policy-v1", k=1, mean=0.6, low=0.5, high=0.7,
+                 base={"mean": 0.2, "low": 0.1, "high": 0.3})
+    assert referenced(write_report(layout.root))[0] == "report/reward.png"
+    fig = plt.figure()
+    assert plots.reward(gather(layout.root), fig) and fig.axes[0].get_xlim() == (-0.5, 1.5)
+    plt.close(fig)
+
+
+def test_samples_show_the_best_and_worst_of_a_group_call_by_call(tmp_path):
+    layout = RunLayout(tmp_path / "run")
+    chat_round(layout, {"a": 1, "b": 4, "c": 0})
+    text = write_report(layout.root).read_text()
+    samples = text[text.index("<section id='samples'>"):]
+    # group a has a success and failures: first; b and c (all equal) after it; two groups shown
+    assert "best of group job0.a: attempt 0, reward 1 (the group's: 1, 0, 0, 0)" in samples
+    assert "worst of group job0.a: attempt 3, reward 0" in samples
+    assert "best of group job0.b: attempt 0" in samples and "job0.c" not in samples
+    assert samples.count("<details class='sample'") == 4  # best and worst of a and of b
+    assert samples.count("<div class='call'>") == 8  # 2 calls each
+    assert "[tool call] bash({&quot;cmd&quot;: &quot;ls&quot;})" in samples
+    assert "README &lt;b&gt;" in samples and "Done with a, attempt 3." in samples
+    # call 1 shows only what it added (the tool's output), not the system prompt again
+    call1 = samples.split("<b>call 1,")[1].split("<div class='call'>")[0]
+    assert "You are an agent." not in call1 and "README" in call1
+
+
+def test_config_section_redacts_credentials(tmp_path):
+    from wharf.core.config import dump_config, load_config
+
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1}, train=False)
+    dump_config(load_config(None, ["endpoint.api_key=sk-do-not-show", "train.lr=0.0003",
+                                   "collect.agent_env={HF_TOKEN: hf-do-not-show}"]), layout.config)
+    text = write_report(layout.root).read_text()
+    config = text[text.index("<section id='config'>"):]
+    assert "lr: 0.0003" in config and "api_key: &lt;redacted&gt;" in config and "HF_TOKEN: &lt;redacted&gt;" in config
+    assert "do-not-show" not in text
+
+
+# Appended to a copy of the page: which sections and plots the browser laid out, and whether every
+# image loaded (the report itself has no script).
+PROBE = """<script>
+window.addEventListener('load', () => {
+  const imgs = [...document.images].map(i => ({src: i.getAttribute('src'), w: i.naturalWidth}));
+  const ids = [...document.querySelectorAll('section[id], figure[id]')].map(e => e.id);
+  document.body.insertAdjacentHTML('beforeend', '<pre id="probe">' + JSON.stringify({ids, imgs}) + '</pre>');
+});
+</script>"""
+
+
+def chromium_dom(page: Path, width: int = 1200) -> str:
+    return subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                           "--no-first-run", "--hide-scrollbars", f"--window-size={width},900",
+                           "--virtual-time-budget=5000", "--dump-dom", page.resolve().as_uri()],
+                          check=True, capture_output=True, text=True, timeout=120).stdout
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium (Debian package) is not installed")
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_report_renders_in_headless_chromium(tmp_path, rounds):
+    """The page from the file system with nothing else running: every section laid out, every plot
+    loaded (a screenshot to look at: chromium --headless --screenshot=shot.png --window-size=1150,4200
+    file://.../report.html)."""
+    from wharf.core.config import dump_config, load_config
+
+    layout = RunLayout(tmp_path / "run")
+    chat_round(layout, {"a": 1, "b": 2})
+    if rounds == 2:
+        make_round(layout, 1, {"a": 3, "b": 2})
+        schema.write_table(layout.round(1).collect.turns / "part-00000.parquet", "turns",
+                           chat_turns(_rollouts(1, {"a": 3, "b": 2})))
+    dump_config(load_config(None, []), layout.config)
+    page = write_report(layout.root)
+    assert "<script" not in page.read_text()
+    probe = page.with_name("probe.html")
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    dom = chromium_dom(probe)
+    found = re.findall(r'<pre id="probe">(.*?)</pre>', dom)  # the last: the first is the script's own text
+    assert found, dom[-2000:]
+    seen = json.loads(html.unescape(found[-1]))
+    plots = ["plot-tasks", "plot-lengths", "plot-walls"] if rounds == 1 else [
+        "plot-reward", "plot-tasks", "plot-signal", "plot-training", "plot-mismatch", "plot-lengths", "plot-walls"]
+    assert seen["ids"] == ["rounds", "plots", *plots, "samples", "config"], seen["ids"]
+    assert seen["imgs"] and all(i["w"] > 0 for i in seen["imgs"]), seen["imgs"]  # every plot loaded
 
 
 # Appended to a copy of the page: where every table's box ends, and whether the page itself is wider

@@ -153,7 +153,9 @@ class TrainConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # accelerate's; fp32 is faster on this CPU
     device: Device = "auto"  # accelerate picks the process's device under launch
     checkpoint_every: NonNegative = 1  # optimizer steps between checkpoints (0: only at the end)
-    log_with: list[str] = field(default_factory=list)  # accelerate trackers (tensorboard, wandb, ...)
+    # Trackers that get every step's and every round's metrics (wharf/core/tracking.py), each in
+    # runs/<run>/trackers/; each needs its package: pip install -e '.[track]'.
+    log_with: list[Literal["tensorboard", "mlflow", "wandb"]] = field(default_factory=list)
     publish: bool = True  # load the adapter into the endpoint as policy-v<k+1> after training
 
     def __post_init__(self):

@@ -21,6 +21,8 @@ DEFAULTS = {
     "HARBOR_TELEMETRY": "0",
     # litellm-based agents read their model cost map from the package, not the network.
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    # W&B's service (train.log_with=[wandb], offline) sends no error reports or telemetry either.
+    "WANDB_ERROR_REPORTING": "false",
 }
 
 

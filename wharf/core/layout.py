@@ -240,7 +240,7 @@ class RunLayout:
 
     @property
     def trackers(self) -> Path:
-        """Where accelerate's trackers (train.log_with: tensorboard, ...) write, one run per run dir."""
+        """Where train.log_with's trackers (wharf/core/tracking.py) write: one tracker run per run dir."""
         return self.root / "trackers"
 
     @property

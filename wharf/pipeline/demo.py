@@ -1,5 +1,6 @@
 """`wharf demo [--config FILE] [key=value ...]` (make demo): the main job on the embedded default,
-one collect round on the bundled toy tasks, then the token-exactness audit of what it recorded.
+one collect round on the bundled toy tasks, then the token-exactness audit of what it recorded,
+then the run's report (runs/default/report.html).
 
 Without --config it runs the default config wharf carries (configs/default.yaml), whose tasks
 (datasets/toy) come with wharf too, so it runs from any directory after `pip install`; the run
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None, prog: str = "wharf demo") -> int:
 
 
 def _demo(cfg: RunConfig) -> int:
+    from wharf.pipeline.report import write_report
+
     result = run_demo(cfg)
     print("\n".join(result.lines()))
+    print(f"report: {write_report(cfg.layout.root)}")  # the round's tasks, answers, sample trajectories
     return 0 if result.ok else 1

@@ -30,7 +30,7 @@ from wharf.train.model import AdapterError, base_model_dir, check_adapter_config
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
-from wharf.core import storage
+from wharf.core import storage, tracking
 from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
@@ -43,8 +43,8 @@ from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
-from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, train_stage,
-                     write_report)
+from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, track_round,
+                     train_stage, write_report)
 
 log = logging.getLogger("wharf.loop")
 
@@ -214,6 +214,7 @@ def close_round(cfg: RunConfig, t0: float, ep: Endpoint | None = None) -> None:
     checks = check_health(cfg, ep)
     storage.push_file(cfg.round_layout.health)
     print_round(layout, cfg.round)
+    track_round(cfg)
     write_report(layout.root)  # before stopping: the report's table shows what failed
     enforce(checks)
     log.info("round %d done (%.0f s this run); %s serves next", cfg.round, time.monotonic() - t0,
@@ -273,6 +274,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
     check_init_adapter(cfg)
+    tracking.check(cfg.train.log_with)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).

@@ -23,7 +23,7 @@ from wharf.core import storage
 from wharf.core.layout import JOB_FILES, CollectPaths, RunLayout
 from wharf.core.model_store import pick_device, resolve_model_dir
 
-from .stages import LoopError, convert_stage, run_stage, train_stage, write_report
+from .stages import LoopError, convert_stage, run_stage, track_round, train_stage, write_report
 
 log = logging.getLogger("wharf.replay")
 
@@ -78,6 +78,7 @@ def run_replay(cfg: RunConfig) -> Path:
     (rnd.train.root).mkdir(parents=True, exist_ok=True)
     run_stage(rnd, "offpolicy", lambda: offpolicy_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
+    track_round(cfg)
     write_report(layout.root)
     return layout.root
 

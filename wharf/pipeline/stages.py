@@ -16,8 +16,10 @@ from typing import Callable
 from wharf.core.batches import BatchIndex, read_index
 from wharf.convert.stage import convert_round
 from wharf.pipeline.report import write_report as _write_report
+from wharf.pipeline.report.data import gather_round
+from wharf.pipeline.report.metrics import round_metrics
 from wharf.train.stage import convert_dir, push_outputs, train_round
-from wharf.core import storage
+from wharf.core import storage, tracking
 from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
 from wharf.core.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir, policy_name
@@ -122,3 +124,16 @@ def write_report(run_dir: Path) -> None:
         log.info("report: %s", _write_report(run_dir))
     except Exception:  # the report never stops a loop
         log.exception("could not write the report of %s", run_dir)
+
+
+def track_round(cfg: RunConfig) -> None:
+    """Round cfg.round's figures to train.log_with's trackers (`round/*`), once: its `tracked`
+    marker keeps a resumed loop from logging a finished round again."""
+    rnd = cfg.round_layout
+    if not cfg.train.log_with or read_marker(rnd, "tracked") is not None:
+        return
+    t0 = time.monotonic()
+    metrics = round_metrics(gather_round(cfg.layout, cfg.round))
+    with tracking.open_trackers(tracking.TrackerRun.of(cfg)) as trackers:
+        trackers.log("round", metrics, cfg.round)
+    write_marker(rnd, "tracked", time.monotonic() - t0, metrics=len(metrics))

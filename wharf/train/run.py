@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from wharf.core import cpu_linear, model_store
+from wharf.core import cpu_linear, model_store, tracking
 from wharf.core.config import RunConfig
 from wharf.core.layout import RunLayout, TrainPaths, init_adapter_dir
 
@@ -23,28 +23,26 @@ class Setup:
     acc: object
     peft: torch.nn.Module
     trainer: Trainer
-    log_with: list[str]
     checkpoint_every: int
-    tracker_run: str = "wharf"  # the trackers' run name (the run's name)
+    trackers: tracking.TrackerRun | None = None  # train.log_with's (None: none)
     step_offset: int = 0  # optimizer steps of earlier rounds: tracker curves run on across rounds
     sched_offset: int = 0  # optimizer steps the resumed AdamW state has taken (the warmup goes on from there)
 
 
-def _accelerator(cfg: RunConfig, project_dir: Path):
+def _accelerator(cfg: RunConfig):
     from accelerate import Accelerator
 
     t = cfg.train
     if t.device == "cuda" and not torch.cuda.is_available():
         raise TrainError("train.device=cuda but torch sees no CUDA device; use train.device=cpu or auto")
-    return Accelerator(cpu=t.device == "cpu", mixed_precision=t.mixed_precision,
-                       log_with=list(t.log_with) or None, project_dir=str(project_dir))
+    return Accelerator(cpu=t.device == "cpu", mixed_precision=t.mixed_precision)
 
 
 def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossConfig) -> Setup:
     from accelerate.utils import set_seed
 
     run = RunLayout.of(cfg.runs_dir, cfg.name)
-    acc = _accelerator(cfg, run.trackers)
+    acc = _accelerator(cfg)
     set_seed(cfg.train.seed)
     peft_model, _ = load_policy(cfg, start_adapter, device="cpu")
     if cfg.train.cpu_kernel and acc.device.type == "cpu":
@@ -62,8 +60,9 @@ def build(cfg: RunConfig, start_adapter: Path | None, batches, loss_cfg: LossCon
     policy, opt = acc.prepare(policy, opt)
     trainer = Trainer(acc, policy, peft_model, opt, sched, batches, loss_cfg, cfg.train.max_grad_norm,
                       kl=cfg.train.kl_coef > 0, reference=REFERENCE if ref is not None else None)
-    return Setup(acc, peft_model, trainer, list(cfg.train.log_with), cfg.train.checkpoint_every,
-                 tracker_run=cfg.name, step_offset=_earlier_steps(run, cfg.round), sched_offset=done)
+    return Setup(acc, peft_model, trainer, cfg.train.checkpoint_every,
+                 trackers=tracking.TrackerRun.of(cfg) if cfg.train.log_with else None,
+                 step_offset=_earlier_steps(run, cfg.round), sched_offset=done)
 
 
 def _resume_optimizer(cfg: RunConfig, start_adapter: Path | None, opt) -> int:
@@ -102,11 +101,6 @@ def _earlier_steps(run: RunLayout, k: int) -> int:
         if metrics.is_file():
             total += sum(1 for line in metrics.read_bytes().splitlines() if line.strip())
     return total
-
-
-def _tracker_config(train_cfg: dict) -> dict:
-    """The train section as scalars: tensorboard's hparams take no lists or None."""
-    return {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in train_cfg.items()}
 
 
 def _resume(setup: Setup, paths, fingerprint: dict) -> dict:
@@ -166,10 +160,11 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
     meta = _resume(setup, paths, fingerprint)
     start, skipped, run_s = meta["step"], meta["skipped"], meta.get("run_s", 0.0)
     _prox(setup, steps, start, paths)
-    if setup.log_with:
-        acc.init_trackers(setup.tracker_run, config=_tracker_config(fingerprint["train"]))
     metrics_f = None
+    trackers = tracking.Trackers([])
     if acc.is_main_process:
+        if setup.trackers is not None:
+            trackers = tracking.open_trackers(setup.trackers)
         metrics_f = open(paths.metrics, "a+b")
         metrics_f.truncate(meta["metrics_bytes"])  # lines of steps after the checkpoint are redone
     bar = tqdm(total=len(steps), initial=start, desc="train", unit="step", disable=not (progress and acc.is_main_process))
@@ -184,9 +179,7 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
         if metrics_f is not None:
             metrics_f.write((json.dumps(m) + "\n").encode())
             metrics_f.flush()
-        if setup.log_with:
-            scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and k != "step"}
-            acc.log(scalars, step=setup.step_offset + n + 1)
+        trackers.log("train", {k: v for k, v in m.items() if k != "step"}, setup.step_offset + n + 1)
         bar.update(1)
         bar.set_postfix(loss=f"{m['loss']:.4f}", clip=f"{m['clip_low'] + m['clip_high']:.3f}", gnorm=f"{m['grad_norm']:.3f}")
         every = setup.checkpoint_every
@@ -194,6 +187,7 @@ def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> 
             _checkpoint(setup, paths, n + 1, skipped, fingerprint, metrics_f,
                         run_s + time.monotonic() - t_run, first_mm)
     bar.close()
+    trackers.close()
     if metrics_f is not None:
         metrics_f.close()
     return {"skipped": skipped, "wall_s": run_s + time.monotonic() - t_run, **first_mm}

@@ -3,6 +3,8 @@
 `write_report(run_dir)` reads what the stages left in the run dir (wharf/pipeline/report/data.py) and
 writes a self-contained page: the plots as files beside it (relative paths), the tables inline,
 no scripts, so it opens from the file system with nothing running.
+Besides the tables and plots: the latest round's sample trajectories (samples.py) and the run's
+resolved config, credentials redacted (sections.py).
 `python -m wharf.pipeline.report RUN_DIR` (or `--compare LABEL=RUN_DIR ... --out FILE.png`).
 """
 from __future__ import annotations
@@ -14,8 +16,11 @@ from pathlib import Path
 from wharf.core import storage
 from wharf.core.layout import RunLayout
 
+from . import sections
 from .data import STAGES, RoundData, gather, gather_evals
-from .plots import PLOTS, draw_all
+from .draw import draw_all, plot_set
+from .oneround import CURVES
+from .samples import Sample, read_samples
 
 __all__ = ["write_report", "render", "gather"]
 
@@ -65,7 +70,7 @@ CSS = ("body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-col
        "td,th{border:1px solid #ccc;padding:3px 5px;text-align:right}th{vertical-align:bottom}td{white-space:nowrap}"
        ".tbl{max-width:100%;overflow-x:auto}"  # the first column (the round) stays in view while it scrolls
        "td:first-child,th:first-child{position:sticky;left:0;background:#fff}"
-       "img{max-width:100%;display:block}figure{margin:1.5em 0}")
+       "img{max-width:100%;display:block}figure{margin:1.5em 0}" + sections.CSS)
 
 
 def _iv(d: dict) -> str:
@@ -88,9 +93,10 @@ def _eval_rows(evals: list[tuple[str, dict]]) -> tuple[list[list], list[list]]:
     return pol, diff
 
 
-def render(name: str, rounds: list[RoundData], images: dict[str, str],
-           evals: list[tuple[str, dict]] = ()) -> str:
-    """The page, given the plots' paths relative to it (pure: no I/O)."""
+def render(name: str, rounds: list[RoundData], images: dict[str, tuple[str, str]],
+           evals: list[tuple[str, dict]] = (), samples: list[Sample] = (), config: str | None = None) -> str:
+    """The page, given the plots (name -> title, path relative to the page), the latest round's
+    sample trajectories and the redacted config text (pure: no I/O)."""
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>wharf run {html.escape(name)}</title>"
              f"<style>{CSS}</style></head><body><h1>wharf run {html.escape(name)}</h1>"]
     if not rounds:
@@ -98,7 +104,7 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str],
     else:
         head = ["round", "policy", "rollouts", "mean reward", "success", "successes in >= 2 calls", "groups w/ signal",
                 "groups used", "calls/rollout", "rows", "rows/rollout", "prefix breaks", "trainable tokens", "tokens/call", "steps", "loss", "mismatch", "|Δ log-prob|", "KL to prev", *[f"{s} s" for s in STAGES]]
-        parts.append("<h2>Rounds</h2>" + _table(head, _round_rows(rounds)))
+        parts.append("<section id='rounds'><h2>Rounds</h2>" + _table(head, _round_rows(rounds)) + "</section>")
         health = _health_rows(rounds)
         if health:  # text-aligned: the sentences read left to right
             parts.append("<h2>Loop health</h2>" + _table(["round", "check", "result", "expected", "seen", "file"],
@@ -127,15 +133,27 @@ def render(name: str, rounds: list[RoundData], images: dict[str, str],
                      + _table(["eval", "policy", "trials", "mean reward", "95% interval", "pass@1", "pass@k"], pol))
         if diff:
             parts.append(_table(["eval", "difference", "pairs", "mean", "95% interval"], diff))
-    for key, (title, _, _) in PLOTS.items():
-        if key in images:
-            src = html.escape(images[key])
-            parts.append(f"<figure><h2>{html.escape(title)}</h2><img src='{src}' alt='{html.escape(title)}'></figure>")
-    missing = [t for k, (t, _, _) in PLOTS.items() if k not in images and k != "offpolicy"]
-    if missing:
-        parts.append("<p>Not drawn yet (no data): " + html.escape(", ".join(missing)) + ".</p>")
+    parts.append(_plots(rounds, images))
+    if rounds:
+        parts.append(sections.samples_html(list(samples), rounds[-1].k))
+    parts.append(sections.config_html(config))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def _plots(rounds: list[RoundData], images: dict[str, tuple[str, str]]) -> str:
+    parts = ["<section id='plots'>"]
+    if len(rounds) == 1:
+        parts.append(f"<p>One round so far: the plots show what round {rounds[0].k} holds. The curves over rounds "
+                     f"({CURVES}) are drawn from the second round on (<code>wharf loop rounds=N</code>).</p>")
+    for key, (title, src) in images.items():
+        title, src = html.escape(title), html.escape(src)
+        parts.append(f"<figure id='plot-{key}'><h2>{title}</h2><img src='{src}' alt='{title}'></figure>")
+    optional = {"offpolicy", "reward"} if len(rounds) == 1 else {"offpolicy"}  # a replay's; an evaluated round's
+    missing = [t for k, (t, _, _) in plot_set(rounds).items() if k not in images and k not in optional]
+    if missing and rounds:
+        parts.append("<p>Not drawn yet (no data): " + html.escape(", ".join(missing)) + ".</p>")
+    return "\n".join(parts) + "</section>"
 
 
 # What the report reads of a run in object storage (pulled into its mirror first).
@@ -152,12 +170,14 @@ def write_report(run_dir: str | Path) -> Path:
     storage.pull(layout.root, READS)
     rounds = gather(layout.root)
     written = draw_all(rounds, layout.report_assets)
-    images = {k: os.path.relpath(p, layout.root) for k, p in written.items()}
+    images = {k: (title, os.path.relpath(p, layout.root)) for k, (title, p) in written.items()}
     for stale in layout.report_assets.glob("*.png"):  # a plot whose data went away
-        if stale not in written.values():
+        if stale not in {p for _, p in written.values()}:
             stale.unlink()
+    samples = read_samples(layout.round(rounds[-1].k)) if rounds else []
+    page = render(layout.root.name, rounds, images, gather_evals(layout), samples, sections.config_text(layout.config))
     tmp = layout.report.with_suffix(".html.tmp")
-    tmp.write_text(render(layout.root.name, rounds, images, gather_evals(layout)))
+    tmp.write_text(page)
     tmp.replace(layout.report)
     storage.push(layout.report_assets, delete_stale=True)
     storage.push_file(layout.report)

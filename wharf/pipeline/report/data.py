@@ -37,6 +37,8 @@ class RoundData:
     groups_with_signal: int | None = None  # groups with both a success and a failure
     groups_used: int | None = None  # groups convert kept
     response_tokens: float | None = None  # mean completion tokens per call
+    call_lengths: list[int] = field(default_factory=list)  # completion tokens of each call
+    prefix_cache_hit_rate: float | None = None  # the endpoints' prompt tokens served from their prefix cache
     calls: int | None = None
     prefix_breaks: int | None = None
     rows: int | None = None
@@ -144,6 +146,8 @@ def collect_fields(rd: RoundData, rnd: RoundLayout) -> None:
     lengths = _turn_lengths(rnd)
     if lengths:
         rd.calls, rd.response_tokens = len(lengths), sum(lengths) / len(lengths)
+        rd.call_lengths = lengths
+    rd.prefix_cache_hit_rate = _get(manifest, "prefix_cache", "hit_rate")
     if _num(manifest.get("wall_s")):
         rd.walls["collect"] = manifest["wall_s"]
 

@@ -33,11 +33,27 @@ def _legend(ax, **kw) -> None:
         ax.legend(**kw)
 
 
-def _rounds_axis(ax, title: str) -> None:
+def _rounds_axis(ax, title: str, rounds: list[RoundData] = (), more: tuple[int, ...] = ()) -> None:
     ax.set_xlabel("round")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.xaxis.get_major_locator().set_params(integer=True)
+    ks = [r.k for r in rounds] + list(more)  # `more`: x of points past the rounds (a held-out policy-v<k+1>)
+    if ks:  # every round's slot, half a round either side: a lone point sits at its round, not in ±0.04
+        ax.set_xlim(min(ks) - 0.5, max(ks) + 0.5)
+
+
+def _panels(fig, panels: list[tuple[bool, Callable]]) -> bool:
+    """Side by side, only the panels that have data (draw(ax) each); False when none has."""
+    live = [draw for has, draw in panels if has]
+    if live:
+        for ax, draw in zip(fig.subplots(1, len(live), squeeze=False)[0], live):
+            draw(ax)
+    return bool(live)
+
+
+def _has(rounds: list[RoundData], *gets) -> bool:
+    return any(get(r) is not None for r in rounds for get in gets)
 
 
 def heldout_points(rounds: list[RoundData]) -> list[tuple[int, float, float, float]]:
@@ -65,7 +81,7 @@ def reward(rounds, fig) -> bool:
         err = [[max(m - v, 0) for m, v in zip(ms, lo)], [max(v - m, 0) for m, v in zip(ms, hi)]]
         ax.errorbar(ks, ms, yerr=err, marker="s", capsize=3, label="held-out reward (95% interval)")
     ax.set_ylim(-0.02, 1.02)
-    _rounds_axis(ax, "reward per round (round k samples policy-v<k>)")
+    _rounds_axis(ax, "reward per round (round k samples policy-v<k>)", rounds, tuple(p[0] for p in held))
     _legend(ax, fontsize=8)
     return drawn or bool(held)
 
@@ -76,24 +92,28 @@ def tasks(rounds, fig) -> bool:
     for t in names:
         _line(ax, rounds, lambda r, t=t: r.success_by_task.get(t), t)
     ax.set_ylim(-0.02, 1.02)
-    _rounds_axis(ax, "success rate per task")
+    _rounds_axis(ax, "success rate per task", rounds)
     if names:
         _legend(ax, fontsize=7, ncol=2)
     return bool(names)
 
 
 def signal(rounds, fig) -> bool:
-    ax1, ax2 = fig.subplots(1, 2)
-    drawn = _line(ax1, rounds, lambda r: r.groups, "groups")
-    drawn |= _line(ax1, rounds, lambda r: r.groups_with_signal, "with signal (mixed rewards)")
-    drawn |= _line(ax1, rounds, lambda r: r.groups_used, "used by convert", linestyle="--")
-    _rounds_axis(ax1, "groups")
-    _legend(ax1, fontsize=8)
-    d2 = _line(ax2, rounds, lambda r: r.prefix_breaks, "prefix breaks")
-    d2 |= _line(ax2, rounds, lambda r: r.rows, "training rows")
-    _rounds_axis(ax2, "rows and prefix breaks")
-    _legend(ax2, fontsize=8)
-    return drawn or d2
+    def groups(ax):
+        _line(ax, rounds, lambda r: r.groups, "groups")
+        _line(ax, rounds, lambda r: r.groups_with_signal, "with signal (mixed rewards)")
+        _line(ax, rounds, lambda r: r.groups_used, "used by convert", linestyle="--")
+        _rounds_axis(ax, "groups", rounds)
+        _legend(ax, fontsize=8)
+
+    def rows(ax):
+        _line(ax, rounds, lambda r: r.prefix_breaks, "prefix breaks")
+        _line(ax, rounds, lambda r: r.rows, "training rows")
+        _rounds_axis(ax, "rows and prefix breaks", rounds)
+        _legend(ax, fontsize=8)
+
+    return _panels(fig, [(_has(rounds, lambda r: r.groups, lambda r: r.groups_used), groups),
+                         (_has(rounds, lambda r: r.prefix_breaks, lambda r: r.rows), rows)])
 
 
 TRAIN_KEYS = (("loss", "loss"), ("kl", "KL to base"), ("clip", "clip fraction"), ("entropy", "entropy"))
@@ -124,26 +144,32 @@ def training(rounds, fig) -> bool:
         ax.set_title(title)
         ax.set_xlabel("optimizer step (grey: round starts)")
         ax.grid(alpha=0.3)
+        ax.set_xlim(-0.5, max(x, 1) - 0.5)  # one step: its slot, not ±0.04 around it
+        ax.xaxis.get_major_locator().set_params(integer=True)
     return drawn
 
 
 def mismatch(rounds, fig) -> bool:
-    ax1, ax2 = fig.subplots(1, 2)
-    drawn = _line(ax1, rounds, lambda r: r.mismatch_mean, "mean |Δ log-prob| (first step)")
-    drawn |= _line(ax1, rounds, lambda r: r.mismatch_max, "max", linestyle="--")
-    if drawn and all(v > 0 for r in rounds for v in (r.mismatch_mean, r.mismatch_max) if v is not None):
-        ax1.set_yscale("log")  # 1e-6 on-policy vs 1e-1 off-policy: orders of magnitude
-    _rounds_axis(ax1, "train/inference mismatch")
-    _legend(ax1, fontsize=8)
-    d2 = _line(ax2, rounds, lambda r: r.step_mean("ratio_mean"), "mean ratio to behaviour")
-    _rounds_axis(ax2, "importance ratio (mean over steps)")
-    return drawn or d2
+    def gap(ax):
+        _line(ax, rounds, lambda r: r.mismatch_mean, "mean |Δ log-prob| (first step)")
+        _line(ax, rounds, lambda r: r.mismatch_max, "max", linestyle="--")
+        if all(v > 0 for r in rounds for v in (r.mismatch_mean, r.mismatch_max) if v is not None):
+            ax.set_yscale("log")  # 1e-6 on-policy vs 1e-1 off-policy: orders of magnitude
+        _rounds_axis(ax, "train/inference mismatch", rounds)
+        _legend(ax, fontsize=8)
+
+    def ratio(ax):
+        _line(ax, rounds, lambda r: r.step_mean("ratio_mean"), "mean ratio to behaviour")
+        _rounds_axis(ax, "importance ratio (mean over steps)", rounds)
+
+    return _panels(fig, [(_has(rounds, lambda r: r.mismatch_mean, lambda r: r.mismatch_max), gap),
+                         (_has(rounds, lambda r: r.step_mean("ratio_mean")), ratio)])
 
 
 def lengths(rounds, fig) -> bool:
     ax = fig.subplots()
     drawn = _line(ax, rounds, lambda r: r.response_tokens, "completion tokens per call")
-    _rounds_axis(ax, "response length")
+    _rounds_axis(ax, "response length", rounds)
     return drawn
 
 
@@ -156,7 +182,7 @@ def walls(rounds, fig) -> bool:
         if any(vals):
             ax.bar(ks, vals, bottom=bottom, label=stage)
             bottom = [b + v for b, v in zip(bottom, vals)]
-    _rounds_axis(ax, "stage wall time (minutes)")
+    _rounds_axis(ax, "stage wall time (minutes)", rounds)
     if ks:
         _legend(ax)
     return bool(ks)
@@ -191,24 +217,6 @@ PLOTS: dict[str, tuple[str, Plot, tuple[float, float]]] = {
     "walls": ("Stage wall times", walls, (6, 3.6)),
     "offpolicy": ("Off-policy statistics per job (replay)", offpolicy, (10, 3.6)),
 }
-
-
-def draw_all(rounds: list[RoundData], out_dir: Path) -> dict[str, Path]:
-    """Write every plot that has data; returns name -> PNG path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
-    for name, (_, fn, size) in PLOTS.items():
-        fig = plt.figure(figsize=size, layout="constrained")
-        try:
-            if fn(rounds, fig):
-                path = out_dir / f"{name}.png"
-                tmp = path.with_suffix(".tmp.png")
-                fig.savefig(tmp, dpi=90)
-                tmp.replace(path)
-                written[name] = path
-        finally:
-            plt.close(fig)
-    return written
 
 
 def compare_rewards(runs: dict[str, list[RoundData]], out: Path, walls: dict[str, float] | None = None) -> Path:
