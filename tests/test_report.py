@@ -214,12 +214,14 @@ def test_samples_show_the_best_and_worst_of_a_group_call_by_call(tmp_path):
 
 
 def test_config_section_redacts_credentials(tmp_path):
-    from wharf.core.config import dump_config, load_config
+    from wharf.core.config import load_config
+    from wharf.core.configio import dump_whole
 
     layout = RunLayout(tmp_path / "run")
     make_round(layout, 0, {"a": 1}, train=False)
-    dump_config(load_config(None, ["endpoint.api_key=sk-do-not-show", "train.lr=0.0003",
-                                   "collect.agent_env={HF_TOKEN: hf-do-not-show}"]), layout.config)
+    # written whole, as a run from before recorded configs were redacted left it
+    dump_whole(load_config(None, ["endpoint.api_key=sk-do-not-show", "train.lr=0.0003",
+                                  "collect.agent_env={HF_TOKEN: hf-do-not-show}"]), layout.config)
     text = write_report(layout.root).read_text()
     config = text[text.index("<section id='config'>"):]
     assert "lr: 0.0003" in config and "api_key: &lt;redacted&gt;" in config and "HF_TOKEN: &lt;redacted&gt;" in config

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Iterable
@@ -60,6 +61,21 @@ def _scrub(cls: type, data: dict) -> dict:
 def redacted(cfg) -> dict:
     """`cfg` (a config dataclass) as a dict with every secret taken out."""
     return _scrub(type(cfg), dataclasses.asdict(cfg))
+
+
+def redacted_mapping(value, name: str = ""):
+    """A config read back as plain dicts (a run's config.yaml, perhaps from before records were
+    redacted) with every value under a credential-like key replaced by REDACTED: what a report
+    shows and a tracker is sent."""
+    if isinstance(value, dict):
+        return {k: redacted_mapping(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted_mapping(v, name) for v in value]
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    if value is not None and (words & {"key", "apikey", "token", "secret", "password", "passwd", "credential",
+                                       "credentials", "authorization", "auth"}):
+        return REDACTED
+    return value
 
 
 def secret_values(cfg) -> list[str]:

@@ -8,7 +8,6 @@ are created owner-only from the start (never chmod-ed after, which leaves a wind
 from __future__ import annotations
 
 import hmac
-import re
 import json
 import os
 import secrets
@@ -71,18 +70,3 @@ class AdminAccess:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{path}: not a readable proxy admin file ({e})") from None
 
-
-# Config keys whose values are credentials (endpoint.api_key, proxy.admin_token, an agent_env's
-# OPENAI_API_KEY ...): never shown in a report nor sent to a tracker.
-_SECRET_WORDS = {"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials", "authorization"}
-
-
-def redacted(value, name: str = ""):
-    """`value` (a config as plain dicts and lists) with every credential replaced by "<redacted>"."""
-    if isinstance(value, dict):
-        return {k: redacted(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, name) for v in value]
-    if value is not None and _SECRET_WORDS & set(re.split(r"[^a-z0-9]+", name.lower())):
-        return "<redacted>"
-    return value

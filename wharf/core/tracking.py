@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from wharf.core.credentials import redacted
+from wharf.core.config_redact import redacted_mapping
 from wharf.core.errors import WharfError
 
 log = logging.getLogger("wharf.tracking")
@@ -55,7 +55,7 @@ def check(names) -> None:
 def flat(config: dict, prefix: str = "") -> dict[str, str | int | float | bool]:
     """A nested config as dotted scalars (lists and None as text), credentials redacted."""
     out: dict = {}
-    for key, value in redacted(config).items():
+    for key, value in redacted_mapping(config).items():
         name = f"{prefix}{key}"
         if isinstance(value, dict) and value:
             out.update(flat(value, f"{name}."))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from wharf.core.credentials import redacted
+from wharf.core.config_redact import redacted_mapping
 
 from .samples import MAX_CHARS, Call, Message, Sample
 
@@ -23,7 +23,7 @@ def config_text(path: Path) -> str | None:
         cfg = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return yaml.safe_dump(redacted(cfg), sort_keys=False) if isinstance(cfg, dict) else None
+    return yaml.safe_dump(redacted_mapping(cfg), sort_keys=False) if isinstance(cfg, dict) else None
 
 
 def _cut(text: str) -> str:
