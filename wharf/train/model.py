@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from wharf.core.adapters import AdapterInvalid, AdapterNotFound, check_adapter
 from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
+from wharf.core.families import family_of
 from wharf.core.layout import adapter_config
 from wharf.core.model_store import ModelError, load_model, resolve_model_dir
 
@@ -37,6 +38,7 @@ def base_model_dir(cfg: RunConfig) -> Path:
 def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
     t = cfg.train  # rank and non-empty targets are checked when the config loads (wharf/core/config.py)
     linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    fam = family_of(getattr(model.config, "model_type", None))
     for target in t.lora_target_modules:
         if target in REFUSED_TARGETS:
             raise AdapterError(f"train.lora_target_modules: {target!r} is not loadable by vLLM's LoRA; "
@@ -44,6 +46,9 @@ def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
         if target not in linear:
             raise AdapterError(f"train.lora_target_modules: the base model has no linear layer named {target!r} "
                                f"(it has: {', '.join(sorted(linear - set(REFUSED_TARGETS)))})")
+        if fam is not None and target not in fam.vllm_lora_modules():
+            raise AdapterError(f"train.lora_target_modules: vLLM loads no LoRA into {target!r} of a {fam.name} model "
+                               f"(it takes {', '.join(sorted(fam.vllm_lora_modules()))}; wharf/core/families.py)")
 
 
 def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
