@@ -23,7 +23,7 @@ from wharf.convert.build import Built, _candidates, _count_rules, _stats
 from wharf.convert.reader import Job
 from wharf.convert.rows import RowOptions
 from wharf.core.chat_template import PLAIN, ChatError, ChatStyle, render_answer_ids, render_prompt_ids
-from wharf.core.families import chat_style
+from wharf.core.model_store import load_chat
 
 SFT_TEMPERATURE = 1.0
 _ANSWER_KEYS = ("role", "content", "tool_calls")
@@ -54,7 +54,7 @@ def render_chat_call(tok, request: dict, response: dict, style: ChatStyle = PLAI
 
 def chat_renderer(model_dir: Path) -> Callable:
     """render(api, request JSON, response JSON) for reader.read_job, with the student's tokenizer."""
-    tok, style = student_chat(model_dir)
+    tok, style = load_chat(model_dir)
 
     def render(api: str, request: str | None, response: str | None) -> tuple[list[int], list[int]]:
         if api != "chat":
@@ -68,19 +68,6 @@ def chat_renderer(model_dir: Path) -> Callable:
         return render_chat_call(tok, req, resp, style)
 
     return render
-
-
-def student_chat(model_dir: Path):
-    """(tokenizer, ChatStyle) of the student, as the local engine loads them for its prompts."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    try:
-        gen = GenerationConfig.from_pretrained(str(model_dir))
-    except OSError:  # no generation_config.json: transformers' model then stops on the config's eos
-        gen = None
-    config = AutoConfig.from_pretrained(str(model_dir))
-    return tok, chat_style(config, gen if gen is not None else config, tok)
 
 
 def build_sft(jobs: list[Job], opts: RowOptions, min_reward: float, null_reward: float | None,

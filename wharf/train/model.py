@@ -18,7 +18,8 @@ from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
 from wharf.core.families import family_of
 from wharf.core.layout import adapter_config
-from wharf.core.model_store import ModelError, load_model, resolve_model_dir
+from wharf.core.model_identity import trained_model
+from wharf.core.model_store import ModelError, load_model
 
 from .loss import sampled_logprobs
 
@@ -31,8 +32,9 @@ class AdapterError(WharfError, ValueError):
 
 
 def base_model_dir(cfg: RunConfig) -> Path:
-    """train.model, else the endpoint's own base (engine.model, else the embedded model)."""
-    return resolve_model_dir(cfg.train.model if cfg.train.model is not None else cfg.engine.model)
+    """The served model, named by one key (wharf/core/model_identity.py: train.model when set and
+    the same as the served one, else engine.model or endpoint.model)."""
+    return trained_model(cfg).path
 
 
 def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
@@ -85,7 +87,7 @@ def check_adapter_config(cfg: RunConfig, path: Path) -> None:
     base, want = ac.get("base_model_name_or_path"), base_model_dir(cfg)
     if base and Path(base).name != want.name and Path(base).resolve() != want.resolve():
         raise AdapterError(f"{path}: base_model_name_or_path {base!r}, but this run trains {want} "
-                           "(train.model, else engine.model): an adapter continues only on the base it was trained on")
+                           "(train.model, else the served model's key): an adapter continues only on the base it was trained on")
 
 
 def head_scale(config) -> float:
