@@ -138,6 +138,7 @@ class Family:
     pad: str
     specials: tuple[str, ...]
     extra: dict = field(default_factory=dict)  # config fields of the family
+    turn_end: str | None = None  # ends an assistant turn where that is not the eos (generation_config stops on both)
 
 
 FAMILIES = {
@@ -153,10 +154,10 @@ FAMILIES = {
                      dict(rope_theta=5e5, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                         "high_freq_factor": 4.0,
                                                         "original_max_position_embeddings": 256})),
-    "gemma3": Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA, "<bos>", "<end_of_turn>", "<pad>",
+    "gemma3": Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA, "<bos>", "<eos>", "<pad>",
                      ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
-                     dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=512,
-                          layer_types=["sliding_attention", "full_attention"])),
+                     dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=768,
+                          layer_types=["sliding_attention", "full_attention"]), turn_end="<end_of_turn>"),
     "mistral": Family("mistral", "MistralConfig", "MistralForCausalLM", MISTRAL, "<s>", "</s>", "</s>",
                       ("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"), dict(sliding_window=None)),
@@ -203,7 +204,8 @@ def build(name: str, out: Path, seed: int = 0, **overrides) -> Path:
     with torch.no_grad():  # random weights of a readable spread: sampled text is not one token
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0, 0.2)
-    model.generation_config.eos_token_id = ids["eos_token_id"]
+                p.normal_(0, 0.05 if name == "gemma3" else 0.2)  # Gemma scales its embeddings by sqrt(hidden)
+    stops = [ids["eos_token_id"]] + ([tok.convert_tokens_to_ids(fam.turn_end)] if fam.turn_end else [])
+    model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     model.save_pretrained(out, safe_serialization=True)
     return out

@@ -125,7 +125,7 @@ def _tool_results_as_user(messages: list[dict]) -> list[dict]:
 
 def render_text(tokenizer, messages: Any, tools: list[dict] | None = None, *,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
-                chat_template_kwargs: dict | None = None) -> str:
+                chat_template_kwargs: dict | None = None, style: ChatStyle = PLAIN) -> str:
     """The template's text for these messages (tools inlined where the template has no tool support)."""
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise ChatError("tools: expected a list of {type: function, function: {...}} objects")

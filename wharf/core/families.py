@@ -34,6 +34,7 @@ class Family:
     # consecutive ones joined, or it refuses the conversation.
     tool_results_as_user: bool = False
     note: str = ""  # what differs from a Llama layer, for the engine's log
+    refused: str = ""  # why wharf can neither serve nor train it (empty: it can)
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -51,7 +52,10 @@ FAMILIES = (
     Family("Qwen3", ("qwen3",), note="RMS norms on q and k"),
     Family("Gemma 3", ("gemma3_text", "gemma3"), tool_results_as_user=True,
            note="sandwich norms, scaled embeddings, gelu, sliding-window layers"),
-    Family("Gemma 2", ("gemma2",), tool_results_as_user=True, note="soft-capped logits"),
+    Family("Gemma 2", ("gemma2",), tool_results_as_user=True, note="soft-capped logits",
+           refused="its attention soft-caps logits, which transformers runs only in eager attention (the engine "
+                   "and the trainer run sdpa), and its head soft-caps them, which the trainer's chunked log-probs "
+                   "do not; wharf serves and trains Gemma 3"),
 )
 _BY_TYPE = {t: f for f in FAMILIES for t in f.model_types}
 
@@ -70,6 +74,18 @@ def chat_style(config, generation_config, tokenizer) -> ChatStyle:
     ids = [] if eos is None else eos if isinstance(eos, list) else [eos]
     ends = tuple(t for t in tokenizer.convert_ids_to_tokens(ids) if t)
     return ChatStyle(tool_results_as_user=bool(fam and fam.tool_results_as_user), turn_ends=ends)
+
+
+def refusal(config) -> str | None:
+    """Why wharf cannot serve or train a model of this config, in one line (None: it can)."""
+    fam = family_of(getattr(config, "model_type", None))
+    if fam is not None and fam.refused:
+        return f"{fam.name} (model_type {config.model_type!r}): {fam.refused}"
+    if getattr(config, "attn_logit_softcapping", None):
+        return (f"model_type {getattr(config, 'model_type', None)!r} soft-caps attention logits "
+                "(attn_logit_softcapping), which transformers runs only in eager attention; the engine and the "
+                "trainer run sdpa")
+    return None
 
 
 def sliding_window(config) -> int | None:

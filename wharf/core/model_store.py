@@ -145,10 +145,22 @@ def load_model(model_dir: Path, device: str, dtype: str):
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise ModelError(f"engine.dtype={dtype!r}: expected float32, bfloat16 or float16")
+    refuse_unsupported(model_dir)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
     model.to(device).eval()
     return model, tok
+
+
+def refuse_unsupported(model_dir: Path) -> None:
+    """One line naming why, for a model wharf cannot serve or train (wharf/core/families.py)."""
+    from transformers import AutoConfig
+
+    from wharf.core.families import refusal
+
+    why = refusal(AutoConfig.from_pretrained(model_dir))
+    if why is not None:
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: {why}")
 
 
 def release_memory() -> int:
