@@ -46,7 +46,7 @@ class Family:
 
 
 FAMILIES = (
-    Family("Llama 3", ("llama",)),
+    Family("Llama", ("llama",)),  # Llama 2 and 3, SmolLM2
     Family("Mistral", ("mistral",), note="sliding-window attention where the config sets one"),
     Family("Qwen2.5", ("qwen2",), note="biases on q/k/v"),
     Family("Qwen3", ("qwen3",), note="RMS norms on q and k"),

@@ -283,7 +283,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
         cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
-        if not cfg.proxy.text_only:  # a teacher returns no ids, and is another model by design
+        if cfg.loop.check_model and not cfg.proxy.text_only:  # a teacher is another model by design
             check_served(ep, cfg, trained)
         done = (overlapped_rounds if cfg.loop.max_staleness else sync_rounds)(cfg, ep)
         ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)
