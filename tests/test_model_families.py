@@ -160,3 +160,10 @@ def test_gemma_2_is_refused_in_one_line_saying_why(tmp_path):
         with pytest.raises(ModelError, match=r"cannot serve or train this model: Gemma 2 .*soft-caps") as e:
             start()
         assert "\n" not in str(e.value)
+
+
+def test_a_model_transformers_cannot_load_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-family", "architectures": ["NoSuch"]}))
+    with pytest.raises(ModelError, match=r"cannot serve or train this model: its config does not load") as e:
+        Engine(EngineConfig(model=str(tmp_path), device="cpu"))
+    assert "\n" not in str(e.value)

@@ -146,10 +146,19 @@ def load_model(model_dir: Path, device: str, dtype: str):
     if torch_dtype is None:
         raise ModelError(f"engine.dtype={dtype!r}: expected float32, bfloat16 or float16")
     refuse_unsupported(model_dir)
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError, ImportError) as e:  # transformers' own, for a dir it cannot load
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: transformers cannot load it "
+                         f"as a causal LM with sdpa attention ({type(e).__name__}: {_first_line(e)})") from None
     model.to(device).eval()
     return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
 
 
 def refuse_unsupported(model_dir: Path) -> None:
@@ -158,7 +167,12 @@ def refuse_unsupported(model_dir: Path) -> None:
 
     from wharf.core.families import refusal
 
-    why = refusal(AutoConfig.from_pretrained(model_dir))
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a broken config.json
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: its config does not load "
+                         f"({type(e).__name__}: {_first_line(e)})") from None
+    why = refusal(config)
     if why is not None:
         raise ModelError(f"{model_dir}: wharf cannot serve or train this model: {why}")
 
