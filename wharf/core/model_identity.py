@@ -33,7 +33,9 @@ class ModelRef:
     path: Path  # its local dir
 
     def __str__(self) -> str:
-        return f"{self.key}={self.given!r} ({self.path})" if self.given is not None else f"the embedded model ({self.path})"
+        if self.given is None:
+            return f"the embedded model ({self.path})"
+        return f"{self.key}={self.given!r} ({self.path})"
 
     @property
     def name(self) -> str:
