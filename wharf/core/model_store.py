@@ -101,9 +101,10 @@ def resolve_model_dir(model: str | None, key: str = "engine.model") -> Path:
                          "or null for the embedded model")
     snapshot = hub_snapshot(model)
     if snapshot is None:
-        raise ModelError(f"{key}={model!r}: not in the local Hugging Face cache ({hub_cache()}), and wharf never "
-                         f"downloads at run time: on a machine with access run `huggingface-cli download {model}` "
-                         "(then copy that cache here, or point HF_HUB_CACHE at it), or give a local model dir")
+        raise ModelError(f"{key}={model!r}: no local model dir there, and not in the local Hugging Face cache "
+                         f"({hub_cache()}); wharf never downloads at run time: on a machine with access run "
+                         f"`huggingface-cli download {model}` (then copy that cache here, or point HF_HUB_CACHE at "
+                         "it), or give a local model dir")
     return snapshot
 
 
