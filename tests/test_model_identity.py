@@ -74,6 +74,11 @@ def test_a_train_model_the_endpoint_does_not_serve_is_refused_naming_both(models
     with pytest.raises(ModelError) as e:  # the key that is wrong is the one named
         trained_model(cfg_of(f"engine.model={a}", f"train.model={tmp_path / 'nothing'}"))
     assert one_line(e).startswith("train.model=")
+    from wharf.train.stage import train_round
+
+    with pytest.raises(ModelError, match="train.model="):  # `wharf train`: before convert runs for it
+        train_round(cfg_of(f"runs_dir={tmp_path}", f"engine.model={a}", f"train.model={b}"), progress=False)
+    assert not (tmp_path / "default").exists()
 
 
 def test_the_loop_stops_before_round_0s_collect_in_one_line(models, served_a, tmp_path, capsys):

@@ -64,11 +64,12 @@ def trained_model(cfg: RunConfig) -> ModelRef:
     if cfg.train.model is None:
         try:
             return model_ref(served, key)
-        except ModelError as e:
+        except ModelError:
             if key != "endpoint.model":
                 raise
-            raise ModelError(f"train.model is unset, so the trainer trains the model vLLM serves, but {e}; "
-                             "or set train.model to that model") from None
+            raise ModelError(f"train.model is unset, so the trainer loads what vLLM serves, endpoint.model={served!r}, "
+                             "which is neither a local model dir nor a hub id in the local Hugging Face cache: set "
+                             "train.model to the served model (its dir, or its cached hub id)") from None
     trained = model_ref(cfg.train.model, "train.model")
     if key == "endpoint.model" and not _local(served):
         return trained  # a name only vLLM knows (--served-model-name, a remote path): checked live
