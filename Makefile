@@ -6,12 +6,12 @@ PY := $(VENV)/bin/python
 WHARF := $(VENV)/bin/wharf
 CONFIG ?= configs/default.yaml
 ARGS ?=
-# The same defaults as wharf/core/envdefaults.py (which every wharf command applies itself).
+# The same defaults as wharf/core/envdefaults.py (which every wharf command applies itself), but
+# HF_HUB_OFFLINE: wharf sets it for its own processes only, not for a vLLM it starts.
 export OMP_WAIT_POLICY ?= PASSIVE
 export HARBOR_TELEMETRY ?= 0
 export LITELLM_LOCAL_MODEL_COST_MAP ?= True
 export TOKENIZERS_PARALLELISM ?= false
-export HF_HUB_OFFLINE ?= 1
 export WANDB_ERROR_REPORTING ?= false
 
 # harbor needs Python >= 3.12; a pyenv shim may name python3.12 without serving it.

@@ -19,7 +19,7 @@ from wharf.core import schema
 from wharf.core.batches import load_micro_batch, read_index
 from wharf.core.config import load_config
 from wharf.core.layout import CollectPaths
-from wharf.core.model_store import embedded_model_dir
+from wharf.core.model_store import embedded_model_dir, load_chat
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
@@ -49,7 +49,8 @@ def engine_prompt_ids(tok, body: dict) -> list[int]:
     from wharf.engine.core import EngineCore
 
     core = SimpleNamespace(tok=tok, cfg=SimpleNamespace(served_name="base"), max_model_len=8192,
-                           default_temperature=1.0, default_top_p=1.0, adapter_for=lambda name: None)
+                           default_temperature=1.0, default_top_p=1.0, adapter_for=lambda name: None,
+                           style=load_chat(embedded_model_dir())[1])
     core.chat_prompt_ids = functools.partial(EngineCore.chat_prompt_ids, core)
     return parse_chat(core, body)[2]
 

@@ -120,6 +120,7 @@ def test_overlapped_loop_over_stored_rounds(tmp_path, stub, capsys, monkeypatch)
     and 2 were sampled one policy behind; the served mismatch of a lagged round is the policy
     change, not an error; the lag, the importance weights and the waits are in the line and the report."""
     over = [f"runs_dir={tmp_path}", "name=run", "rounds=3", f"endpoint.url={stub.url}", "endpoint.launch=false",
+            "loop.check_model=false",
             "loop.max_staleness=1"]
     layout = RunLayout(tmp_path / "run")
     write_round(layout.round(0), BASE, {"a": 1, "b": 2})
@@ -159,6 +160,7 @@ def test_a_killed_collect_resumed_with_a_policy_now_too_old_is_refused(tmp_path,
     """Round 2's collect started from the base model (its manifest says so) under max_staleness=2;
     resumed with max_staleness=1 it would be 2 behind: refused before anything samples."""
     over = [f"runs_dir={tmp_path}", "name=run", "rounds=3", f"endpoint.url={stub.url}", "endpoint.launch=false",
+            "loop.check_model=false",
             "loop.max_staleness=1"]
     layout = RunLayout(tmp_path / "run")
     write_round(layout.round(0), BASE, {"a": 1, "b": 2})

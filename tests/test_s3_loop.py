@@ -41,6 +41,7 @@ def _args(runs: str, name: str, stub_url: str, *extra: str) -> list[str]:
     return [f"runs_dir={runs}", f"name={name}", "rounds=2", f"collect.dataset={TASKS}", "collect.tasks=[answer]",
             "collect.agent=tests.fixtures.agents:CoinAgent", f"collect.attempts={ATTEMPTS}", "collect.concurrency=4",
             f"sampling.seed={SEED}", f"endpoint.url={stub_url}", "endpoint.model=stub-model", "endpoint.launch=false",
+            "loop.check_model=false",  # the stub's toy tokens are not the model's
             f"proxy.port={free_port()}", "train.rows_per_step=4", "train.device=cpu",
             "convert.max_tokens_per_batch=512", "loop.health.max_served_mismatch=0", *extra]
 

@@ -127,7 +127,8 @@ def test_an_init_adapter_of_another_base_model_is_refused(sft_run, tmp_path):
     other.mkdir()
     (other / "config.json").write_text((embedded_model_dir() / "config.json").read_text())
     tmp, _, sft = sft_run
-    cfg = run_config(tmp, "name=other", f"loop.init_adapter={sft.adapter}", f"train.model={other}")
+    # the run serves and trains `other` (one key: engine.model); the adapter was trained on the embedded model
+    cfg = run_config(tmp, "name=other", f"loop.init_adapter={sft.adapter}", f"engine.model={other}")
     with pytest.raises(LoopError, match="base_model_name_or_path .* but this run trains .*SmolLM2-other"):
         check_init_adapter(cfg)
     missing = run_config(tmp, "name=other", f"loop.init_adapter={tmp / 'sft'}:7")

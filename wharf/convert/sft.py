@@ -22,13 +22,14 @@ from typing import Callable
 from wharf.convert.build import Built, _candidates, _count_rules, _stats
 from wharf.convert.reader import Job
 from wharf.convert.rows import RowOptions
-from wharf.core.chat_template import ChatError, render_answer_ids, render_prompt_ids
+from wharf.core.chat_template import PLAIN, ChatError, ChatStyle, render_answer_ids, render_prompt_ids
+from wharf.core.model_store import load_chat
 
 SFT_TEMPERATURE = 1.0
 _ANSWER_KEYS = ("role", "content", "tool_calls")
 
 
-def render_chat_call(tok, request: dict, response: dict) -> tuple[list[int], list[int]]:
+def render_chat_call(tok, request: dict, response: dict, style: ChatStyle = PLAIN) -> tuple[list[int], list[int]]:
     """(prompt ids, completion ids) of one chat call: its request as the engine renders it, then
     its answer as the student would generate it. ValueError names the field that is wrong."""
     messages, tools = request.get("messages"), request.get("tools") or None
@@ -44,8 +45,8 @@ def render_chat_call(tok, request: dict, response: dict) -> tuple[list[int], lis
         raise ValueError("response.choices[0].message: neither content nor tool_calls")
     kwargs = request.get("chat_template_kwargs")
     try:
-        prompt = render_prompt_ids(tok, messages, tools, chat_template_kwargs=kwargs)
-        completion = render_answer_ids(tok, messages, tools, answer, chat_template_kwargs=kwargs)
+        prompt = render_prompt_ids(tok, messages, tools, chat_template_kwargs=kwargs, style=style)
+        completion = render_answer_ids(tok, messages, tools, answer, chat_template_kwargs=kwargs, style=style)
     except ChatError as e:
         raise ValueError(f"request.{e}") from None
     return prompt, completion
@@ -53,9 +54,7 @@ def render_chat_call(tok, request: dict, response: dict) -> tuple[list[int], lis
 
 def chat_renderer(model_dir: Path) -> Callable:
     """render(api, request JSON, response JSON) for reader.read_job, with the student's tokenizer."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    tok, style = load_chat(model_dir)
 
     def render(api: str, request: str | None, response: str | None) -> tuple[list[int], list[int]]:
         if api != "chat":
@@ -66,7 +65,7 @@ def chat_renderer(model_dir: Path) -> Callable:
             raise ValueError(f"request/response: not JSON ({e})") from None
         if not isinstance(req, dict):
             raise ValueError("request: not a JSON object")
-        return render_chat_call(tok, req, resp)
+        return render_chat_call(tok, req, resp, style)
 
     return render
 

@@ -27,7 +27,7 @@ from wharf.convert.reader import ConvertInputError, read_job
 from wharf.core.batches import BatchFile, BatchIndex, save_micro_batch, write_index
 from wharf.convert.rows import RowOptions
 from wharf.convert.sft import build_sft, chat_renderer
-from wharf.core.model_store import resolve_model_dir
+from wharf.core.model_identity import trained_model
 
 log = logging.getLogger("convert")
 
@@ -77,8 +77,8 @@ def _publish(tmp: Path, out: Path) -> None:
 
 
 def student_model_dir(cfg: RunConfig) -> Path:
-    """The model the rows train: train.model, else the endpoint's base (as wharf/train/model.py picks it)."""
-    return resolve_model_dir(cfg.train.model if cfg.train.model is not None else cfg.engine.model)
+    """The model the rows train: the served one (wharf/core/model_identity.py, as the trainer picks it)."""
+    return trained_model(cfg).path
 
 
 def refuse_text_only(jobs) -> None:

@@ -1,5 +1,9 @@
 """The adapter check the engine and the trainer share: what vLLM's /v1/load_lora_adapter refuses,
-and what does not fit the base model, is refused before peft touches a model."""
+and what does not fit the base model, is refused before peft touches a model.
+
+vLLM's loader (vllm/lora/lora_model.py from_local_checkpoint) refuses any tensor whose module
+suffix is not one of the architecture's LoRA modules; for the families of wharf/core/families.py
+those are listed there (vllm_lora_modules), for any other model every linear layer's suffix."""
 from __future__ import annotations
 
 import json
@@ -8,6 +12,7 @@ from pathlib import Path
 import torch
 
 from wharf.core.errors import WharfError
+from wharf.core.families import family_of
 from wharf.core.layout import adapter_config, adapter_weights
 
 
@@ -50,13 +55,13 @@ def check_adapter(name: str, path: str, base_model) -> None:
         tensors = load_file(str(weights))
     except Exception as e:
         raise AdapterInvalid(f"Loading lora {name} failed: {weights}: cannot read ({e})") from None
+    check_vllm_modules(name, path, tensors, base_model)
     modules = dict(base_model.named_modules())
     for key, t in tensors.items():
         if "lora_A" not in key and "lora_B" not in key:
             raise AdapterInvalid(f"Loading lora {name} failed: unexpected tensor {key!r} "
                                  "(modules_to_save and added vocabulary are not supported)")
-        # base_model.model.<module path>.lora_A.weight -> <module path>
-        mod_path = key.split(".lora_")[0].removeprefix("base_model.model.")
+        mod_path = module_of(key)
         mod = modules.get(mod_path)
         mod = getattr(mod, "base_layer", mod)  # already wrapped by peft for an earlier adapter
         if not isinstance(mod, torch.nn.Linear):
@@ -66,3 +71,23 @@ def check_adapter(name: str, path: str, base_model) -> None:
         if tuple(t.shape) != want:
             raise AdapterInvalid(f"Loading lora {name} failed: {key!r} has shape {tuple(t.shape)}, "
                                  f"expected {want} for this base model")
+
+
+def module_of(key: str) -> str:
+    """base_model.model.<module path>.lora_A.weight -> <module path>"""
+    return key.split(".lora_")[0].removeprefix("base_model.model.")
+
+
+def check_vllm_modules(name: str, path: str, tensors: dict, base_model) -> None:
+    """vLLM's check of the adapter's modules for a family it knows: each LoRA tensor's module
+    suffix must be one its architecture loads LoRA into (its message, word for word in substance)."""
+    fam = family_of(getattr(getattr(base_model, "config", None), "model_type", None))
+    if fam is None:
+        return  # any linear layer: the shape check below
+    expected = fam.vllm_lora_modules()
+    unexpected = sorted({module_of(k) for k in tensors if ("lora_A" in k or "lora_B" in k)
+                         and module_of(k).rsplit(".", 1)[-1] not in expected})
+    if unexpected:
+        raise AdapterInvalid(f"Loading lora {name} failed: While loading {path}, expected target modules in "
+                             f"{sorted(expected)} but received {unexpected[:4]}{' ...' if len(unexpected) > 4 else ''} "
+                             f"({fam.name}: vLLM loads LoRA into its attention and MLP projections only)")

@@ -5,12 +5,27 @@ student will be prompted with).
 A template that knows about tools gets `tools=` directly. SmolLM2's template does not, so the
 tools go into a hermes-style system block, assistant tool calls are rendered as
 `<tool_call>{json}</tool_call>` and tool results as `<tool_response>` blocks, the format
-vLLM's hermes parser reads back.
+vLLM's hermes parser reads back. A family whose template knows only user and model turns
+(Gemma: ChatStyle.tool_results_as_user, from wharf/core/families.py) gets tool results as user
+turns, consecutive ones joined, so that its template's strict alternation holds.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class ChatStyle:
+    """A model's rendering quirks (wharf/core/families.py chat_style builds it)."""
+
+    tool_results_as_user: bool = False
+    # The tokens that end an assistant turn (where the engine stops), beside the tokenizer's eos.
+    turn_ends: tuple[str, ...] = ()
+
+
+PLAIN = ChatStyle()
 
 
 class ChatError(ValueError):
@@ -62,7 +77,8 @@ def template_supports_tools(tokenizer) -> bool:
     return "tools" in (tokenizer.chat_template or "")
 
 
-def normalize_messages(messages: Any, tools: list[dict] | None, native_tools: bool) -> list[dict]:
+def normalize_messages(messages: Any, tools: list[dict] | None, native_tools: bool,
+                       style: ChatStyle = PLAIN) -> list[dict]:
     """Check the messages and, for a template without tool support, inline the tool parts."""
     if not isinstance(messages, list) or not messages:
         raise ChatError("messages: expected a non-empty list of {role, content} objects")
@@ -92,17 +108,29 @@ def normalize_messages(messages: Any, tools: list[dict] | None, native_tools: bo
             out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{block}" if out[0]["content"] else block}
         else:
             out.insert(0, {"role": "system", "content": block})
+    return _tool_results_as_user(out) if style.tool_results_as_user and not native_tools else out
+
+
+def _tool_results_as_user(messages: list[dict]) -> list[dict]:
+    """Tool results as user turns, each run of user turns joined into one."""
+    out: list[dict] = []
+    for m in messages:
+        m = {**m, "role": "user"} if m["role"] == "tool" else m
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n{m['content']}"}
+        else:
+            out.append(m)
     return out
 
 
 def render_text(tokenizer, messages: Any, tools: list[dict] | None = None, *,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
-                chat_template_kwargs: dict | None = None) -> str:
+                chat_template_kwargs: dict | None = None, style: ChatStyle = PLAIN) -> str:
     """The template's text for these messages (tools inlined where the template has no tool support)."""
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise ChatError("tools: expected a list of {type: function, function: {...}} objects")
     native = bool(tools) and template_supports_tools(tokenizer)
-    msgs = normalize_messages(messages, tools, native)
+    msgs = normalize_messages(messages, tools, native, style)
     kwargs = dict(chat_template_kwargs or {})
     if native:
         kwargs["tools"] = tools
@@ -116,29 +144,32 @@ def render_text(tokenizer, messages: Any, tools: list[dict] | None = None, *,
 
 def render_prompt_ids(tokenizer, messages: Any, tools: list[dict] | None = None, *,
                       add_generation_prompt: bool = True, continue_final_message: bool = False,
-                      chat_template_kwargs: dict | None = None) -> list[int]:
+                      chat_template_kwargs: dict | None = None, style: ChatStyle = PLAIN) -> list[int]:
     text = render_text(tokenizer, messages, tools, add_generation_prompt=add_generation_prompt,
-                       continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs)
+                       continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
+                       style=style)
     # The template already holds every special token; the tokenizer must not add a BOS.
     return tokenizer.encode(text, add_special_tokens=False)
 
 
 def render_answer_ids(tokenizer, messages: Any, tools: list[dict] | None, answer: dict,
-                      chat_template_kwargs: dict | None = None) -> list[int]:
+                      chat_template_kwargs: dict | None = None, style: ChatStyle = PLAIN) -> list[int]:
     """The ids a model prompted with render_prompt_ids(messages, tools) would generate to give
     `answer` (an assistant message: content and/or tool_calls): what the template writes for that
-    turn after the generation prompt, up to and including the end-of-turn token (the model stops
-    there; the template's glue after it is the next prompt's). A template that re-renders history
-    (the full text does not start with the prompt's) gets the message's text and the EOS token."""
-    kw = {"chat_template_kwargs": chat_template_kwargs}
+    turn after the generation prompt, up to and including the first token that ends a turn (the
+    model stops there; the template's glue after it is the next prompt's). A template that
+    re-renders history (the full text does not start with the prompt's) gets the message's text
+    and the end-of-turn token."""
+    kw = {"chat_template_kwargs": chat_template_kwargs, "style": style}
     prompt = render_text(tokenizer, messages, tools, **kw)
     full = render_text(tokenizer, [*messages, answer], tools, add_generation_prompt=False, **kw)
-    eos = tokenizer.eos_token or ""
+    ends = [e for e in (*style.turn_ends, tokenizer.eos_token) if e]
     if full.startswith(prompt):
         text = full[len(prompt):]
-        if eos and eos in text:
-            text = text[:text.index(eos) + len(eos)]
+        found = [(text.index(e) + len(e)) for e in ends if e in text]
+        if found:
+            text = text[:min(found)]
     else:
         native = bool(tools) and template_supports_tools(tokenizer)
-        text = normalize_messages([answer], tools if native else None, native)[0]["content"] + eos
+        text = normalize_messages([answer], tools if native else None, native)[0]["content"] + (ends[0] if ends else "")
     return tokenizer.encode(text, add_special_tokens=False)

@@ -101,6 +101,10 @@ class LoopConfig:
     # continues it, instead of the base model and a new LoRA: <run dir>:<k> (policy-v<k> of that
     # run, e.g. an SFT run's) or an adapter dir. Same base model, rank and targets, checked at start.
     init_adapter: str | None = None
+    # Before round 0 collects, stop unless the endpoint serves the model the trainer trains: its
+    # /v1/models root and its prompt_token_ids of a rendered chat (wharf/core/model_identity.py).
+    # false: only for a stand-in endpoint whose tokens are not the model's (the tests' stub).
+    check_model: bool = True
 
     def __post_init__(self):
         if self.eval_dataset is not None:

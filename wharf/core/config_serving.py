@@ -13,7 +13,8 @@ class EngineConfig:
 
     host: str = "127.0.0.1"
     port: Port = 8100
-    # A local HF model directory; None serves the embedded SmolLM2-135M-Instruct.
+    # A local HF model directory, or a hub id in the local Hugging Face cache (never downloaded);
+    # None serves the embedded SmolLM2-135M-Instruct.
     model: str | None = None
     served_name: str = "smollm2-135m"
     device: Device = "auto"
@@ -47,7 +48,9 @@ class EndpointConfig:
 
     kind: Literal["local", "vllm"] = "local"  # local: our engine
     url: str = "http://127.0.0.1:8100"
-    model: str = "smollm2-135m"  # base model name as served
+    # The base model's name as served; for vLLM also what `vllm serve` is given (a dir or hub id)
+    # and, with train.model unset, what the trainer loads (wharf/core/model_identity.py).
+    model: str = "smollm2-135m"
     # Sent as `Authorization: Bearer KEY`. None: none sent, and an endpoint a run launches
     # itself gets a random key per run (the engine's api_key, vLLM's VLLM_API_KEY).
     api_key: Secret | None = None

@@ -103,7 +103,9 @@ class TrainConfig:
     # grpo: the clipped policy-gradient loss; sft: the mean token NLL over the completion mask
     # (demonstrations: convert.mode=sft), advantages and behaviour log-probs unused.
     objective: Literal["grpo", "sft"] = "grpo"
-    # The base model: a local HF dir; None: the endpoint's base (engine.model, else the embedded one).
+    # The base model, which must be the served one (wharf/core/model_identity.py): None follows the
+    # served model's key (engine.model for the local engine, endpoint.model for vLLM); set (a local
+    # HF dir, or a hub id in the local Hugging Face cache), it is refused unless it is that model.
     model: str | None = None
     seed: int = 0
     # Optimizer (AdamW) and schedule: linear warmup over `warmup` steps, then constant.

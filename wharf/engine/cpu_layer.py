@@ -38,14 +38,21 @@ def _bind(lib) -> None:
         fn.restype = None
 
 
+# Families whose decoder layer is Llama's exactly (Mistral without a sliding window is).
+LLAMA_SHAPED = ("llama", "mistral")
+
+
 def llama_shaped(model) -> str | None:
     """Why this model's decoder layers are not what cpu_layer.c computes (None: they are)."""
     cfg = getattr(model, "config", None)
     layers = getattr(getattr(model, "model", None), "layers", None)
     if cfg is None or layers is None or not hasattr(model, "lm_head"):
         return "not a decoder-only model with model.layers and lm_head"
-    if getattr(cfg, "model_type", None) != "llama" or cfg.hidden_act != "silu":
-        return f"model_type {getattr(cfg, 'model_type', None)!r}, activation {getattr(cfg, 'hidden_act', None)!r}"
+    mt = getattr(cfg, "model_type", None)
+    if mt not in LLAMA_SHAPED or getattr(cfg, "hidden_act", None) != "silu":
+        return f"model_type {mt!r}, activation {getattr(cfg, 'hidden_act', None)!r}"
+    if getattr(cfg, "sliding_window", None):  # Mistral v0.1's: a mask the kernel's decode does not apply
+        return f"model_type {mt!r} with a sliding window of {cfg.sliding_window}"
     for layer in layers:
         a, mlp = layer.self_attn, layer.mlp
         linears = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
@@ -116,7 +123,7 @@ def load(model, cache: Path) -> LayerKernel | None:
     """The kernel for `model`'s decode steps; None (and why, in the log) where it cannot serve them."""
     why = llama_shaped(model)
     if why is not None:
-        log.info("engine: decode steps run the model's own layers (%s)", why)
+        log.info("engine: decode steps run transformers' own layers, not the C layer kernel (%s)", why)
         return None
     try:
         kernel = LayerKernel(cbuild.build(SOURCE, cache, cbuild.FLAGS, also=(cpu_linear.SOURCE,)), model)

@@ -84,9 +84,10 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
             cmd = _engine_command(cfg, host, port, log.with_suffix(".yaml"), ep.api_key)
             env = envdefaults.child_env()
         elif ep_cfg.kind == "vllm":
-            # VLLM_API_KEY is vLLM's --api-key (an --api-key in vllm_args wins), kept out of `ps`.
+            # VLLM_API_KEY is vLLM's --api-key (an --api-key in vllm_args wins), kept out of `ps`; no
+            # HF_HUB_OFFLINE unless the person set it: vLLM may fetch the model it serves.
             cmd = _vllm_command(cfg, host, port)
-            env = envdefaults.child_env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_API_KEY=ep.api_key)
+            env = envdefaults.server_env(VLLM_ALLOW_RUNTIME_LORA_UPDATING="1", VLLM_API_KEY=ep.api_key)
         else:
             raise EndpointError(f"endpoint.kind={ep_cfg.kind!r}: expected local or vllm")
         # Its own session, so stopping it also stops what it spawned (vLLM's workers).

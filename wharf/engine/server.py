@@ -72,7 +72,8 @@ class Engine:
                                     "allow_search_indices": False, "allow_view": True,
                                     "allow_fine_tuning": False, "organization": "*", "group": None,
                                     "is_blocking": False}]}
-        data = [card(self.cfg.served_name, str(self.model_dir), None, self.core.max_model_len)]
+        # The root is what the model was given as (a dir, or a hub id), as vLLM reports its model argument.
+        data = [card(self.cfg.served_name, self.cfg.model or str(self.model_dir), None, self.core.max_model_len)]
         data += [card(n, p, self.cfg.served_name, None) for n, p in self.core.adapters.paths.items()]
         return web.json_response({"object": "list", "data": data})
 

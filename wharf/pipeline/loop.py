@@ -36,6 +36,7 @@ from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
 from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
+from wharf.core.model_identity import check_served, trained_model
 from wharf.core.model_store import release_memory
 from wharf.core.replicas import not_serving, replica_urls
 
@@ -273,6 +274,7 @@ def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
+    trained = trained_model(cfg)  # one model per run: a train.model the endpoint does not serve stops here
     check_init_adapter(cfg)
     tracking.check(cfg.train.log_with)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
@@ -283,6 +285,8 @@ def run_loop(cfg: RunConfig) -> list[int]:
     # One endpoint for the whole loop: started here when endpoint.launch is set and nothing answers.
     with launch(cfg, log_dir=layout.root / "logs") as ep:
         cfg = with_key(cfg, ep)  # its key (random when the loop started it) for every round's calls
+        if cfg.loop.check_model and not cfg.proxy.text_only:  # a teacher is another model by design
+            check_served(ep, cfg, trained)
         done = (overlapped_rounds if cfg.loop.max_staleness else sync_rounds)(cfg, ep)
         ensure_served(ep, cfg, cfg.rounds)  # left serving the latest policy (again, after a restart)
     return done

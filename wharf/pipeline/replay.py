@@ -21,7 +21,8 @@ from wharf.core.config import RunConfig, dump_config, load_config
 from wharf.core.entry import guarded
 from wharf.core import storage
 from wharf.core.layout import JOB_FILES, CollectPaths, RunLayout
-from wharf.core.model_store import pick_device, resolve_model_dir
+from wharf.core.model_identity import trained_model
+from wharf.core.model_store import pick_device
 
 from .stages import LoopError, convert_stage, run_stage, track_round, train_stage, write_report
 
@@ -53,7 +54,7 @@ def replay_config(cfg: RunConfig, jobs: list[str]) -> RunConfig:
 
 def offpolicy_stage(cfg: RunConfig) -> dict:
     rnd = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round)
-    model_dir = resolve_model_dir(cfg.train.model or cfg.engine.model)
+    model_dir = trained_model(cfg).path
     jobs = offpolicy.write(rnd.convert.root, rnd.train.offpolicy, model_dir,
                            pick_device(cfg.train.device))
     for j in jobs:

@@ -16,8 +16,10 @@ from torch import Tensor, nn
 from wharf.core.adapters import AdapterInvalid, AdapterNotFound, check_adapter
 from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
+from wharf.core.families import family_of
 from wharf.core.layout import adapter_config
-from wharf.core.model_store import ModelError, load_model, resolve_model_dir
+from wharf.core.model_identity import trained_model
+from wharf.core.model_store import ModelError, load_model
 
 from .loss import sampled_logprobs
 
@@ -30,13 +32,15 @@ class AdapterError(WharfError, ValueError):
 
 
 def base_model_dir(cfg: RunConfig) -> Path:
-    """train.model, else the endpoint's own base (engine.model, else the embedded model)."""
-    return resolve_model_dir(cfg.train.model if cfg.train.model is not None else cfg.engine.model)
+    """The served model, named by one key (wharf/core/model_identity.py: train.model when set and
+    the same as the served one, else engine.model or endpoint.model)."""
+    return trained_model(cfg).path
 
 
 def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
     t = cfg.train  # rank and non-empty targets are checked when the config loads (wharf/core/config.py)
     linear = {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    fam = family_of(getattr(model.config, "model_type", None))
     for target in t.lora_target_modules:
         if target in REFUSED_TARGETS:
             raise AdapterError(f"train.lora_target_modules: {target!r} is not loadable by vLLM's LoRA; "
@@ -44,6 +48,9 @@ def check_lora_config(cfg: RunConfig, model: nn.Module) -> None:
         if target not in linear:
             raise AdapterError(f"train.lora_target_modules: the base model has no linear layer named {target!r} "
                                f"(it has: {', '.join(sorted(linear - set(REFUSED_TARGETS)))})")
+        if fam is not None and target not in fam.vllm_lora_modules():
+            raise AdapterError(f"train.lora_target_modules: vLLM loads no LoRA into {target!r} of a {fam.name} model "
+                               f"(it takes {', '.join(sorted(fam.vllm_lora_modules()))}; wharf/core/families.py)")
 
 
 def check_adapter_dir(cfg: RunConfig, path: Path, model: nn.Module) -> None:
@@ -80,7 +87,7 @@ def check_adapter_config(cfg: RunConfig, path: Path) -> None:
     base, want = ac.get("base_model_name_or_path"), base_model_dir(cfg)
     if base and Path(base).name != want.name and Path(base).resolve() != want.resolve():
         raise AdapterError(f"{path}: base_model_name_or_path {base!r}, but this run trains {want} "
-                           "(train.model, else engine.model): an adapter continues only on the base it was trained on")
+                           "(train.model, else the served model's key): an adapter continues only on the base it was trained on")
 
 
 def head_scale(config) -> float:

@@ -17,6 +17,7 @@ from typing import Callable
 from wharf.core.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.core.config import RunConfig, to_dict
 from wharf.core import storage, tracking
+from wharf.core.model_identity import trained_model
 from wharf.core.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, init_adapter_dir, policy_name
 
 from . import shift
@@ -132,6 +133,7 @@ def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None 
         result = TrainResult.read(paths.result)
         log.info("round %d is already trained: %s", cfg.round, result.adapter)
     else:
+        trained_model(cfg)  # one model per run: a train.model that is not the served one stops here, first
         d = ensure_converted(cfg, progress, convert)
         index, batches = load_batches(d)
         if index.mode == "sft" and cfg.train.objective != "sft":
