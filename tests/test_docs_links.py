@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/*.md resolves: the file exists, and a `#anchor` names
+"""Every relative link in README.md and docs/**/*.md resolves: the file exists, and a `#anchor` names
 a heading (GitHub's slug) or an `<a id>` of the page it points into."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
 def pages(repo: Path) -> list[Path]:
-    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    return [repo / "README.md", *sorted((repo / "docs").rglob("*.md"))]
 
 
 def slug(heading: str) -> str:
