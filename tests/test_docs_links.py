@@ -37,6 +37,8 @@ def anchors(page: Path) -> set[str]:
 def broken_links(page: Path) -> list[str]:
     """`page: target (why)` for every relative link of `page` that does not resolve."""
     text = INLINE_CODE.sub("", FENCE.sub("", page.read_text()))
+    # a page below docs/ (docs/experiments/x.md) is named with its folder: x.md may be in docs/ too
+    name = page.name if page.name == "README.md" or page.parent.name == "docs" else f"{page.parent.name}/{page.name}"
     bad = []
     for target in LINK.findall(text):
         if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:: not ours to check
@@ -44,9 +46,9 @@ def broken_links(page: Path) -> list[str]:
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            bad.append(f"{page.name}: {target} (no such file)")
+            bad.append(f"{name}: {target} (no such file)")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
-            bad.append(f"{page.name}: {target} (no heading or anchor '{anchor}' in {dest.name})")
+            bad.append(f"{name}: {target} (no heading or anchor '{anchor}' in {dest.name})")
     return bad
 
 
@@ -68,3 +70,9 @@ def test_a_broken_link_or_anchor_is_reported(tmp_path):
         "README.md: docs/a.md#nope (no heading or anchor 'nope' in a.md)",
     ]
     assert broken_links(tmp_path / "docs" / "a.md") == []
+    (tmp_path / "docs" / "experiments").mkdir()
+    (tmp_path / "docs" / "experiments" / "a.md").write_text("[up](../a.md#a-page) [here](a.md#a-page) [no](../b.md)\n")
+    assert broken_links(tmp_path / "docs" / "experiments" / "a.md") == [  # a link resolves from its page's folder
+        "experiments/a.md: a.md#a-page (no heading or anchor 'a-page' in a.md)",
+        "experiments/a.md: ../b.md (no such file)",
+    ]
