@@ -131,5 +131,6 @@ def test_the_engine_child_gets_absolute_paths_it_starts_elsewhere(tmp_path, monk
     for model, want in (("models/m", str(tmp_path / "models/m")), ("Org/Name", "Org/Name"), (None, None)):
         cfg = load_config(None, [f"engine.model={model if model else 'null'}"])
         argv = launch._engine_command(cfg, "127.0.0.1", 8100, Path("logs/e.yaml"), "key")
-        assert argv[-2:] == ["--config", str(tmp_path / "logs/e.yaml")]  # the child runs in launch.REPO_ROOT
+        assert argv[-2] == "--config" and Path(argv[-1]).is_absolute()  # the child runs in launch.REPO_ROOT
         assert read_yaml(argv[-1])["engine"]["model"] == want
+        assert read_yaml(tmp_path / "logs/e.yaml")["engine"]["model"] == want  # the run dir's record

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from wharf.core.config import ConfigError, dump_config, load_config
+from wharf.core.configio import dump_whole
 from wharf.core.credentials import AdminAccess
 from wharf.core.layout import admin_file
 from wharf.collect.proxy.background import BackgroundProxy
@@ -124,8 +125,11 @@ def test_run_files_holding_secrets_are_created_owner_only(proxy, tmp_path):
     dump_config(cfg, out)
     assert mode(out) == 0o600
     dump_config(cfg, out)  # replaced, still the owner's only
-    assert mode(out) == 0o600 and "s3cret" in out.read_text()
+    assert mode(out) == 0o600 and "s3cret" not in out.read_text()  # a record: its secrets taken out
     assert [f.name for f in out.parent.iterdir()] == ["cfg.yaml"], "no temp file left behind"
+    whole = tmp_path / "private" / "cfg.yaml"
+    dump_whole(cfg, whole)  # what a child process reads: every secret, owner-only
+    assert mode(whole) == 0o600 and "s3cret" in whole.read_text()
 
 
 @pytest.mark.parametrize("key", ["proxy.admin_token", "engine.api_key", "endpoint.api_key"])
@@ -174,7 +178,8 @@ def test_the_runner_hands_the_proxy_child_its_token(tmp_path, stub):
         opened, status, closed = asyncio.run(drive(access))
         assert requests.post(f"http://127.0.0.1:{port}/admin/flush",
                              headers={"Authorization": f"Bearer {access.token}"}).status_code == 404
-        assert mode(conf) == 0o600 and access.token in conf.read_text()
+        # the child got the token (it answers to it) from a private file; the run dir's record has none
+        assert mode(conf) == 0o600 and access.token not in conf.read_text()
     assert opened.base_url == f"http://127.0.0.1:{port}/rollout/r1/v1" and status == 200
     assert closed.n_turns == 1
     assert not admin_file(tmp_path / "turns" / "_wal").exists(), "a stopped proxy leaves no admin file"
