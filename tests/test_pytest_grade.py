@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
+from tests.fixtures.redteam.routes import ROUTE_ATTACKS, ROUTE_PROBLEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "wharf" / "tasks" / "tools"
@@ -156,8 +157,9 @@ FIGHT_TIMEOUT = 90  # seconds for a session under an attack that fights the grad
 
 
 def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None,
-           tools: Path = TOOLS) -> dict:
-    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+           tools: Path = TOOLS, files: dict[str, str] | None = None) -> dict:
+    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced, `files`
+    left in the workspace), as test.sh runs it."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
@@ -166,6 +168,8 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
         (tests / ".wharf-reward-key").write_bytes(reward_key)
     if mathutil is not None:
         (work / "mathutil.py").write_text(mathutil)
+    for name, text in (files or {}).items():
+        (work / name).write_text(text)
     env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
            "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
     # the marker stops forged_report_files' walk up the process tree below this test's own shell
@@ -196,8 +200,18 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
 
 # An honest fix that uses what real code uses and the audit hook must let through: logging (it
 # reads frames through sys._getframe), inspect, formatted tracebacks, asyncio (types.coroutine
-# replaces a __code__), warnings, threads, ctypes' import, a gc.collect.
-HONEST_INTROSPECTION = """import asyncio, ctypes, gc, inspect, logging, threading, traceback, warnings
+# replaces a __code__), warnings, threads, asyncio.run (it sets a SIGINT handler and restores it),
+# numpy (which goes on without ctypes, refused as a module not there), a gc.collect.
+HONEST_INTROSPECTION = """import asyncio, gc, inspect, logging, threading, traceback, warnings
+try:
+    import numpy  # (a dependency of the trainer's stack: present in the venv)
+except ImportError:
+    numpy = None
+try:
+    import ctypes
+except ImportError:
+    ctypes = None
+asyncio.run(asyncio.sleep(0))
 logging.getLogger("mathutil").warning("loaded from %s", inspect.currentframe().f_code.co_filename)
 try:
     raise ValueError("x")
@@ -305,3 +319,18 @@ def test_a_test_process_that_closes_its_pipes_and_hangs_is_killed_at_the_timeout
     r = _grade(tmp_path, payload + BUGGY, timeout=5)
     assert (r["reward"], r["timed_out"], r["session_finished"]) == (0.0, 1, 0), r
     assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", sorted(ROUTE_ATTACKS))
+def test_each_route_of_issue_53_gets_0(tmp_path, attack):
+    """xfail/skip from the code, a package __init__ that rewrites the tests, a forged rewrite cache,
+    a second audit hook, a swapped test code object, a signal handler, ctypes over the sealer, an
+    always-equal object: each scored 1.0 before (tests/fixtures/redteam/routes.py), each 0 now."""
+    r = _grade(tmp_path, files=ROUTE_ATTACKS[attack], timeout=20)
+    detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
+    assert (r["reward"], r["confined"], r["sealed"]) == (0.0, 1, 1), (r, detail["problems"])
+    if attack in ROUTE_PROBLEMS:
+        assert any(ROUTE_PROBLEMS[attack] in p for p in detail["problems"]), detail["problems"]
+    assert (tmp_path / "app" / "mathutil.py").read_text() == ROUTE_ATTACKS[attack]["mathutil.py"]
+    assert not (tmp_path / "app" / "test_task.py").exists()  # the workspace was never shown to the tests

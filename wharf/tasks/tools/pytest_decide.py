@@ -30,7 +30,10 @@ REFUSED = frozenset((
     # (memmove over the sealer's memory), a symbol looked up, a buffer over raw memory
     "sys.addaudithook", "ctypes.call_function", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata/buffer",
 ))
-REFUSED_IMPORTS = frozenset(("_cffi_backend",))  # cffi: native code loaded and called without ctypes' events
+# ctypes and cffi: with them Python code reads and writes raw memory and calls C without any
+# audit event (ctypes.memmove raises none). Refused as an ImportError: code that treats them as
+# optional (numpy) goes on without them.
+REFUSED_IMPORTS = frozenset(("ctypes", "_ctypes", "cffi", "_cffi_backend"))
 PROC_MEM = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?mem$")
 FUNCTION_FIELDS = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 MAX_WALK = 32  # frames of pluggy between the plugin and pytest's call site
@@ -300,7 +303,11 @@ def decide(c, state, event, args, frame, _type=type, _str=str, record=_record, r
     if event == "wharf.record":
         return record(c, state, args, frame)
     why = refused(event, args, c[3])
-    return None if why is None else (None, ("tamper", "refused: " + why), why)
+    if why is None:
+        return None
+    if why[:7] == "import ":  # ctypes, cffi: not there (ImportError); loading them anyway is tamper (the sealer's poll)
+        return None, None, why
+    return None, ("tamper", "refused: " + why), why
 
 
 SEALED = (_unchanged, _fields, _node_attr, _id_text, _nodeid_of, _call_site, _test_record, _normalised, _refused,

@@ -89,8 +89,9 @@ def _python_watch(prefixes):
         except OSError:
             return None
         bad, ok = prefixes
-        if any(p.startswith(bad) and not p.startswith(ok) for p in paths if p.endswith((".so", "(deleted)")) or ".so." in p):
-            return "native code loaded from a place the code under test can write"
+        if any("/_ctypes." in p or "/_cffi_backend." in p or (p.startswith(bad) and not p.startswith(ok))
+               for p in paths if p.endswith((".so", "(deleted)")) or ".so." in p):
+            return "native code loaded: ctypes, cffi, or a shared object from a place the code under test can write"
         return None
     return start, check
 
@@ -127,8 +128,9 @@ def _python_sealer(key, fd, ctx, signer, prefixes):
                 st[0] = got[0]
             if got[1] is not None:
                 send(got[1])
-            if got[2] is not None:
-                raise RuntimeError("wharf: %s is refused while the tests are graded" % got[2])
+            if got[2] is not None:  # an import refused reads as a module not there (wharf_seal.c's apply)
+                kind = ImportError if got[2].startswith("import ") else RuntimeError
+                raise kind("wharf: %s is refused while the tests are graded" % got[2])
     sys.addaudithook(hook)
 
 

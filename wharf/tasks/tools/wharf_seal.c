@@ -131,8 +131,17 @@ static int starts(const char *s, char *const *prefixes) {
     return 0;
 }
 
+/* ctypes' and cffi's native halves: with either loaded, Python code reads and writes raw memory
+ * and calls C without an audit event (ctypes.memmove raises none). */
+static const char *const LOADERS[] = {"/_ctypes.", "/_cffi_backend.", NULL};
+
 static int foreign_object(struct dl_phdr_info *info, size_t size, void *found) {
     const char *name = info->dlpi_name;
+    for (const char *const *l = LOADERS; name != NULL && *l != NULL; l++)
+        if (strstr(name, *l) != NULL) {
+            *(const char **)found = name;
+            return 1;
+        }
     if (name != NULL && name[0] != 0 && starts(name, bad_prefix) && !starts(name, ok_prefix)) {
         *(const char **)found = name;
         return 1;
@@ -162,7 +171,8 @@ static const char *tampering(void) {
     }
     const char *found = NULL;
     dl_iterate_phdr(foreign_object, &found);
-    return found != NULL ? "native code loaded from a place the code under test can write" : NULL;
+    return found != NULL ? "native code loaded: ctypes, cffi, or a shared object from a place the code under test can write"
+                         : NULL;
 }
 
 static void hmac_hex(const char *msg, size_t len, char out[65]) {
@@ -223,6 +233,8 @@ static void send_tamper(const char *why) {
     Py_XDECREF(rec);
 }
 
+static PyObject *import_word = NULL;  /* "import ", made at install */
+
 /* decide's answer: None, or (new_state or None, record tuple or None, refusal str or None). */
 static int apply(PyObject *got) {
     if (got == Py_None)
@@ -240,8 +252,9 @@ static int apply(PyObject *got) {
         PyErr_Clear();
         send_tamper("the guard gave a malformed record");
     }
-    if (why != Py_None && PyUnicode_CheckExact(why)) {
-        PyErr_Format(PyExc_RuntimeError, "wharf: %U is refused while the tests are graded", why);
+    if (why != Py_None && PyUnicode_CheckExact(why)) {  /* an import refused reads as a module not there */
+        PyObject *kind = PyUnicode_Tailmatch(why, import_word, 0, 7, -1) == 1 ? PyExc_ImportError : PyExc_RuntimeError;
+        PyErr_Format(kind, "wharf: %U is refused while the tests are graded", why);
         return -1;
     }
     return 0;
@@ -347,6 +360,8 @@ static PyObject *install(PyObject *self, PyObject *a) {
     sha_update(&outer0, pad, 64);
     memset(block, 0, sizeof block);
     records_fd = fd;
+    if ((import_word = PyUnicode_FromString("import ")) == NULL)
+        return NULL;
     Py_INCREF(fn);
     Py_INCREF(c);
     Py_INCREF(s0);
