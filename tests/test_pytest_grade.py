@@ -334,3 +334,105 @@ def test_each_route_of_issue_53_gets_0(tmp_path, attack):
         assert any(ROUTE_PROBLEMS[attack] in p for p in detail["problems"]), detail["problems"]
     assert (tmp_path / "app" / "mathutil.py").read_text() == ROUTE_ATTACKS[attack]["mathutil.py"]
     assert not (tmp_path / "app" / "test_task.py").exists()  # the workspace was never shown to the tests
+
+
+def test_only_passed_passes_and_the_exit_code_must_tell_the_same_story():
+    assert report_records.strict({"a": "PASSED", "b": "XFAIL", "c": "SKIPPED", "d": "FAILED"}) == {
+        "a": "PASSED", "b": "FAILED", "c": "FAILED", "d": "FAILED"}
+    finished = {"finished": True, "exitstatus": 0, "records": [("start", ["1", "c"]), ("finish", ["0"])]}
+    assert report_records.disagreements(0, finished, {"a": "PASSED"}) == []
+    # a handler flipped the outcome, then the timer's signal killed the process (bwrap: 128 + 14)
+    assert "exited with 142" in report_records.disagreements(142, finished, {"a": "PASSED"})[0]
+    failed = {**finished, "exitstatus": 1}
+    assert "does not match" in report_records.disagreements(1, failed, {"a": "PASSED"})[0]
+    assert report_records.disagreements(1, failed, {"a": "PASSED", "b": "FAILED"}) == []
+    collect = {**failed, "exitstatus": 2, "records": finished["records"][:1] + [("collect", ["t.py"])]}
+    assert report_records.disagreements(2, collect, {})  # interrupted: never resolved
+
+
+def test_exact_eq_reads_builtin_values_and_refuses_an_object_equal_to_everything():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    exact = _load("pytest_exact").exact_eq
+
+    class AlwaysInt(int):
+        def __eq__(self, other):
+            return True
+        __hash__ = int.__hash__
+
+    class Always:
+        def __eq__(self, other):
+            return True
+
+    class Str(str):
+        pass
+
+    for fooled in [(AlwaysInt(0), 6), (6, AlwaysInt(0)), (Always(), 6), ([AlwaysInt(1)], [2]), ({"a": Always()}, {"a": 1}),
+                   (Always(), "x"), ((1, 2), [1, 2])]:
+        assert exact(*fooled) is False, fooled
+    for honest in [(AlwaysInt(6), 6), (Fraction(4, 2), 2), (Decimal("1.5"), 1.5), (Str("x"), "x"), (True, 1),
+                   ([1, (2, "a")], [1, (2, "a")]), ({"k": [1]}, {"k": [1]}), (Fraction(1, 2), Fraction(1, 2))]:
+        assert exact(*honest), honest
+
+
+def test_the_exact_rewrite_compiles_every_single_equality_of_an_assert_and_nothing_else():
+    import ast
+
+    exact = _load("pytest_exact")
+    tree = ast.parse("assert f() == 6\nassert a == b == c\nassert (lambda: x == 1)()\nx = f() == 6\n")
+    exact._EqRewriter().visit(tree)
+    text = ast.unparse(tree)
+    assert text.count("_wharf_exact_eq") == 1 and "a == b == c" in text and "x == 1" in text and "x = f() == 6" in text
+
+
+SEALER_POLL = """import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+import wharf_seal
+r, w = os.pipe()
+def decide(ctx, state, event, args, frame):
+    if event == "import" and args[0] == "_wharf_refused":
+        return (None, None, "import _wharf_refused")
+    return (None, ("test", event, "", "", ""), None) if event == "wharf.record" else None
+wharf_seal.install(bytes(range(32)), w, decide, (), (), (("/tmp/",), ()))
+try:
+    import _wharf_refused
+except ImportError as e:
+    print(type(e).__name__, e)
+sys.audit("wharf.record")  # the session's start: the state to compare with
+open(os.devnull).close()
+signal.signal(signal.SIGUSR1, lambda *a: None)
+open(os.devnull).close()
+signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+open(os.devnull).close()
+os.close(w)
+sys.stdout.write(os.read(r, 65536).decode())
+"""
+
+
+def test_the_c_sealer_records_a_signal_handler_installed_after_the_start_and_refuses_imports_as_missing():
+    p = subprocess.run([sys.executable, "-I", "-c", SEALER_POLL, str(TOOLS)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "ImportError wharf: import _wharf_refused is refused while the tests are graded"
+    v = report_records.verify(("\n".join(lines[1:]) + "\n").encode(), KEY)
+    tampered = [f for kind, f in v["records"] if kind == "tamper"]
+    assert tampered == [["a signal handler installed while the tests ran"]], v["records"]  # once, not again
+
+
+def test_a_test_function_counts_only_if_a_pristine_test_file_compiles_to_it_or_it_wraps_one():
+    import functools
+
+    decide = _load("pytest_decide")
+
+    def test_x():
+        pass
+
+    @functools.wraps(test_x)
+    def wrapper():
+        return test_x()
+
+    codes = frozenset({test_x.__code__})
+    assert decide._test_function(test_x, codes)[3] and decide._test_function(wrapper, codes)[3]
+    assert not decide._test_function(lambda: None, codes)[3]
+    assert decide._test_function(lambda: None, frozenset())[3]  # no test file named: nothing to compare
