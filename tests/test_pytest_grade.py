@@ -243,11 +243,15 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
     elif attack == "clone_the_call_site":  # its call_and_report runs with its own globals: not pytest's site
         assert (r["records_ok"], r["confined"]) == (0, 1), r
-    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
-        assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
+    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure,
+        assert (r["f2p_passed"], r["confined"]) == (0, 1), r  # or a timer or handler they set, seen as tamper
+        problems = json.loads((tmp_path / "verifier" / "grading.json").read_text())["problems"]
+        assert r["records_ok"] == 1 or any("signal handler" in p or "interval timer" in p for p in problems), problems
     else:
         assert r["records_ok"] == 0, r
-    if attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
+    if attack == "plugin_via_ctypes":  # ctypes is not there while the tests run: the module does not import
+        assert "import ctypes is refused" in (tmp_path / "verifier" / "test_output.log").read_text()
+    elif attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
         detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
         assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
     if attack == "forged_output_exit":  # (patch_reporting did too, until the audit hook refused its gc walk)
@@ -262,14 +266,17 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
 def test_code_run_inside_the_signers_extent_finds_no_signer_but_did_under_the_python_sealer(tmp_path):
     """A signal handler, a gc callback and a finalizer that run inside the audit hook walk its frames
     for the signer: with the key in C (wharf_seal) they find none; with the fallback sealer in Python
-    (the tools without the built module), the one every grading used before, they sign passes."""
+    (the tools without the built module), the one every grading used before, they sign passes, and
+    only the handler, seen for what it is (tamper), keeps the reward at 0."""
     attack = FIGHT_ATTACKS["interrupt_the_hook"] + "\n" + BUGGY
     r = _grade(tmp_path / "c", attack, timeout=FIGHT_TIMEOUT)
-    assert (r["reward"], r["records_ok"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0, 1), r
+    assert (r["reward"], r["f2p_passed"], r["sealed"]) == (0.0, 0, 1), r
     tools = tmp_path / "python-sealer"
     shutil.copytree(TOOLS, tools, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
     r = _grade(tmp_path / "python", attack, timeout=FIGHT_TIMEOUT, tools=tools)
-    assert (r["reward"], r["recheck"], r["sealed"]) == (1.0, 1, 0), r
+    assert (r["reward"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0), r
+    problems = json.loads((tmp_path / "python" / "verifier" / "grading.json").read_text())["problems"]
+    assert any("signal handler" in p or "interval timer" in p for p in problems), problems
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:

@@ -162,7 +162,9 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
         assert rewards[{"pytest": "grader_pytest_report"}.get(kind, f"judge_{kind}")] == 1, (attack, rewards)
         assert rewards["confined"] == 1 and "reward_rejected" not in rewards, (attack, rewards)
         detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
-        if kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
+        if kind == "pytest" and attack == "plugin_via_ctypes":  # no ctypes: the module does not import
+            assert "import ctypes is refused" in (trial_dir / "verifier" / "test_output.log").read_text(), detail
+        elif kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
             assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
         if kind == "pytest" and attack in ROUTE_PROBLEMS:  # seen for what it is, not only the bug's failure
             assert any(ROUTE_PROBLEMS[attack] in p for p in detail["problems"]), (attack, detail["problems"])

@@ -1,26 +1,33 @@
 """Grade a pytest task from pytest's own reports, not from its printed output.
 
     python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY]
-        [--test-file FILE]... -- PYTEST_OPTIONS...
+        [--workdir DIR] [--tests-dir DIR] [--test-file FILE]... -- PYTEST_OPTIONS...
 
-Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdlib, swebench
-(through grading.py) and, in the test process, pytest. In order:
-  1. read the spec into memory (the tests may rewrite the file), draw a per-grading key;
-  2. run `PY -I pytest_report.py PYTEST_ARGS` with the key and the number of a records
+grade_pytest.sh runs it. Standalone: stdlib, swebench (through grading.py) and, in the test
+process, pytest. In order:
+  1. read the spec and the pristine test files (--tests-dir) into memory (the tests may rewrite
+     the files), draw a per-grading key;
+  2. copy the workspace afresh (pytest_tree.py) with the test files put in, and run
+     `PY -I pytest_report.py PYTEST_ARGS` there with the key and the number of a records
      descriptor on its stdin (see pytest_report.py), its output teed into DIR/test_output.log
      between the SWE-bench markers, for people and for swebench's log report;
   3. the test process runs in namespaces of its own (jail.py): it cannot see or signal this
-     process, nor write outside the workspace and its own /tmp; when it exits (or at the
-     timeout) its pid namespace ends, which kills every process it started, however it forked;
-     if any were still alive at the verdict, no reward 1.0;
-  4. verify the records and grade them with swebench's rules (grading.grade_statuses);
-  5. when resolved, run the FAIL_TO_PASS tests again the same way in a fresh process with a
-     fresh key (recheck): they must all pass there too, or the reward is 0;
+     process, nor write outside its copy of the workspace and its own /tmp, nor write the test
+     files (bound read-only); when it exits (or at the timeout) its pid namespace ends, which
+     kills every process it started, however it forked; if any were still alive, no reward 1.0;
+  4. verify the records and grade them with swebench's rules (grading.grade_statuses), read
+     strictly: only PASSED passes (an XFAIL, XPASS or SKIPPED spec test is a failure), and the
+     process's exit code, the finish record's exit status and the statuses must agree;
+  5. when resolved, run the same tests again in another fresh copy, a fresh process and a fresh
+     key (recheck): every FAIL_TO_PASS and PASS_TO_PASS test must pass there too, or the reward
+     is 0;
   6. write grading.json and reward.json last, over anything the tests wrote there.
 Reward 1.0 needs: the records verify (key, sequence, start first, finish last), no tamper
-record, the process exited by itself before the timeout, every spec test has a status and
-the spec's tests are resolved. The log's own verdict is kept beside it (log_reward) and never
-decides. This process is not dumpable, so the tests cannot read its memory or environment.
+record, the process exited by itself before the timeout with the code pytest finished with,
+every spec test PASSED in both runs. The log's own verdict is kept beside it (log_reward) and
+never decides. This process is not dumpable, so the tests cannot read its memory or environment.
+Without --test-file (the tests named among pytest's options, as bench/grading.py does) the
+workspace is copied as it is and there is no second run.
 
 reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
 p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
@@ -171,9 +178,9 @@ def recheck(args, spec: dict, result: dict, options: list[str], tree: dict) -> d
     fresh key: a resolved verdict stands only if every FAIL_TO_PASS and PASS_TO_PASS test passes
     there too, with records as whole (an attack must win twice, and the first run cannot prepare
     the second: it never sees the first run's tree). Sets result["recheck"]: 1 agreed, 0
-    disagreed, -1 not run (not resolved)."""
+    disagreed, -1 not run (not resolved, or no --test-file: the tests are named among pytest's options)."""
     result["recheck"] = -1
-    if not result["resolved"]:
+    if not result["resolved"] or not args.test_file:
         return result
     key = secrets.token_bytes(32)
     with open(os.path.join(args.out, "recheck_output.log"), "wb") as log:

@@ -58,7 +58,8 @@ def native_prefixes(here):
 def _python_watch(prefixes):
     """The fallback sealer's look for what no audit event announces (wharf_seal.c's `tampering`):
     a Python signal handler, an interval timer, a shared object from a bad place. Returns
-    (start, check): start() takes the session's state, check() says what changed or None."""
+    (start, check): start() takes the session's state, check(maps) says what changed or None
+    (maps: /proc/self/maps read too, at records only: it costs a file read)."""
     import signal as signal_module
     sigs = [s for s in range(1, signal_module.NSIG) if s != signal_module.SIGINT]  # asyncio.run sets SIGINT's
     getsignal, getitimer = signal_module.getsignal, signal_module.getitimer
@@ -77,12 +78,14 @@ def _python_watch(prefixes):
     def start():
         then.update(state())
 
-    def check():
+    def check(maps):
         now = state()
         if any(now[s] is not then.get(s) for s in now):
             return "a signal handler installed while the tests ran"
         if any(getitimer(t) != (0.0, 0.0) for t in timers):
             return "an interval timer armed while the tests ran"
+        if not maps:
+            return None
         try:
             with open("/proc/self/maps") as f:
                 paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) > 5}
@@ -117,7 +120,7 @@ def _python_sealer(key, fd, ctx, signer, prefixes):
             watch_start()
             st[2] = True
         elif st[2] and not st[3] and event in WATCHED_EVENTS:
-            why = tampering()
+            why = tampering(event == "wharf.record")
             if why is not None:
                 st[3] = True
                 send(("tamper", why))
