@@ -117,6 +117,7 @@ def before_tools(dest: Path) -> Path | None:
     try:
         tar = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_REV, "wharf/tasks/tools"], capture_output=True,
                              check=True).stdout
+        dest.mkdir(parents=True, exist_ok=True)
         subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
         tools = dest / "wharf" / "tasks" / "tools"
         subprocess.run(["bash", str(tools / "build_seal.sh"), sys.executable], check=True, capture_output=True)

@@ -38,10 +38,27 @@ MAGIC = "wharf-report-1"
 WATCHED = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.skipping", "_pytest.main",
            "_pytest.nodes", "_pytest.outcomes", "_pytest.fixtures", "_pytest.unittest", "_pytest.capture",
            "_pytest.assertion.rewrite", "_pytest.pathlib", "pytest_exact")
-# Where pytest and Python would look for cached bytecode: under a character device, so no cache is
-# ever read or written (a forged pytest .pyc of a test module is never loaded).
+# Where pytest's assertion rewriter looks for its cached bytecode of the test files: under a
+# character device, so none is ever read or written (a forged .pyc of a test module is never
+# loaded). Python's own cache stays: the libraries' is read-only to the tests, and the code under
+# test's own is the agent's code anyway.
 NO_PYCACHE = "/dev/null/wharf-no-pycache"
 CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, property, classmethod, staticmethod, type)
+
+
+def _no_rewrite_cache():
+    """pytest's rewriter reads and writes its .pyc of a file of the workspace (the tests run from
+    it) nowhere (NO_PYCACHE); the installed plugins it also rewrites keep their cache (read-only to
+    the tests; rewriting them all each session cost ~1.2 CPU s)."""
+    import pathlib
+
+    import _pytest.assertion.rewrite as rewrite
+
+    original, workspace = rewrite.get_cache_dir, os.getcwd().rstrip("/") + "/"
+
+    def get_cache_dir(file_path):
+        return pathlib.Path(NO_PYCACHE) if str(file_path).startswith(workspace) else original(file_path)
+    rewrite.get_cache_dir = get_cache_dir
 
 
 def _read_channel():
@@ -207,7 +224,8 @@ class Recorder:
 
 def main(argv):
     key, fd = _read_channel()
-    sys.pycache_prefix, sys.dont_write_bytecode = NO_PYCACHE, True
+    sys.dont_write_bytecode = True
+    _no_rewrite_cache()
     pytest_exact.install()  # assert x == <literal>: compared by value, not by x's __eq__
     pytest_guard.install(key, fd, Recorder, _signer)  # before collection: before any code under test
     del key
