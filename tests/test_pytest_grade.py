@@ -393,7 +393,7 @@ def test_the_exact_rewrite_compiles_every_single_equality_of_an_assert_and_nothi
     assert text.count("_wharf_exact_eq") == 1 and "a == b == c" in text and "x == 1" in text and "x = f() == 6" in text
 
 
-SEALER_POLL = """import os, signal, sys
+SEALER_POLL = """import os, shutil, signal, sys, tempfile
 sys.path.insert(0, sys.argv[1])
 import wharf_seal
 r, w = os.pipe()
@@ -408,23 +408,38 @@ except ImportError as e:
     print(type(e).__name__, e)
 sys.audit("wharf.record")  # the session's start: the state to compare with
 open(os.devnull).close()
-signal.signal(signal.SIGUSR1, lambda *a: None)
+if sys.argv[2] == "signal":
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    open(os.devnull).close()
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+elif sys.argv[2] == "timer":
+    signal.setitimer(signal.ITIMER_VIRTUAL, 100.0)
+else:  # a shared object copied to /tmp and loaded from there
+    import importlib.util, _json
+    d = tempfile.mkdtemp(dir="/tmp")
+    so = shutil.copy(_json.__file__, d)
+    spec = importlib.util.spec_from_file_location("_json", so)
+    importlib.util.module_from_spec(spec)
+    shutil.rmtree(d)
 open(os.devnull).close()
-signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 open(os.devnull).close()
 os.close(w)
 sys.stdout.write(os.read(r, 65536).decode())
 """
 
 
-def test_the_c_sealer_records_a_signal_handler_installed_after_the_start_and_refuses_imports_as_missing():
-    p = subprocess.run([sys.executable, "-I", "-c", SEALER_POLL, str(TOOLS)], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("mode, why", [("signal", "a signal handler installed while the tests ran"),
+                                       ("timer", "an interval timer armed while the tests ran"),
+                                       ("native", "native code loaded: ctypes, cffi, or a shared object from a place")])
+def test_the_c_sealer_records_what_no_audit_event_announces_once_and_refuses_imports_as_missing(mode, why):
+    p = subprocess.run([sys.executable, "-I", "-c", SEALER_POLL, str(TOOLS), mode], capture_output=True, text=True,
+                       timeout=60)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0] == "ImportError wharf: import _wharf_refused is refused while the tests are graded"
     v = report_records.verify(("\n".join(lines[1:]) + "\n").encode(), KEY)
-    tampered = [f for kind, f in v["records"] if kind == "tamper"]
-    assert tampered == [["a signal handler installed while the tests ran"]], v["records"]  # once, not again
+    tampered = [f[0] for kind, f in v["records"] if kind == "tamper"]
+    assert len(tampered) == 1 and tampered[0].startswith(why), v["records"]  # once, not again
 
 
 def test_a_test_function_counts_only_if_a_pristine_test_file_compiles_to_it_or_it_wraps_one():
