@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.redteam import BUGGY, FIGHT_ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
-from tests.fixtures.redteam.routes import ROUTE_ATTACKS, ROUTE_PROBLEMS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "wharf" / "tasks" / "tools"
@@ -193,6 +192,8 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
                      "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1,
                      "sealed": 1}
+    # the tests ran in copies: the workspace is as the agent left it, no test file put in it
+    assert sorted(p.name for p in (tmp_path / "fix" / "app").iterdir()) == ["mathutil.py"]
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -326,21 +327,6 @@ def test_a_test_process_that_closes_its_pipes_and_hangs_is_killed_at_the_timeout
     r = _grade(tmp_path, payload + BUGGY, timeout=5)
     assert (r["reward"], r["timed_out"], r["session_finished"]) == (0.0, 1, 0), r
     assert time.monotonic() - t0 < 60
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("attack", sorted(ROUTE_ATTACKS))
-def test_each_route_of_issue_53_gets_0(tmp_path, attack):
-    """xfail/skip from the code, a package __init__ that rewrites the tests, a forged rewrite cache,
-    a second audit hook, a swapped test code object, a signal handler, ctypes over the sealer, an
-    always-equal object: each scored 1.0 before (tests/fixtures/redteam/routes.py), each 0 now."""
-    r = _grade(tmp_path, files=ROUTE_ATTACKS[attack], timeout=20)
-    detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
-    assert (r["reward"], r["confined"], r["sealed"]) == (0.0, 1, 1), (r, detail["problems"])
-    if attack in ROUTE_PROBLEMS:
-        assert any(ROUTE_PROBLEMS[attack] in p for p in detail["problems"]), detail["problems"]
-    assert (tmp_path / "app" / "mathutil.py").read_text() == ROUTE_ATTACKS[attack]["mathutil.py"]
-    assert not (tmp_path / "app" / "test_task.py").exists()  # the workspace was never shown to the tests
 
 
 def test_only_passed_passes_and_the_exit_code_must_tell_the_same_story():
