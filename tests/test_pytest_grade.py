@@ -67,7 +67,12 @@ def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_re
         looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
         assert looked_up == [], (fn.__name__, looked_up)
     seal = _sealer()
-    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__"}
+    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__", "import"}
+    sys.path.insert(0, str(TOOLS))  # the fallback sealer looks for tampering at the same events
+    try:
+        assert set(seal.events()) == _load("pytest_guard").WATCHED_EVENTS
+    finally:
+        sys.path.remove(str(TOOLS))
 
 
 def _sealer():
