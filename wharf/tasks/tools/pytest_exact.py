@@ -4,7 +4,8 @@ cannot simply say yes: where one side is a plain builtin value (an int, a str, a
 
 Standalone (stdlib; pytest's assertion rewriter is wrapped, not changed) and plain Python 3.8
 syntax; installed by pytest_report.py before collection. Every `==` with a single operator
-inside an assert of a test file becomes `@pytest_ar._wharf_exact_eq(a, b)`:
+that is an assert's test (or an operand of its `and`, `or`, `not`) becomes
+`@pytest_ar._wharf_exact_eq(a, b)`:
   * both or neither side plain: `a == b`, as written;
   * the other side an instance of a builtin type (an `int` subclass, a `float` subclass such as
     numpy.float64, a `str` subclass, a list, dict, tuple or set subclass): its builtin value,
@@ -144,22 +145,23 @@ def exact_eq(a, b, _plain=_plain, matches=_matches):
 
 
 class _EqRewriter(ast.NodeTransformer):
-    """`a == b` (one operator) inside an assert -> @pytest_ar._wharf_exact_eq(a, b)."""
+    """`a == b` (one operator) as an assert's test, or an operand of its `and`, `or` or `not` ->
+    @pytest_ar._wharf_exact_eq(a, b). An `==` inside a call, an attribute or a subscript
+    (`(arr == [1, 2]).all()`) keeps its own value: numpy's elementwise comparison."""
 
     def visit_Assert(self, node):
-        node.test = self._Compares().visit(node.test)
+        node.test = self._rewrite(node.test)
         return node
 
-    class _Compares(ast.NodeTransformer):
-        def visit_Compare(self, node):
-            self.generic_visit(node)
-            if len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq):
-                return node
+    def _rewrite(self, test):
+        if isinstance(test, ast.BoolOp):
+            test.values = [self._rewrite(v) for v in test.values]
+        elif isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test.operand = self._rewrite(test.operand)
+        elif isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq):
             func = ast.Attribute(ast.Name("@pytest_ar", ast.Load()), NAME, ast.Load())
-            return ast.copy_location(ast.Call(func, [node.left, node.comparators[0]], []), node)
-
-        def visit_Lambda(self, node):  # a nested scope of its own: left alone
-            return node
+            return ast.copy_location(ast.Call(func, [test.left, test.comparators[0]], []), test)
+        return test
 
 
 def install():
