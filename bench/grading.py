@@ -7,8 +7,11 @@ one fixed task graded N times each way, interleaved, on the host (no sandbox: th
   * pytest-guard    today's plugin, its records sealed by the audit hook in C (wharf_seal.c), no second run
   * pytest-guard-pyseal  the same sealed in Python (pytest_guard's fallback: the tools without
                     the built wharf_seal), what the sealer in C costs or saves
-  * pytest          today's grade_pytest.sh: audit hook + the second, out-of-process run of the
-                    FAIL_TO_PASS tests
+  * pytest          today's grade_pytest.sh: audit hook, each run in a fresh copy of the workspace
+                    with the pristine tests read-only, the second, out-of-process run of every test
+  * pytest-before   grade_pytest.sh as of BEFORE_REV (before issue 53: the tests run in the
+                    workspace itself, the second run of the FAIL_TO_PASS tests only), its sealer
+                    built from that commit (skipped outside a git checkout or without gcc)
   * pytest-guard-bare  the same with the test process unconfined (jail.py's fallback): what
                     running it in namespaces of its own costs
   * contest         judge.sh contest on datasets/toy/fix-sum-to (62 drawn cases, 2 child processes)
@@ -37,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "wharf" / "tasks" / "tools"
 PYTEST_TASK = ROOT / "tests" / "fixtures" / "tasks" / "pytest-sum-to"
 PLAIN_REV = "ba8ac4d"  # the last commit whose report plugin held its own key
+BEFORE_REV = "dbb609c"  # the pytest judge before issue 53 (strict outcomes, fresh copies, tamper checks)
 PYTEST = "-I -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null"
 OPTS = '--spec "$T/spec.json" --out "$V" -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$W" test_task.py'
 FIX = "sed -i 's/range(1, n)/range(1, n + 1)/' \"$W/mathutil.py\""
@@ -54,6 +58,7 @@ WAYS = {  # name: (task dir, shell command; $W workdir, $T tests, $V verifier di
     "pytest-guard-bare": (PYTEST_TASK, f'{FIX} && cd "$W" && cp "$T/test_task.py" . && "$P" -I -c '
                           + BARE.format(tools=TOOLS, script="pytest_grade.py") + f' {OPTS} >/dev/null'),
     "pytest": (PYTEST_TASK, f'{FIX} && bash {TOOLS}/grade_pytest.sh "$W" test_task.py >/dev/null'),
+    "pytest-before": (PYTEST_TASK, f'{FIX} && bash "$B/grade_pytest.sh" "$W" test_task.py >/dev/null'),
     "contest": (ROOT / "datasets" / "toy" / "fix-sum-to", f'{FIX} && bash {TOOLS}/judge.sh contest "$W" >/dev/null'),
     "contest-bare": (ROOT / "datasets" / "toy" / "fix-sum-to", f'{FIX} && cd / && "$P" -I -S -c '
                      + BARE.format(tools=TOOLS, script="judge.py") + ' contest --tests "$T" --workdir "$W" --out "$V" >/dev/null'),
@@ -107,19 +112,33 @@ def plain_tools(dest: Path) -> Path | None:
     return dest / "collect" / "tasks"
 
 
+def before_tools(dest: Path) -> Path | None:
+    """wharf/tasks/tools as of BEFORE_REV, its sealer built, or None when git, that commit or gcc is not at hand."""
+    try:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE_REV, "wharf/tasks/tools"], capture_output=True,
+                             check=True).stdout
+        dest.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True)
+        tools = dest / "wharf" / "tasks" / "tools"
+        subprocess.run(["bash", str(tools / "build_seal.sh"), sys.executable], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return tools
+
+
 def python_sealer_tools(dest: Path) -> Path:
     """wharf/tasks/tools without the built wharf_seal: pytest_guard falls back to its sealer in Python."""
     shutil.copytree(TOOLS, dest, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
     return dest
 
 
-def one(name: str, tmp: Path, plain: Path | None, pyseal: Path) -> tuple[float, float]:
+def one(name: str, tmp: Path, plain: Path | None, pyseal: Path, before: Path | None = None) -> tuple[float, float]:
     task, way = WAYS[name]
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(task / "environment", tmp / "app")
     (tmp / "v").mkdir()
     env = {**os.environ, "W": str(tmp / "app"), "T": str(task / "tests"), "V": str(tmp / "v"), "P": sys.executable,
-           "X": str(plain or ""), "Y": str(pyseal), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
+           "X": str(plain or ""), "Y": str(pyseal), "B": str(before or ""), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(task / "tests"),
            "WHARF_VERIFIER_DIR": str(tmp / "v")}
     account = Account(tmp.name)
     t0 = time.perf_counter()
@@ -141,13 +160,17 @@ def main() -> None:
         ap.error(f"--ways: unknown {unknown}; known: {', '.join(WAYS)}")
     with tempfile.TemporaryDirectory() as d:
         plain, pyseal = plain_tools(Path(d)), python_sealer_tools(Path(d) / "pyseal-tools")
-        names = [n for n in WAYS if n in wanted and (plain is not None or n != "pytest-plain")]
+        before = before_tools(Path(d) / "before") if "pytest-before" in wanted else None
+        names = [n for n in WAYS if n in wanted and (plain is not None or n != "pytest-plain")
+                 and (before is not None or n != "pytest-before")]
         if plain is None:
             print(f"pytest-plain skipped: commit {PLAIN_REV} is not in a git checkout here")
+        if before is None and "pytest-before" in wanted:
+            print(f"pytest-before skipped: commit {BEFORE_REV} is not in a git checkout here, or gcc failed")
         times: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for i in range(args.n):
             for name in names:
-                times[name].append(one(name, Path(d) / f"{name}{i}", plain, pyseal))
+                times[name].append(one(name, Path(d) / f"{name}{i}", plain, pyseal, before))
     print(f"{'way':19s} {'wall p50':>9s} {'wall mean':>9s} {'cpu p50':>8s} {'cpu mean':>8s}   (seconds per grading, n={args.n})")
     for name, ts in times.items():
         walls, cpus = [t[0] for t in ts], [t[1] for t in ts]

@@ -159,9 +159,10 @@ def test_testlog_usage_error(tmp_path):
 
 @pytest.mark.parametrize("name, allowed", [
     ("grading.py", {"swebench"}), ("report_records.py", set()),
-    ("pytest_report.py", {"pytest", "_pytest", "pytest_guard"}), ("pytest_guard.py", {"_pytest", "pluggy", "wharf_seal", "pytest_decide"}),
+    ("pytest_report.py", {"pytest", "_pytest", "pytest_guard", "pytest_exact"}), ("pytest_exact.py", {"_pytest"}), ("pytest_guard.py", {"_pytest", "pluggy", "wharf_seal", "pytest_decide"}),
     ("pytest_decide.py", set()),
-    ("pytest_grade.py", {"grading", "report_records", "judge_io", "jail"}),  # its siblings in wharf/tasks/tools
+    ("pytest_grade.py", {"grading", "report_records", "judge_io", "jail", "pytest_tree"}),  # its siblings in wharf/tasks/tools
+    ("pytest_tree.py", set()),
     # the checker and contest judges run under python -I -S: the stdlib and their siblings only
     ("judge.py", {"grading", "jail", "judge_calls", "judge_io", "judge_state"}), ("judge_calls.py", {"jail"}),
     ("judge_state.py", {"judge_calls"}), ("judge_io.py", set()), ("call_child.py", set()), ("jail.py", set()),

@@ -67,7 +67,12 @@ def test_the_sealers_checks_look_up_no_name_at_call_time_and_it_watches_every_re
         looked_up = [i.argval for i in dis.get_instructions(fn) if i.opname in ("LOAD_GLOBAL", "LOAD_NAME")]
         assert looked_up == [], (fn.__name__, looked_up)
     seal = _sealer()
-    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__"}
+    assert set(seal.events()) >= guard.REFUSED | {"wharf.record", "open", "ctypes.dlsym", "object.__setattr__", "import"}
+    sys.path.insert(0, str(TOOLS))  # the fallback sealer looks for tampering at the same events
+    try:
+        assert set(seal.events()) == _load("pytest_guard").WATCHED_EVENTS
+    finally:
+        sys.path.remove(str(TOOLS))
 
 
 def _sealer():
@@ -156,8 +161,9 @@ FIGHT_TIMEOUT = 90  # seconds for a session under an attack that fights the grad
 
 
 def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key: bytes | None = None,
-           tools: Path = TOOLS) -> dict:
-    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced), as test.sh runs it."""
+           tools: Path = TOOLS, files: dict[str, str] | None = None) -> dict:
+    """grade_pytest.sh (from `tools`) on a copy of fix-sum-to (its mathutil.py replaced, `files`
+    left in the workspace), as test.sh runs it."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
     shutil.copytree(TASK / "environment", work)
     shutil.copytree(TASK / "tests", tests)
@@ -166,6 +172,8 @@ def _grade(tmp: Path, mathutil: str | None = None, timeout: int = 60, reward_key
         (tests / ".wharf-reward-key").write_bytes(reward_key)
     if mathutil is not None:
         (work / "mathutil.py").write_text(mathutil)
+    for name, text in (files or {}).items():
+        (work / name).write_text(text)
     env = {"PATH": os.defpath, "HOME": str(tmp), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
            "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": str(timeout), "OMP_WAIT_POLICY": "PASSIVE"}
     # the marker stops forged_report_files' walk up the process tree below this test's own shell
@@ -189,6 +197,8 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
                      "p2p_total": 1, "test_exit_code": 0, "grader_pytest_report": 1, "records_ok": 1,
                      "session_finished": 1, "timed_out": 0, "log_reward": 1.0, "recheck": 1, "confined": 1,
                      "sealed": 1}
+    # the tests ran in copies: the workspace is as the agent left it, no test file put in it
+    assert sorted(p.name for p in (tmp_path / "fix" / "app").iterdir()) == ["mathutil.py"]
     bug = _grade(tmp_path / "bug")
     assert (bug["reward"], bug["records_ok"], bug["f2p_passed"], bug["p2p_passed"]) == (0.0, 1, 0, 1)
     assert bug["recheck"] == -1  # the second run only confirms a resolved verdict
@@ -196,8 +206,18 @@ def test_the_honest_fix_gets_1_and_the_bug_0(tmp_path):
 
 # An honest fix that uses what real code uses and the audit hook must let through: logging (it
 # reads frames through sys._getframe), inspect, formatted tracebacks, asyncio (types.coroutine
-# replaces a __code__), warnings, threads, ctypes' import, a gc.collect.
-HONEST_INTROSPECTION = """import asyncio, ctypes, gc, inspect, logging, threading, traceback, warnings
+# replaces a __code__), warnings, threads, asyncio.run (it sets a SIGINT handler and restores it),
+# numpy (which goes on without ctypes, refused as a module not there), a gc.collect.
+HONEST_INTROSPECTION = """import asyncio, gc, inspect, logging, threading, traceback, warnings
+try:
+    import numpy  # (a dependency of the trainer's stack: present in the venv)
+except ImportError:
+    numpy = None
+try:
+    import ctypes
+except ImportError:
+    ctypes = None
+asyncio.run(asyncio.sleep(0))
 logging.getLogger("mathutil").warning("loaded from %s", inspect.currentframe().f_code.co_filename)
 try:
     raise ValueError("x")
@@ -229,11 +249,15 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
         assert (r["f2p_total"], r["p2p_total"], r["f2p_passed"]) == (1, 1, 0)
     elif attack == "clone_the_call_site":  # its call_and_report runs with its own globals: not pytest's site
         assert (r["records_ok"], r["confined"]) == (0, 1), r
-    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure
-        assert (r["records_ok"], r["f2p_passed"], r["confined"]) == (1, 0, 1), r
+    elif attack in FIGHT_ATTACKS:  # the grader unreachable, the hook's lookups bound: the bug's own failure,
+        assert (r["f2p_passed"], r["confined"]) == (0, 1), r  # or a timer or handler they set, seen as tamper
+        problems = json.loads((tmp_path / "verifier" / "grading.json").read_text())["problems"]
+        assert r["records_ok"] == 1 or any("signal handler" in p or "interval timer" in p for p in problems), problems
     else:
         assert r["records_ok"] == 0, r
-    if attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
+    if attack == "plugin_via_ctypes":  # ctypes is not there while the tests run: the module does not import
+        assert "import ctypes is refused" in (tmp_path / "verifier" / "test_output.log").read_text()
+    elif attack in PLUGIN_ATTACKS or attack == "clone_the_call_site":  # refused (each scored 1.0 before)
         detail = json.loads((tmp_path / "verifier" / "grading.json").read_text())
         assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
     if attack == "forged_output_exit":  # (patch_reporting did too, until the audit hook refused its gc walk)
@@ -248,14 +272,17 @@ def test_a_result_forged_from_inside_the_tests_gets_0(tmp_path, attack):
 def test_code_run_inside_the_signers_extent_finds_no_signer_but_did_under_the_python_sealer(tmp_path):
     """A signal handler, a gc callback and a finalizer that run inside the audit hook walk its frames
     for the signer: with the key in C (wharf_seal) they find none; with the fallback sealer in Python
-    (the tools without the built module), the one every grading used before, they sign passes."""
+    (the tools without the built module), the one every grading used before, they sign passes, and
+    only the handler, seen for what it is (tamper), keeps the reward at 0."""
     attack = FIGHT_ATTACKS["interrupt_the_hook"] + "\n" + BUGGY
     r = _grade(tmp_path / "c", attack, timeout=FIGHT_TIMEOUT)
-    assert (r["reward"], r["records_ok"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0, 1), r
+    assert (r["reward"], r["f2p_passed"], r["sealed"]) == (0.0, 0, 1), r
     tools = tmp_path / "python-sealer"
     shutil.copytree(TOOLS, tools, ignore=shutil.ignore_patterns("wharf_seal*.so", "__pycache__", "swegym"))
     r = _grade(tmp_path / "python", attack, timeout=FIGHT_TIMEOUT, tools=tools)
-    assert (r["reward"], r["recheck"], r["sealed"]) == (1.0, 1, 0), r
+    assert (r["reward"], r["f2p_passed"], r["sealed"]) == (0.0, 1, 0), r
+    problems = json.loads((tmp_path / "python" / "verifier" / "grading.json").read_text())["problems"]
+    assert any("signal handler" in p or "interval timer" in p for p in problems), problems
 
 
 def _verifier_dir(tmp: Path, reward: bytes | None, proof: str | None) -> Path:
@@ -305,3 +332,124 @@ def test_a_test_process_that_closes_its_pipes_and_hangs_is_killed_at_the_timeout
     r = _grade(tmp_path, payload + BUGGY, timeout=5)
     assert (r["reward"], r["timed_out"], r["session_finished"]) == (0.0, 1, 0), r
     assert time.monotonic() - t0 < 60
+
+
+def test_only_passed_passes_and_the_exit_code_must_tell_the_same_story():
+    assert report_records.strict({"a": "PASSED", "b": "XFAIL", "c": "SKIPPED", "d": "FAILED"}) == {
+        "a": "PASSED", "b": "FAILED", "c": "FAILED", "d": "FAILED"}
+    finished = {"finished": True, "exitstatus": 0, "records": [("start", ["1", "c"]), ("finish", ["0"])]}
+    assert report_records.disagreements(0, finished, {"a": "PASSED"}) == []
+    # a handler flipped the outcome, then the timer's signal killed the process (bwrap: 128 + 14)
+    assert "exited with 142" in report_records.disagreements(142, finished, {"a": "PASSED"})[0]
+    failed = {**finished, "exitstatus": 1}
+    assert "does not match" in report_records.disagreements(1, failed, {"a": "PASSED"})[0]
+    assert report_records.disagreements(1, failed, {"a": "PASSED", "b": "FAILED"}) == []
+    collect = {**failed, "exitstatus": 2, "records": finished["records"][:1] + [("collect", ["t.py"])]}
+    assert report_records.disagreements(2, collect, {})  # interrupted: never resolved
+
+
+def test_exact_eq_reads_builtin_values_and_refuses_an_object_equal_to_everything():
+    from decimal import Decimal
+    from fractions import Fraction
+
+    exact = _load("pytest_exact").exact_eq
+
+    class AlwaysInt(int):
+        def __eq__(self, other):
+            return True
+        __hash__ = int.__hash__
+
+    class Always:
+        def __eq__(self, other):
+            return True
+
+    class Str(str):
+        pass
+
+    for fooled in [(AlwaysInt(0), 6), (6, AlwaysInt(0)), (Always(), 6), ([AlwaysInt(1)], [2]), ({"a": Always()}, {"a": 1}),
+                   (Always(), "x"), ((1, 2), [1, 2])]:
+        assert exact(*fooled) is False, fooled
+    for honest in [(AlwaysInt(6), 6), (Fraction(4, 2), 2), (Decimal("1.5"), 1.5), (Str("x"), "x"), (True, 1),
+                   ([1, (2, "a")], [1, (2, "a")]), ({"k": [1]}, {"k": [1]}), (Fraction(1, 2), Fraction(1, 2))]:
+        assert exact(*honest), honest
+
+
+def test_the_exact_rewrite_takes_the_equalities_an_assert_tests_and_nothing_else():
+    import ast
+
+    exact = _load("pytest_exact")
+    source = ("assert f() == 6\nassert a == b == c\nassert (lambda: x == 1)()\nx = f() == 6\n"
+              "assert (arr == [1, 2]).all()\nassert not (g() == 1 and h() == 2)\n")
+    tree = ast.parse(source)
+    exact._EqRewriter().visit(tree)
+    text = ast.unparse(tree)
+    assert text.count("_wharf_exact_eq") == 3, text  # f() == 6, g() == 1, h() == 2
+    for kept in ("a == b == c", "x == 1", "x = f() == 6", "(arr == [1, 2]).all()"):
+        assert kept in text
+
+
+SEALER_POLL = """import os, shutil, signal, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+import wharf_seal
+r, w = os.pipe()
+def decide(ctx, state, event, args, frame):
+    if event == "import" and args[0] == "_wharf_refused":
+        return (None, None, "import _wharf_refused")
+    return (None, ("test", event, "", "", ""), None) if event == "wharf.record" else None
+wharf_seal.install(bytes(range(32)), w, decide, (), (), (("/tmp/",), ()))
+try:
+    import _wharf_refused
+except ImportError as e:
+    print(type(e).__name__, e)
+sys.audit("wharf.record")  # the session's start: the state to compare with
+open(os.devnull).close()
+if sys.argv[2] == "signal":
+    signal.signal(signal.SIGUSR1, lambda *a: None)
+    open(os.devnull).close()
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+elif sys.argv[2] == "timer":
+    signal.setitimer(signal.ITIMER_VIRTUAL, 100.0)
+else:  # a shared object copied to /tmp and loaded from there
+    import importlib.util, _json
+    d = tempfile.mkdtemp(dir="/tmp")
+    so = shutil.copy(_json.__file__, d)
+    spec = importlib.util.spec_from_file_location("_json", so)
+    importlib.util.module_from_spec(spec)
+    shutil.rmtree(d)
+open(os.devnull).close()
+open(os.devnull).close()
+os.close(w)
+sys.stdout.write(os.read(r, 65536).decode())
+"""
+
+
+@pytest.mark.parametrize("mode, why", [("signal", "a signal handler installed while the tests ran"),
+                                       ("timer", "an interval timer armed while the tests ran"),
+                                       ("native", "native code loaded: ctypes, cffi, or a shared object from a place")])
+def test_the_c_sealer_records_what_no_audit_event_announces_once_and_refuses_imports_as_missing(mode, why):
+    p = subprocess.run([sys.executable, "-I", "-c", SEALER_POLL, str(TOOLS), mode], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == "ImportError wharf: import _wharf_refused is refused while the tests are graded"
+    v = report_records.verify(("\n".join(lines[1:]) + "\n").encode(), KEY)
+    tampered = [f[0] for kind, f in v["records"] if kind == "tamper"]
+    assert len(tampered) == 1 and tampered[0].startswith(why), v["records"]  # once, not again
+
+
+def test_a_test_function_counts_only_if_a_pristine_test_file_compiles_to_it_or_it_wraps_one():
+    import functools
+
+    decide = _load("pytest_decide")
+
+    def test_x():
+        pass
+
+    @functools.wraps(test_x)
+    def wrapper():
+        return test_x()
+
+    codes = frozenset({test_x.__code__})
+    assert decide._test_function(test_x, codes)[3] and decide._test_function(wrapper, codes)[3]
+    assert not decide._test_function(lambda: None, codes)[3]
+    assert decide._test_function(lambda: None, frozenset())[3]  # no test file named: nothing to compare

@@ -25,7 +25,8 @@ import requests
 from testing.vllm_stub import StubServer
 from wharf.collect.proxy.background import BackgroundProxy
 from tests.conftest import needs_bwrap
-from tests.fixtures.redteam import ANSWER_ATTACKS_TAIL, ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS
+from tests.fixtures.redteam import ANSWER_ATTACKS_TAIL, ATTACKS, GRADING_ATTACKS, PLUGIN_ATTACKS, ROUTE_ATTACKS, \
+    ROUTE_PROBLEMS
 from tests.test_proxy import make_cfg
 
 REPO = Path(__file__).resolve().parents[1]
@@ -137,9 +138,12 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
     pytest plugin through gc, the call stack, sys.modules and ctypes, the three that fight the
     grader: a process chain that outlives its parents and stops the grader to rewrite its
     reward.json, a hijack of the hook's lookups, code run inside the hook that looks for a signer,
-    hostile JSON answers; and, for the judges outside
-    the process, an always-equal answer and a stolen reference) gets 0."""
-    attacks = ["solve", *sorted(GRADING_ATTACKS)] + (sorted(ANSWER_ATTACKS_TAIL) if kind != "pytest" else [])
+    hostile JSON answers; for the judges outside the process, a stolen reference; an always-equal
+    answer; and, for the pytest judge, the routes of issue 53: xfail or skip from the code, a package
+    __init__ that rewrites the tests, a forged rewrite cache, a second audit hook, a swapped test
+    code object, a signal handler, ctypes over the sealer, an always-equal object) gets 0."""
+    attacks = ["solve", *sorted(GRADING_ATTACKS)] + (sorted(ANSWER_ATTACKS_TAIL) if kind != "pytest" else
+                                                     ["always_equal", *sorted(ROUTE_ATTACKS)])
 
     async def all_trials():
         sem = asyncio.Semaphore(2)
@@ -158,8 +162,12 @@ def test_every_attacker_on_the_grading_gets_0_and_the_fix_1_under_each_judge(wor
         assert rewards[{"pytest": "grader_pytest_report"}.get(kind, f"judge_{kind}")] == 1, (attack, rewards)
         assert rewards["confined"] == 1 and "reward_rejected" not in rewards, (attack, rewards)
         detail = json.loads((trial_dir / "verifier" / "grading.json").read_text())
-        if kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
+        if kind == "pytest" and attack == "plugin_via_ctypes":  # no ctypes: the module does not import
+            assert "import ctypes is refused" in (trial_dir / "verifier" / "test_output.log").read_text(), detail
+        elif kind == "pytest" and attack in PLUGIN_ATTACKS:  # the audit hook saw them
             assert any("refused" in p or "outside pytest's own call site" in p for p in detail["problems"]), detail
+        if kind == "pytest" and attack in ROUTE_PROBLEMS:  # seen for what it is, not only the bug's failure
+            assert any(ROUTE_PROBLEMS[attack] in p for p in detail["problems"]), (attack, detail["problems"])
         if kind == "contest" and attack == "hostile_json":  # a wrong answer with its reason, not a crash
             assert "OverflowError" in detail["checks"]["contest.py::mean"]["first_wrong"]["why"], detail
         if kind == "pytest" and attack == "solve":
@@ -180,7 +188,8 @@ def test_the_reward_proof_holds_when_the_trial_filters_its_logs(world):
     assert not (trial_dir / "verifier" / "test-stdout.txt").exists()  # filtered out, as asked
 
 
-@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - {"solve"} - set(GRADING_ATTACKS) - set(ANSWER_ATTACKS_TAIL)))
+@pytest.mark.parametrize("attack", sorted(set(ATTACKS) - {"solve"} - set(GRADING_ATTACKS) - set(ANSWER_ATTACKS_TAIL)
+                                           - set(ROUTE_ATTACKS)))
 def test_attack_gets_reward_0(world, attack):
     result, steps, trial_dir = run_attack(world, attack)
     assert result.verifier_result is not None, result.exception_info

@@ -1,10 +1,11 @@
 #!/bin/bash
-# Grade a pytest task from pytest's own reports (pytest_grade.py): put the task's test files in
-# place (overwriting any edit of them), run pytest with wharf's report plugin, the output kept
-# between the SWE-bench markers in test_output.log for people, remove the test files again, and
-# grade the verified records against /tests/spec.json (FAIL_TO_PASS / PASS_TO_PASS) into
-# reward.json in /logs/verifier; when resolved, the FAIL_TO_PASS tests run again in a fresh process
-# and must pass there too. Printed output never decides the reward.
+# Grade a pytest task from pytest's own reports (pytest_grade.py): run pytest with wharf's report
+# plugin in a fresh copy of WORKDIR with the task's pristine test files put in (read-only to the
+# code under test; WORKDIR itself is left as the agent left it), the output kept between the
+# SWE-bench markers in test_output.log for people, and grade the verified records against
+# /tests/spec.json (FAIL_TO_PASS / PASS_TO_PASS) into reward.json in /logs/verifier; when
+# resolved, the same tests run again in another fresh copy and a fresh process and must pass
+# there too. Printed output never decides the reward.
 # usage (from a task's tests/test.sh): grade_pytest.sh WORKDIR TEST_FILE...
 # WHARF_TESTS_DIR (/tests) and WHARF_VERIFIER_DIR (/logs/verifier): elsewhere, for tests.
 # WHARF_PYTHON: an interpreter with pytest + swebench (the bwrap sandbox exports the project
@@ -24,10 +25,7 @@ export PYTHONDONTWRITEBYTECODE=1
 unset PYTEST_ADDOPTS PYTEST_PLUGINS
 cd "$WORKDIR" || exit 1
 files=()
-for f in "$@"; do cp "$TESTS/$f" "$WORKDIR/$f"; files+=(--test-file "$f"); done
-"$PY" -I "$TOOLS/pytest_grade.py" --spec "$TESTS/spec.json" --out "$VERIFIER" --timeout "${WHARF_TEST_TIMEOUT:-60}" \
-    --reward-key "$TESTS/.wharf-reward-key" \
-    "${files[@]}" -- -rA -p no:cacheprovider --noconftest -c /dev/null --rootdir "$WORKDIR"
-code=$?
-for f in "$@"; do rm -f "$WORKDIR/$f"; done
-exit $code
+for f in "$@"; do files+=(--test-file "$f"); done
+exec "$PY" -I "$TOOLS/pytest_grade.py" --spec "$TESTS/spec.json" --out "$VERIFIER" \
+    --timeout "${WHARF_TEST_TIMEOUT:-60}" --reward-key "$TESTS/.wharf-reward-key" \
+    --workdir "$WORKDIR" --tests-dir "$TESTS" "${files[@]}" -- -rA --noconftest -c /dev/null

@@ -35,14 +35,20 @@ _PROBE: dict[str, str | None] = {}
 CONFINED = "bwrap: user, pid, ipc and network namespaces of its own, the filesystem read-only but the workspace"
 
 
-def bwrap_argv(workdir: str, keep: list[str], info_fd: int) -> list[str]:
+def bwrap_argv(workdir: str, keep: list[str], info_fd: int, source: str | None = None,
+               read_only: tuple[str, ...] = ()) -> list[str]:
     """bubblewrap's command line up to `--` (pure). `keep`: paths under /tmp shown read-only
-    over its fresh tmpfs (a clone or a venv that lives there)."""
+    over its fresh tmpfs (a clone or a venv that lives there). `source`: the directory shown,
+    writable, at `workdir` (default: workdir itself); `read_only`: paths relative to it bound
+    read-only over it (the test files: the code under test cannot rewrite them)."""
     args = ["bwrap", "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-net", "--disable-userns",
             "--die-with-parent", "--new-session", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--tmpfs", "/tmp"]
     for path in sorted(keep, key=lambda p: p.count("/")):
         args += ["--ro-bind", path, path]
-    return args + ["--bind", workdir, workdir, "--proc", "/proc", "--dev", "/dev", "--info-fd", str(info_fd),
+    args += ["--bind", source or workdir, workdir]
+    for rel in read_only:
+        args += ["--ro-bind", os.path.join(source or workdir, rel), os.path.join(workdir, rel)]
+    return args + ["--proc", "/proc", "--dev", "/dev", "--info-fd", str(info_fd),
                    "--chdir", workdir, "--"]
 
 
@@ -83,15 +89,18 @@ class Run:
         self.proc, self.pidfd, self.confined = proc, pidfd, confined
 
 
-def start(argv: list[str], workdir: str, python: str, pass_fds: tuple = (), **popen) -> Run:
+def start(argv: list[str], workdir: str, python: str, pass_fds: tuple = (), source: str | None = None,
+          read_only: tuple[str, ...] = (), **popen) -> Run:
     """argv started in its own namespaces when it can be (see the module doc), else in a new
-    process group. `popen`: subprocess.Popen's other arguments (stdin, stdout, env, ...)."""
+    process group. `source`, `read_only`: see bwrap_argv (unconfined: it runs in `source`, and
+    nothing is read-only). `popen`: subprocess.Popen's other arguments (stdin, stdout, env, ...)."""
     if unavailable():
-        proc = subprocess.Popen(argv, cwd=workdir, pass_fds=pass_fds, start_new_session=True, **popen)
+        proc = subprocess.Popen(argv, cwd=source or workdir, pass_fds=pass_fds, start_new_session=True, **popen)
         return Run(proc, None, False)
     r, w = os.pipe()
     try:
-        proc = subprocess.Popen(bwrap_argv(workdir, kept_paths(python), w) + argv, pass_fds=(*pass_fds, w),
+        proc = subprocess.Popen(bwrap_argv(workdir, kept_paths(python), w, source, read_only) + argv,
+                                pass_fds=(*pass_fds, w),
                                 start_new_session=True, **popen)
     finally:
         os.close(w)

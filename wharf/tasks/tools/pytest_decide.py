@@ -26,7 +26,14 @@ REFUSED = frozenset((
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
     "sys.setprofile", "sys.monitoring.register_callback", "ctypes.PyObj_FromPtr", "ctypes.string_at",
     "ctypes.wstring_at", "ctypes.cdata",
+    # tampering, whatever it is for: a second audit hook, a call into native code through ctypes
+    # (memmove over the sealer's memory), a symbol looked up, a buffer over raw memory
+    "sys.addaudithook", "ctypes.call_function", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata/buffer",
 ))
+# ctypes and cffi: with them Python code reads and writes raw memory and calls C without any
+# audit event (ctypes.memmove raises none). Refused as an ImportError: code that treats them as
+# optional (numpy) goes on without them.
+REFUSED_IMPORTS = frozenset(("ctypes", "_ctypes", "cffi", "_cffi_backend"))
 PROC_MEM = re.compile(r"^/proc/[^/]+/(task/[^/]+/)?mem$")
 FUNCTION_FIELDS = frozenset(("__code__", "__defaults__", "__kwdefaults__"))
 MAX_WALK = 32  # frames of pluggy between the plugin and pytest's call site
@@ -57,7 +64,9 @@ def _classes(prefixes, extra):
 #   0 mine, 1 relay, 3 protected: code objects (frozensets); 2 sites: kind -> {call site's code: its globals}
 #   4 TestReport, 5 CallInfo, 6 Session: pytest's classes; 7 node_slots: Node's slot readers
 #   8 (NodeId, its text reader) on pytest >= 9, else (None, None); 9 the plugin's class; 10 the sealer
-# state (kept by the sealer, replaced only by what decide returns): (session, items, classes)
+# state (kept by the sealer, replaced only by what decide returns): (session, items, classes, codes):
+#   items: id -> (item, its class, its _obj, the test function, its code, its globals, defined by a pristine
+#   test file); codes: every code object the pristine test files compile to (the plugin's, at the start)
 
 
 def _unchanged(cls, classes, _type=type, _id=id, _str=str, _bool=bool, _int=int, _float=float,
@@ -141,9 +150,10 @@ def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK, pge
 
 def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dict, dget=dict.get,
                  pget=types.MappingProxyType.get, fields=_fields, node_attr=_node_attr, id_text=_id_text,
-                 nodeid_of=_nodeid_of):
+                 nodeid_of=_nodeid_of, code_of=types.FunctionType.__dict__["__code__"].__get__,
+                 globals_of=types.FunctionType.__dict__["__globals__"].__get__):
     """(nodeid, when, outcome, xfail) for call_and_report's `report`, or why it is not genuine."""
-    session, items, classes = state
+    session, items, classes, _ = state
     loc = site.f_locals
     if _type(loc) is not _dict:
         return "a frame without plain locals"
@@ -158,6 +168,10 @@ def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dic
         return "a report pytest's runner did not make"
     if dget(di, "_obj") is not kept[2] or "runtest" in di or "ihook" in di or "obj" in di:
         return "an item changed since collection"
+    if not kept[6]:
+        return "a test function the pristine test files do not define (changed before collection)"
+    if kept[3] is not None and (code_of(kept[3]) is not kept[4] or globals_of(kept[3]) is not kept[5]):
+        return "a test function's code or globals changed since collection"
     nodeid = dget(dr, "nodeid") if "nodeid" in dr else id_text(dget(dr, "_id"), c[8])  # pytest < 9 | 9
     when, outcome, cwhen = dget(dr, "when"), dget(dr, "outcome"), dget(dc, "when")
     if _type(nodeid) is not _str or _type(when) is not _str or _type(outcome) is not _str or _type(cwhen) is not _str \
@@ -181,6 +195,7 @@ def _normalised(path):
 
 
 def _refused(event, args, protected, _type=type, _len=len, _str=str, _bytes=bytes, refused=REFUSED,
+             refused_imports=REFUSED_IMPORTS,
              match=PROC_MEM.match, normalised=_normalised, function_fields=FUNCTION_FIELDS,
              function_type=types.FunctionType, code_of=types.FunctionType.__dict__["__code__"].__get__):
     """Why this audit event is refused, or None (exact types only)."""
@@ -193,35 +208,65 @@ def _refused(event, args, protected, _type=type, _len=len, _str=str, _bytes=byte
         if _type(path) is _str and path[:1] == "/" and match(normalised(path)) is not None:
             return "open " + normalised(path)
         return None
-    if event == "ctypes.dlsym" and _len(args) > 1 and _type(args[1]) is _str and args[1].lstrip("_")[:2] == "Py":
-        return "ctypes.dlsym " + args[1]
+    if event == "ctypes.dlopen" and _len(args) > 0 and args[0] is not None:  # None: `import ctypes` itself
+        return "ctypes.dlopen of a library"
+    if event == "import" and _len(args) > 0 and _type(args[0]) is _str and args[0] in refused_imports:
+        return "import " + args[0]
     if event == "object.__setattr__" and _len(args) > 1 and _type(args[1]) is _str and args[1] in function_fields \
             and _type(args[0]) is function_type and code_of(args[0]) in protected:
         return "replacing the %s of a function of pytest, pluggy or the plugin" % args[1]
     return None
 
 
-def _start(c, state, site, _type=type, _str=str, dget=dict.get, getpid=os.getpid, classes_of=_classes):
-    """The session's start: pytest's classes as they are now (no code under test has run yet)."""
+def _start(c, state, site, args, _type=type, _str=str, _len=len, _frozenset=frozenset, dget=dict.get,
+           getpid=os.getpid, classes_of=_classes):
+    """The session's start: pytest's classes as they are now (no code under test has run yet), and
+    the code objects the pristine test files compile to (args[2], the plugin's)."""
     if state[0] is not None:
         return None, ("tamper", "a second start"), None
     session = dget(site.f_locals, "session")
     if _type(session) is not c[6]:
         return None, ("tamper", "a start without pytest's session"), None
     classes = classes_of(("_pytest", "pluggy"), (c[9],))
-    return (session, state[1], classes), ("start", _str(getpid()), c[10]), None
+    codes = args[2] if _len(args) > 2 and _type(args[2]) is _frozenset else _frozenset()
+    return (session, state[1], classes, codes), ("start", _str(getpid()), c[10]), None
+
+
+def _test_function(obj, codes, _type=type, _range=range, dget=dict.get, function_type=types.FunctionType,
+                   method_type=types.MethodType, func_of=types.MethodType.__dict__["__func__"].__get__,
+                   code_of=types.FunctionType.__dict__["__code__"].__get__,
+                   globals_of=types.FunctionType.__dict__["__globals__"].__get__,
+                   fdict=types.FunctionType.__dict__["__dict__"].__get__):
+    """(function, code, globals, defined by a pristine test file) for an item's object: the function
+    itself or one it wraps (__wrapped__: mock.patch, functools.wraps) compiles from a test file."""
+    if _type(obj) is method_type:
+        obj = func_of(obj)
+    if _type(obj) is not function_type:
+        return None, None, None, not codes
+    fn = obj
+    for _ in _range(8):
+        if code_of(fn) in codes:
+            return obj, code_of(obj), globals_of(obj), True
+        fn = dget(fdict(fn), "__wrapped__")
+        if _type(fn) is method_type:
+            fn = func_of(fn)
+        if _type(fn) is not function_type:
+            break
+    return obj, code_of(obj), globals_of(obj), not codes
 
 
 def _items(c, state, items, _type=type, _id=id, _list=list, dget=dict.get, pget=types.MappingProxyType.get,
-           fields=_fields, proxy=types.MappingProxyType):
-    """The session's collected items, kept read-only: (item, class, test function) by id."""
+           fields=_fields, proxy=types.MappingProxyType, test_function=_test_function):
+    """The session's collected items, kept read-only: (item, class, object, test function, its code,
+    its globals, genuine) by id."""
     kept = {}
     for i in (items if _type(items) is _list else ()):
         cls = _type(i)
         d = fields(i, cls, state[2]) if pget(state[2], _id(cls)) is not None else None
         if d is not None:
-            kept[_id(i)] = (i, cls, dget(d, "_obj"))
-    return (state[0], proxy(kept), state[2]), None, None
+            obj = dget(d, "_obj")
+            kept[_id(i)] = (i, cls, obj) + test_function(obj, state[3])
+    return (state[0], proxy(kept), state[2], state[3]), None, None
 
 
 def _record(c, state, args, frame, _type=type, _len=len, _str=str, _int=int, _tuple=tuple, pget=types.MappingProxyType.get,
@@ -235,7 +280,7 @@ def _record(c, state, args, frame, _type=type, _len=len, _str=str, _int=int, _tu
     if site is None or _type(site) is not frame_type:
         return None, ("tamper", "a %s record asked for outside pytest's own call site" % kind[:20]), None
     if kind == "start":
-        return start(c, state, site)
+        return start(c, state, site, args)
     if state[0] is None:
         return None, ("tamper", "a %s record before the start" % kind), None
     if kind == "items":
@@ -258,9 +303,14 @@ def decide(c, state, event, args, frame, _type=type, _str=str, record=_record, r
     if event == "wharf.record":
         return record(c, state, args, frame)
     why = refused(event, args, c[3])
-    return None if why is None else (None, ("tamper", "refused: " + why), why)
+    if why is None:
+        return None
+    if why[:7] == "import ":  # ctypes, cffi: not there (ImportError); loading them anyway is tamper (the sealer's poll)
+        return None, None, why
+    return None, ("tamper", "refused: " + why), why
 
 
 SEALED = (_unchanged, _fields, _node_attr, _id_text, _nodeid_of, _call_site, _test_record, _normalised, _refused,
-          _start, _items, _record, decide)  # run inside the sealer's hook: no global looked up at call time
+          _start, _test_function, _items, _record, decide)  # run inside the sealer's hook: no global looked up at call time
 EMPTY = types.MappingProxyType({})
+INITIAL = (None, EMPTY, EMPTY, frozenset())  # the state before the session's start

@@ -1,26 +1,33 @@
 """Grade a pytest task from pytest's own reports, not from its printed output.
 
     python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY]
-        [--test-file FILE]... -- PYTEST_OPTIONS...
+        [--workdir DIR] [--tests-dir DIR] [--test-file FILE]... -- PYTEST_OPTIONS...
 
-Run from the directory the tests run in (grade_pytest.sh does). Standalone: stdlib, swebench
-(through grading.py) and, in the test process, pytest. In order:
-  1. read the spec into memory (the tests may rewrite the file), draw a per-grading key;
-  2. run `PY -I pytest_report.py PYTEST_ARGS` with the key and the number of a records
+grade_pytest.sh runs it. Standalone: stdlib, swebench (through grading.py) and, in the test
+process, pytest. In order:
+  1. read the spec and the pristine test files (--tests-dir) into memory (the tests may rewrite
+     the files), draw a per-grading key;
+  2. copy the workspace afresh (pytest_tree.py) with the test files put in, and run
+     `PY -I pytest_report.py PYTEST_ARGS` there with the key and the number of a records
      descriptor on its stdin (see pytest_report.py), its output teed into DIR/test_output.log
      between the SWE-bench markers, for people and for swebench's log report;
   3. the test process runs in namespaces of its own (jail.py): it cannot see or signal this
-     process, nor write outside the workspace and its own /tmp; when it exits (or at the
-     timeout) its pid namespace ends, which kills every process it started, however it forked;
-     if any were still alive at the verdict, no reward 1.0;
-  4. verify the records and grade them with swebench's rules (grading.grade_statuses);
-  5. when resolved, run the FAIL_TO_PASS tests again the same way in a fresh process with a
-     fresh key (recheck): they must all pass there too, or the reward is 0;
+     process, nor write outside its copy of the workspace and its own /tmp, nor write the test
+     files (bound read-only); when it exits (or at the timeout) its pid namespace ends, which
+     kills every process it started, however it forked; if any were still alive, no reward 1.0;
+  4. verify the records and grade them with swebench's rules (grading.grade_statuses), read
+     strictly: only PASSED passes (an XFAIL, XPASS or SKIPPED spec test is a failure), and the
+     process's exit code, the finish record's exit status and the statuses must agree;
+  5. when resolved, run the same tests again in another fresh copy, a fresh process and a fresh
+     key (recheck): every FAIL_TO_PASS and PASS_TO_PASS test must pass there too, or the reward
+     is 0;
   6. write grading.json and reward.json last, over anything the tests wrote there.
 Reward 1.0 needs: the records verify (key, sequence, start first, finish last), no tamper
-record, the process exited by itself before the timeout, every spec test has a status and
-the spec's tests are resolved. The log's own verdict is kept beside it (log_reward) and never
-decides. This process is not dumpable, so the tests cannot read its memory or environment.
+record, the process exited by itself before the timeout with the code pytest finished with,
+every spec test PASSED in both runs. The log's own verdict is kept beside it (log_reward) and
+never decides. This process is not dumpable, so the tests cannot read its memory or environment.
+Without --test-file (the tests named among pytest's options, as bench/grading.py does) the
+workspace is copied as it is and there is no second run.
 
 reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
 p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
@@ -44,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our
 import grading  # noqa: E402
 import jail  # noqa: E402
 import judge_io  # noqa: E402
+import pytest_tree  # noqa: E402
 import report_records  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -65,14 +73,27 @@ def _records_fd(w: int) -> int:
             return n
 
 
-def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> dict:
-    """Run the tests in namespaces of their own (jail.py); tee their output into `log`; return
-    {code, timed_out, records (bytes), survivors (why something they started may be alive), confined}."""
+def run_tests(python: str, options: list[str], key: bytes, log, timeout: float, tree: dict) -> dict:
+    """Run the tests in namespaces of their own (jail.py), in a fresh merged copy of the workspace
+    (pytest_tree.py: its test files read-only); tee their output into `log`; return {code,
+    timed_out, records (bytes), survivors (why something they started may be alive), confined}."""
+    copy = pytest_tree.merged_copy(tree["workdir"], tree["tests"])
+    try:
+        return _run_in(python, options, key, log, timeout, tree, copy)
+    finally:
+        pytest_tree.remove(copy)
+
+
+def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tree: dict, copy: str) -> dict:
     r, w = os.pipe()
     fd = _records_fd(w)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
-    run = jail.start([python, "-I", os.path.join(HERE, "pytest_report.py"), *args], os.getcwd(), python,
-                     pass_fds=(fd,), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    env.update(PYTHONDONTWRITEBYTECODE="1")
+    root = copy if jail.unavailable() else tree["workdir"]  # where the copy appears to the tests
+    argv = [python, "-I", os.path.join(HERE, "pytest_report.py"), *options, "--rootdir", root, "-p", "no:cacheprovider",
+            *tree["tests"]]
+    run = jail.start(argv, tree["workdir"], python, pass_fds=(fd,), source=copy, read_only=tuple(tree["tests"]),
+                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     proc, survivors = run.proc, None
     os.close(fd)
     try:
@@ -112,11 +133,8 @@ def run_tests(python: str, args: list[str], key: bytes, log, timeout: float) -> 
             "confined": run.confined}
 
 
-def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
-    """grading.json's dict: the verdict of the records, with the log's beside it."""
-    checked = report_records.verify(run["records"], key)
-    status_map = report_records.statuses(checked["records"])
-    verdict = grading.grade_statuses(spec, status_map)
+def run_problems(run: dict, checked: dict, status_map: dict[str, str]) -> list[str]:
+    """Why a run's records cannot be trusted (empty: they can)."""
     problems = list(checked["problems"])
     if run["survivors"]:
         problems.insert(0, run["survivors"])
@@ -124,13 +142,24 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
         problems.insert(0, "the tests did not exit before the timeout (killed)")
     elif run["code"] is not None and run["code"] < 0:
         problems.insert(0, f"the test process was killed by signal {-run['code']}")
+    if not run["timed_out"]:
+        problems += report_records.disagreements(run["code"], checked, status_map)
+    return problems
+
+
+def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
+    """grading.json's dict: the verdict of the records, with the log's beside it."""
+    checked = report_records.verify(run["records"], key)
+    status_map = report_records.statuses(checked["records"])
+    verdict = grading.grade_statuses(spec, report_records.strict(status_map))
+    problems = run_problems(run, checked, status_map)
+    ok = not problems and checked["finished"]
     try:
         log_view = grading.grade(spec, log_path)
         log_reward, log_ok = log_view["reward"], log_view["log_ok"]
     except Exception as e:  # noqa: BLE001 - the tests wrote the log: whatever it makes the parser raise
         log_reward, log_ok = None, False
         problems.append(f"the log could not be graded: {type(e).__name__}: {str(e)[:300]}")
-    ok = not run["timed_out"] and not run["survivors"] and checked["finished"] and not checked["problems"]
     resolved = ok and verdict["resolved"]
     return {
         "instance_id": spec["instance_id"], "grader": "pytest-report",
@@ -144,25 +173,28 @@ def grade(spec: dict, run: dict, key: bytes, log_path: str) -> dict:
     }
 
 
-def recheck(args, spec: dict, result: dict, options: list[str]) -> dict:
-    """The FAIL_TO_PASS tests once more, in a fresh interpreter with a fresh key: a resolved
-    verdict stands only if they all pass there too (an attack must win twice, in two processes).
-    Sets result["recheck"]: 1 agreed, 0 disagreed, -1 not run (not resolved, or no --test-file)."""
+def recheck(args, spec: dict, result: dict, options: list[str], tree: dict) -> dict:
+    """The same tests once more, in a fresh copy of the merged tree, a fresh interpreter and a
+    fresh key: a resolved verdict stands only if every FAIL_TO_PASS and PASS_TO_PASS test passes
+    there too, with records as whole (an attack must win twice, and the first run cannot prepare
+    the second: it never sees the first run's tree). Sets result["recheck"]: 1 agreed, 0
+    disagreed, -1 not run (not resolved, or no --test-file: the tests are named among pytest's options)."""
     result["recheck"] = -1
     if not result["resolved"] or not args.test_file:
         return result
     key = secrets.token_bytes(32)
     with open(os.path.join(args.out, "recheck_output.log"), "wb") as log:
-        run = run_tests(args.python, options + spec["FAIL_TO_PASS"], key, log, args.timeout)
+        run = run_tests(args.python, options, key, log, args.timeout, tree)
     checked = report_records.verify(run["records"], key)
     status = report_records.statuses(checked["records"])
-    agrees = (not run["timed_out"] and not run["survivors"] and checked["finished"] and not checked["problems"]
-              and all(status.get(t) == "PASSED" for t in spec["FAIL_TO_PASS"]))
+    problems = run_problems(run, checked, status)
+    verdict = grading.grade_statuses(spec, report_records.strict(status))
+    agrees = not problems and checked["finished"] and verdict["resolved"]
     result["recheck"] = int(agrees)
     if not agrees:
         result.update(reward=0.0, resolved=False)
-        result["problems"].append("the second run of the FAIL_TO_PASS tests disagrees: "
-                                  + "; ".join(checked["problems"][:3] or [str(status)[:300]]))
+        result["problems"].append("the second run disagrees: "
+                                  + "; ".join(problems[:3] or [str(status)[:300]]))
     return result
 
 
@@ -185,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward-key", help="the sandbox's reward key file: read and deleted before the tests "
                     "run; reward.json.mac = HMAC-SHA256(key, reward.json) is written beside reward.json")
     ap.add_argument("--test-file", action="append", default=[],
-                    help="a test file to run (repeatable; after the pytest options): the second run "
-                    "replaces them by the FAIL_TO_PASS ids")
+                    help="a test file to run, relative to the workspace (repeatable; after the pytest options)")
+    ap.add_argument("--workdir", default=".", help="the agent's workspace (copied afresh for each run; never "
+                    "shown to the tests itself)")
+    ap.add_argument("--tests-dir", help="where the pristine test files are (default: the workspace: the caller "
+                    "put them there)")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
     args = ap.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -199,20 +234,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2
+    workdir = os.path.abspath(args.workdir)
+    try:  # now, before any test runs: the tests could rewrite them later
+        tree = {"workdir": workdir, "tests": pytest_tree.read_tests(args.tests_dir or workdir, args.test_file)}
+    except pytest_tree.TreeError as e:
+        print(f"pytest_grade.py: error: {e}", file=sys.stderr)
+        grading._write_json(detail_path, {"error": str(e), "reward": None})
+        return 2
     reward_key = judge_io.take_reward_key(args.reward_key)
     key = secrets.token_bytes(32)
     log_path = os.path.join(args.out, "test_output.log")
-    with open(log_path, "wb") as log:
-        log.write(f"{grading.START}\n".encode())
-        run = run_tests(args.python, pytest_args + args.test_file, key, log, args.timeout)
-        code = -1 if run["code"] is None else run["code"]
-        log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
-        if run["timed_out"]:
-            log.write(b">>>>> Tests Timed Out\n")
     try:
-        result = recheck(args, spec, grade(spec, run, key, log_path), pytest_args)
-    except grading.GradingError as e:  # swebench missing: an infrastructure fault, no reward
-        print(f"pytest_grade.py: error: {e}", file=sys.stderr)
+        with open(log_path, "wb") as log:
+            log.write(f"{grading.START}\n".encode())
+            run = run_tests(args.python, pytest_args, key, log, args.timeout, tree)
+            code = -1 if run["code"] is None else run["code"]
+            log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
+            if run["timed_out"]:
+                log.write(b">>>>> Tests Timed Out\n")
+        result = recheck(args, spec, grade(spec, run, key, log_path), pytest_args, tree)
+    except (grading.GradingError, pytest_tree.TreeError) as e:  # swebench missing, a workspace that cannot
+        print(f"pytest_grade.py: error: {e}", file=sys.stderr)  # be copied: an infrastructure fault, no reward
         judge_io.remove(reward_path)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2

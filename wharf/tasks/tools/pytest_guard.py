@@ -19,7 +19,16 @@ import os
 import sys
 import types
 
-from pytest_decide import EMPTY, SEALED, decide  # our sibling (pytest_report.py puts it on sys.path)
+from pytest_decide import INITIAL, SEALED, decide  # our sibling (pytest_report.py puts it on sys.path)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# The events the C sealer hands decide (wharf_seal.c's EVENTS): the fallback looks for tampering at the same.
+WATCHED_EVENTS = frozenset((
+    "wharf.record", "open", "ctypes.dlsym", "object.__setattr__", "ctypes.dlopen", "import",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
+    "sys.setprofile", "sys.monitoring.register_callback", "ctypes.PyObj_FromPtr", "ctypes.string_at",
+    "ctypes.wstring_at", "ctypes.cdata", "sys.addaudithook", "ctypes.call_function", "ctypes.dlsym/handle",
+    "ctypes.cdata/buffer"))
 
 
 def _codes(*modules):
@@ -37,10 +46,64 @@ def _codes(*modules):
     return frozenset(out)
 
 
-def _python_sealer(key, fd, ctx, signer):
+def native_prefixes(here):
+    """(bad, ok): where native code may not be loaded from (where the code under test can write,
+    but the workspace: a task's own extensions live there) and the exceptions (the interpreters'
+    prefixes, these tools)."""
+    bad = ("/tmp/", "/dev/", "/memfd:", "/proc/", "/var/tmp/", "/run/")
+    ok = {os.path.realpath(p) + "/" for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, here)}
+    return bad, tuple(sorted(ok))
+
+
+def _python_watch(prefixes):
+    """The fallback sealer's look for what no audit event announces (wharf_seal.c's `tampering`):
+    a Python signal handler, an interval timer, a shared object from a bad place. Returns
+    (start, check): start() takes the session's state, check(maps) says what changed or None
+    (maps: /proc/self/maps read too, at records only: it costs a file read)."""
+    import signal as signal_module
+    sigs = [s for s in range(1, signal_module.NSIG) if s != signal_module.SIGINT]  # asyncio.run sets SIGINT's
+    getsignal, getitimer = signal_module.getsignal, signal_module.getitimer
+    timers = (signal_module.ITIMER_REAL, signal_module.ITIMER_VIRTUAL, signal_module.ITIMER_PROF)
+    then = {}
+
+    def state():
+        out = {}
+        for s in sigs:
+            try:
+                out[s] = getsignal(s)
+            except (ValueError, OSError):
+                pass
+        return out
+
+    def start():
+        then.update(state())
+
+    def check(maps):
+        now = state()
+        if any(now[s] is not then.get(s) for s in now):
+            return "a signal handler installed while the tests ran"
+        if any(getitimer(t) != (0.0, 0.0) for t in timers):
+            return "an interval timer armed while the tests ran"
+        if not maps:
+            return None
+        try:
+            with open("/proc/self/maps") as f:
+                paths = {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) > 5}
+        except OSError:
+            return None
+        bad, ok = prefixes
+        if any("/_ctypes." in p or "/_cffi_backend." in p or (p.startswith(bad) and not p.startswith(ok))
+               for p in paths if p.endswith((".so", "(deleted)")) or ".so." in p):
+            return "native code loaded: ctypes, cffi, or a shared object from a place the code under test can write"
+        return None
+    return start, check
+
+
+def _python_sealer(key, fd, ctx, signer, prefixes):
     """The fallback where wharf_seal is not built for this interpreter: the same decide, signed in
     Python. Its key is in this closure, which a signal handler run inside the hook can reach."""
-    mac, st, write, getframe, ask = signer(key), [(None, EMPTY, EMPTY), 0], os.write, sys._getframe, decide
+    mac, st, write, getframe, ask = signer(key), [INITIAL, 0, False, False], os.write, sys._getframe, decide
+    watch_start, tampering = _python_watch(prefixes)
 
     def send(rec):
         body = "%d %s %s" % (st[1], rec[0], " ".join(f.encode("utf-8").hex() or "-" for f in rec[1:]))
@@ -53,6 +116,14 @@ def _python_sealer(key, fd, ctx, signer):
             pass
 
     def hook(event, args):
+        if event == "wharf.record" and not st[2]:
+            watch_start()
+            st[2] = True
+        elif st[2] and not st[3] and event in WATCHED_EVENTS:
+            why = tampering(event == "wharf.record")
+            if why is not None:
+                st[3] = True
+                send(("tamper", why))
         frame = getframe(1) if event == "wharf.record" else None  # (sys._getframe is an audit event too)
         got = ask(ctx, st[0], event, args, frame)
         if got is not None:
@@ -60,8 +131,9 @@ def _python_sealer(key, fd, ctx, signer):
                 st[0] = got[0]
             if got[1] is not None:
                 send(got[1])
-            if got[2] is not None:
-                raise RuntimeError("wharf: %s is refused while the tests are graded" % got[2])
+            if got[2] is not None:  # an import refused reads as a module not there (wharf_seal.c's apply)
+                kind = ImportError if got[2].startswith("import ") else RuntimeError
+                raise kind("wharf: %s is refused while the tests are graded" % got[2])
     sys.addaudithook(hook)
 
 
@@ -103,8 +175,9 @@ def install(key, fd, recorder_cls, signer):
         import wharf_seal
     except ImportError:
         wharf_seal = None
+    prefixes = native_prefixes(HERE)
     if wharf_seal is not None:
-        wharf_seal.install(key, fd, decide, _context(recorder_cls, "c"), (None, EMPTY, EMPTY))
+        wharf_seal.install(key, fd, decide, _context(recorder_cls, "c"), INITIAL, prefixes)
         return "c"
-    _python_sealer(key, fd, _context(recorder_cls, "python"), signer)
+    _python_sealer(key, fd, _context(recorder_cls, "python"), signer, prefixes)
     return "python"

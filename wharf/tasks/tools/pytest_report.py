@@ -30,13 +30,35 @@ import types
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # python -I: our sibling
+import pytest_exact  # noqa: E402
 import pytest_guard  # noqa: E402
 
 MAGIC = "wharf-report-1"
 # Modules whose functions and classes decide or carry a test's outcome: a replaced one is tamper.
 WATCHED = ("_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.skipping", "_pytest.main",
-           "_pytest.nodes", "_pytest.outcomes", "_pytest.fixtures", "_pytest.unittest", "_pytest.capture")
+           "_pytest.nodes", "_pytest.outcomes", "_pytest.fixtures", "_pytest.unittest", "_pytest.capture",
+           "_pytest.assertion.rewrite", "_pytest.pathlib", "pytest_exact")
+# Where pytest's assertion rewriter looks for its cached bytecode of the test files: under a
+# character device, so none is ever read or written (a forged .pyc of a test module is never
+# loaded). Python's own cache stays: the libraries' is read-only to the tests, and the code under
+# test's own is the agent's code anyway.
+NO_PYCACHE = "/dev/null/wharf-no-pycache"
 CALLABLE_KINDS = (types.FunctionType, types.BuiltinFunctionType, property, classmethod, staticmethod, type)
+
+
+def _no_rewrite_cache():
+    """pytest's rewriter reads and writes its .pyc of a file of the workspace (the tests run from
+    it) nowhere (NO_PYCACHE); the installed plugins it also rewrites keep their cache (read-only to
+    the tests; rewriting them all each session cost ~1.2 CPU s)."""
+    import pathlib
+
+    import _pytest.assertion.rewrite as rewrite
+
+    original, workspace = rewrite.get_cache_dir, os.getcwd().rstrip("/") + "/"
+
+    def get_cache_dir(file_path):
+        return pathlib.Path(NO_PYCACHE) if str(file_path).startswith(workspace) else original(file_path)
+    rewrite.get_cache_dir = get_cache_dir
 
 
 def _read_channel():
@@ -99,6 +121,31 @@ def _watched():
                   if n in WATCHED or n == __name__ or n == "pluggy" or n.startswith("pluggy."))
 
 
+def _test_codes(config):
+    """Every code object the test files named on the command line compile to, the way pytest's
+    assertion rewriter compiles them (with pytest_exact's rewrite): taken at the session's start,
+    before any code under test runs, from the files as they are then (read-only to that code)."""
+    from _pytest.assertion.rewrite import _rewrite_test
+
+    out, stack = set(), []
+    for arg in config.args:
+        path = config.invocation_params.dir / str(arg).split("::")[0]
+        if path.suffix == ".py" and path.is_file():
+            stack.append(_rewrite_test(path, config)[1])
+    while stack:
+        code = stack.pop()
+        out.add(code)
+        stack.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    return frozenset(out)
+
+
+def _interpreter_state():
+    """What decides which bytecode is loaded: changed after the start, it is tamper."""
+    hooks = [type(f).__name__ for f in sys.meta_path]
+    first = hooks.index("AssertionRewritingHook") if "AssertionRewritingHook" in hooks else len(hooks)
+    return (sys.pycache_prefix, sys.dont_write_bytecode, tuple(sys.meta_path[:first + 1]))
+
+
 def _hook_snapshot(pm):
     """(hook, plugin name, function) of every registered hook implementation."""
     out = set()
@@ -117,7 +164,7 @@ class Recorder:
     machinery run around each test."""
 
     def __init__(self):
-        self._names = self._modules = self._hooks = self._pm = None
+        self._names = self._modules = self._hooks = self._pm = self._state = None
         self._tampered = set()
 
     @staticmethod
@@ -132,6 +179,10 @@ class Recorder:
         hooks = _hook_snapshot(self._pm)
         conftests = {self._pm.get_name(m) for m in getattr(self._pm, "_conftest_plugins", ())}
         changed += sorted("hook %s by %s" % (h, p) for h, p, _ in hooks ^ self._hooks if p not in conftests)
+        now = _interpreter_state()
+        if now[0] is not self._state[0] or now[1] is not self._state[1] or len(now[2]) != len(self._state[2]) \
+                or any(a is not b for a, b in zip(now[2], self._state[2])):
+            changed.append("the bytecode cache or the import hooks in front of pytest's assertion rewriter")
         for what in changed:
             if what not in self._tampered:
                 self._tampered.add(what)
@@ -142,7 +193,11 @@ class Recorder:
         self._pm = session.config.pluginmanager
         self._names = _watched()
         self._modules, self._hooks = _module_snapshot(self._names), _hook_snapshot(self._pm)
-        self._send("start", "")
+        self._state = _interpreter_state()
+        self._send("start", "", _test_codes(session.config))
+
+    def pytest_collectstart(self, collector):
+        self._check()  # before each module is imported: what the previous one's imports changed
 
     def pytest_collectreport(self, report):
         if report.failed:
@@ -169,6 +224,9 @@ class Recorder:
 
 def main(argv):
     key, fd = _read_channel()
+    sys.dont_write_bytecode = True
+    _no_rewrite_cache()
+    pytest_exact.install()  # assert x == <literal>: compared by value, not by x's __eq__
     pytest_guard.install(key, fd, Recorder, _signer)  # before collection: before any code under test
     del key
     return pytest.main(argv, plugins=[Recorder()])

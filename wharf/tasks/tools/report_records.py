@@ -105,3 +105,26 @@ def statuses(records: list[tuple[str, list[str]]]) -> dict[str, str]:
         elif ph.get("setup", ("",))[0] == "skipped":
             out[nodeid] = "XFAIL" if ph["setup"][1] else "SKIPPED"
     return out
+
+
+def strict(status_map: dict[str, str]) -> dict[str, str]:
+    """The status map as the reward reads it: only PASSED passes. An XFAIL, an XPASS or a SKIPPED
+    test (pytest.xfail() or pytest.skip() called by the code under test) is a failure."""
+    return {t: s if s == "PASSED" else "FAILED" for t, s in status_map.items()}
+
+
+def disagreements(code: int | None, checked: dict, status_map: dict[str, str]) -> list[str]:
+    """Where the process's exit code, the finish record's exit status and the statuses do not tell
+    the same story (a signal handler that flips outcomes leaves one of them behind)."""
+    status = checked["exitstatus"]
+    if not checked["finished"]:
+        return []  # already a problem: no finish record
+    out = []
+    if code != status:
+        out.append(f"the test process exited with {code} but pytest's session finished with {status}")
+    collect_failed = any(kind == "collect" for kind, _ in checked["records"])
+    failed = collect_failed or any(s in ("FAILED", "ERROR") for s in status_map.values())
+    if status not in (0, 1) or (status == 1) != failed:
+        out.append(f"pytest's exit status {status} does not match the statuses recorded "
+                   f"({'some' if failed else 'no'} test failed)")
+    return out

@@ -11,14 +11,18 @@
  * While decide runs, gc is off and signals are blocked in its thread (the handlers already due
  * run first, outside it). What Python code still runs inside it (a handler tripped through
  * another thread, a __eq__ of a hostile dict key) finds no signer: only decide's read-only tables.
- * Native code in the tests' process (ctypes, an extension it builds) can read this memory:
- * docs/judges.md says so.
+ * Native code in the tests' process (an extension it builds in the workspace) can read this
+ * memory: docs/judges.md says so. From the session's start on it also looks, at every event
+ * it watches, for what no audit event announces: a signal handler installed, an interval timer
+ * armed, a shared object loaded from /tmp, /dev or a memfd (`tampering`): a tamper record.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <link.h>
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 /* ---- SHA-256 (FIPS 180-4), enough for HMAC of short lines ---- */
@@ -96,10 +100,80 @@ static PyObject *decide = NULL, *ctx = NULL, *state = NULL;
 /* The events decide looks at: the record requests and the introspection it may refuse (the
  * same names as pytest_decide.REFUSED, checked by tests/test_pytest_grade.py). */
 static const char *const EVENTS[] = {
-    "wharf.record", "open", "ctypes.dlsym", "object.__setattr__",
+    "wharf.record", "open", "ctypes.dlsym", "object.__setattr__", "ctypes.dlopen", "import",
     "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
     "sys.setprofile", "sys.monitoring.register_callback", "ctypes.PyObj_FromPtr", "ctypes.string_at",
-    "ctypes.wstring_at", "ctypes.cdata", NULL};
+    "ctypes.wstring_at", "ctypes.cdata", "sys.addaudithook", "ctypes.call_function", "ctypes.dlsym/handle",
+    "ctypes.cdata/buffer", NULL};
+
+/* ---- tampering no audit event announces, looked for at every watched event once the session
+ * started (the first record: pytest's own handlers, faulthandler's, are in place by then) ---- */
+#define MAX_PREFIXES 16
+static int watching = 0, flagged = 0;
+static struct sigaction sig_then[NSIG];
+static int sig_known[NSIG];
+static struct itimerval timer_then[3];
+static const int TIMERS[3] = {ITIMER_REAL, ITIMER_VIRTUAL, ITIMER_PROF};
+static char *bad_prefix[MAX_PREFIXES], *ok_prefix[MAX_PREFIXES];  /* where native code may not come from */
+
+static void watch_start(void) {
+    for (int s = 1; s < NSIG; s++)
+        sig_known[s] = sigaction(s, NULL, &sig_then[s]) == 0;
+    for (int i = 0; i < 3; i++)
+        getitimer(TIMERS[i], &timer_then[i]);
+    watching = 1;
+}
+
+static int starts(const char *s, char *const *prefixes) {
+    for (int i = 0; i < MAX_PREFIXES && prefixes[i] != NULL; i++)
+        if (strncmp(s, prefixes[i], strlen(prefixes[i])) == 0)
+            return 1;
+    return 0;
+}
+
+/* ctypes' and cffi's native halves: with either loaded, Python code reads and writes raw memory
+ * and calls C without an audit event (ctypes.memmove raises none). */
+static const char *const LOADERS[] = {"/_ctypes.", "/_cffi_backend.", NULL};
+
+static int foreign_object(struct dl_phdr_info *info, size_t size, void *found) {
+    const char *name = info->dlpi_name;
+    for (const char *const *l = LOADERS; name != NULL && *l != NULL; l++)
+        if (strstr(name, *l) != NULL) {
+            *(const char **)found = name;
+            return 1;
+        }
+    if (name != NULL && name[0] != 0 && starts(name, bad_prefix) && !starts(name, ok_prefix)) {
+        *(const char **)found = name;
+        return 1;
+    }
+    return 0;
+}
+
+static int same_timer(const struct itimerval *a, const struct itimerval *b) {
+    return (a->it_value.tv_sec == 0 && a->it_value.tv_usec == 0 && a->it_interval.tv_sec == 0 &&
+            a->it_interval.tv_usec == 0) || memcmp(a, b, sizeof *a) == 0;
+}
+
+/* Why the process is not as the session started (a handler the code under test installed, a
+ * timer it armed, native code loaded from where the agent can write), or NULL. */
+static const char *tampering(void) {
+    struct sigaction now;
+    for (int s = 1; s < NSIG; s++) {
+        if (!sig_known[s] || sigaction(s, NULL, &now) != 0)
+            continue;
+        if (now.sa_handler != sig_then[s].sa_handler || (now.sa_flags & SA_SIGINFO) != (sig_then[s].sa_flags & SA_SIGINFO))
+            return "a signal handler installed while the tests ran";
+    }
+    for (int i = 0; i < 3; i++) {
+        struct itimerval t;
+        if (getitimer(TIMERS[i], &t) == 0 && !same_timer(&t, &timer_then[i]))
+            return "an interval timer armed while the tests ran";
+    }
+    const char *found = NULL;
+    dl_iterate_phdr(foreign_object, &found);
+    return found != NULL ? "native code loaded: ctypes, cffi, or a shared object from a place the code under test can write"
+                         : NULL;
+}
 
 static void hmac_hex(const char *msg, size_t len, char out[65]) {
     sha256_t s = inner0;
@@ -159,6 +233,8 @@ static void send_tamper(const char *why) {
     Py_XDECREF(rec);
 }
 
+static PyObject *import_word = NULL;  /* "import ", made at install */
+
 /* decide's answer: None, or (new_state or None, record tuple or None, refusal str or None). */
 static int apply(PyObject *got) {
     if (got == Py_None)
@@ -176,8 +252,9 @@ static int apply(PyObject *got) {
         PyErr_Clear();
         send_tamper("the guard gave a malformed record");
     }
-    if (why != Py_None && PyUnicode_CheckExact(why)) {
-        PyErr_Format(PyExc_RuntimeError, "wharf: %U is refused while the tests are graded", why);
+    if (why != Py_None && PyUnicode_CheckExact(why)) {  /* an import refused reads as a module not there */
+        PyObject *kind = PyUnicode_Tailmatch(why, import_word, 0, 7, -1) == 1 ? PyExc_ImportError : PyExc_RuntimeError;
+        PyErr_Format(kind, "wharf: %U is refused while the tests are graded", why);
         return -1;
     }
     return 0;
@@ -192,6 +269,15 @@ static int hook(const char *event, PyObject *args, void *unused) {
         }
     if (!watched || decide == NULL)
         return 0;
+    if (!watching && strcmp(event, "wharf.record") == 0)
+        watch_start();
+    else if (watching && !flagged) {
+        const char *why = tampering();
+        if (why != NULL) {
+            flagged = 1;
+            send_tamper(why);
+        }
+    }
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
@@ -216,6 +302,29 @@ static int hook(const char *event, PyObject *args, void *unused) {
     return rc;
 }
 
+/* (bad, ok): two tuples of str, the path prefixes native code may not be loaded from, and the
+ * exceptions (the interpreter's own prefixes). */
+static int keep_prefixes(PyObject *pair) {
+    char **into[2] = {bad_prefix, ok_prefix};
+    if (PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_ValueError, "wharf_seal: prefixes are (bad, ok)");
+        return -1;
+    }
+    for (int k = 0; k < 2; k++) {
+        PyObject *t = PyTuple_GET_ITEM(pair, k);
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) >= MAX_PREFIXES) {
+            PyErr_SetString(PyExc_ValueError, "wharf_seal: a tuple of at most 15 prefixes");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+            const char *p = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, i));
+            if (p == NULL || (into[k][i] = strdup(p)) == NULL)
+                return -1;
+        }
+    }
+    return 0;
+}
+
 static PyObject *install(PyObject *self, PyObject *a) {
     Py_buffer key;
     int fd;
@@ -224,8 +333,13 @@ static PyObject *install(PyObject *self, PyObject *a) {
         PyErr_SetString(PyExc_RuntimeError, "wharf_seal: installed already");
         return NULL;
     }
-    if (!PyArg_ParseTuple(a, "y*iOOO", &key, &fd, &fn, &c, &s0))
+    PyObject *prefixes = NULL;
+    if (!PyArg_ParseTuple(a, "y*iOOO|O!", &key, &fd, &fn, &c, &s0, &PyTuple_Type, &prefixes))
         return NULL;
+    if (prefixes != NULL && keep_prefixes(prefixes) < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
     unsigned char block[64] = {0}, pad[64];
     if (key.len > 64) {
         sha256_t s;
@@ -246,6 +360,8 @@ static PyObject *install(PyObject *self, PyObject *a) {
     sha_update(&outer0, pad, 64);
     memset(block, 0, sizeof block);
     records_fd = fd;
+    if ((import_word = PyUnicode_FromString("import ")) == NULL)
+        return NULL;
     Py_INCREF(fn);
     Py_INCREF(c);
     Py_INCREF(s0);
@@ -272,7 +388,7 @@ static PyObject *events(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef methods[] = {
-    {"install", install, METH_VARARGS, "install(key, fd, decide, ctx, state): seal the records (once)"},
+    {"install", install, METH_VARARGS, "install(key, fd, decide, ctx, state[, (bad, ok) prefixes]): seal the records (once)"},
     {"events", events, METH_NOARGS, "the audit events handed to decide"},
     {NULL, NULL, 0, NULL}};
 
