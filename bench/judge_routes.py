@@ -1,7 +1,8 @@
 """The pytest judge's route attackers (issue 53) against the judge before and after, side by side.
 
 `python -m bench.judge_routes [--attacks a,b] [--n 1]`: each attacker of
-tests/fixtures/redteam/routes.py (and answers.py's `always_equal`) graded on the unsolved
+tests/fixtures/redteam/routes.py (wharf/tasks/redteam/routes.py's aimed at it, and one of its own;
+and answers.py's `always_equal`) graded on the unsolved
 pytest-sum-to by `grade_pytest.sh` on the host (confined where bubblewrap works, as in
 tests/test_pytest_grade.py), once with the tools of bench.grading.BEFORE_REV (their sealer built
 from that commit) and once with today's; prints the reward, the recheck and records_ok of each.
@@ -14,10 +15,12 @@ import tempfile
 from pathlib import Path
 
 from bench.grading import BEFORE_REV, before_tools
-from tests.fixtures.redteam.answers import ANSWER_ATTACKS_TAIL
-from tests.fixtures.redteam.grading import BUGGY
 from tests.fixtures.redteam.routes import ROUTE_ATTACKS
 from tests.test_pytest_grade import TOOLS, _grade
+from wharf.tasks.redteam import SUM_TO, answer_tails
+
+BUGGY = SUM_TO.source
+ANSWER_ATTACKS_TAIL = answer_tails(SUM_TO)
 
 ATTACKS = [*sorted(ROUTE_ATTACKS), "always_equal"]
 

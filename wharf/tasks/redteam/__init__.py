@@ -9,6 +9,7 @@ above 0 means the attack worked. Aimed at one task through a RedTeamTarget: its 
     plugin.py   the pytest judge's report plugin driven four ways
     fight.py    the grader fought: a forger outliving it, its hook hijacked or interrupted
     answers.py  the comparison: an always-equal answer, a stolen reference
+    routes.py   the pytest judge's own routes: xfail, a package __init__, its rewrite cache, ...
 
 `wharf tasks check --redteam` runs them on any task (wharf/tasks/check); tests/test_redteam.py on
 the bundled fix-sum-to under each judge, with a live proxy for the proxy's attackers."""
@@ -20,11 +21,12 @@ from wharf.tasks.redteam.answers import answer_tails
 from wharf.tasks.redteam.fight import fight_payloads, fight_tails
 from wharf.tasks.redteam.grading import grading_payloads
 from wharf.tasks.redteam.plugin import plugin_payloads
+from wharf.tasks.redteam.routes import route_attacks, write_files
 from wharf.tasks.redteam.sandbox import PASS_ALL_CONFTEST, PROXY_ATTACKS, sandbox_attacks
 from wharf.tasks.redteam.target import SUM_TO, RedTeamTarget
 
 __all__ = ["PASS_ALL_CONFTEST", "PROXY_ATTACKS", "SUM_TO", "RedTeamTarget", "answer_tails", "attacks", "attacks_for",
-           "fight_payloads", "grading_payloads", "payloads", "plugin_payloads", "sandbox_attacks"]
+           "fight_payloads", "grading_payloads", "payloads", "plugin_payloads", "route_attacks", "sandbox_attacks"]
 
 
 def payloads(t: RedTeamTarget) -> dict[str, str]:
@@ -46,6 +48,7 @@ def attacks(t: RedTeamTarget) -> dict[str, list[str]]:
         tails = fight_tails(t)
         out.update({name: [write_module(t, p, tails.get(name, ""))] for name, p in payloads(t).items()})
         out.update({name: [write_module(t, "", tail)] for name, tail in answer_tails(t).items()})
+        out.update({name: write_files(t, files) for name, files in route_attacks(t).items()})
     return out
 
 
