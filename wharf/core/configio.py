@@ -21,7 +21,10 @@ from wharf.core.errors import WharfError
 
 
 class ConfigError(WharfError, ValueError):
-    """A config file or override that does not fit the schema."""
+    """A config file or override that does not fit the schema: bad input, exit 2 (also when a
+    command finds it after parsing its arguments)."""
+
+    exit_code = 2
 
 
 class _Loader(yaml.SafeLoader):
@@ -193,12 +196,15 @@ def _allowed(tp) -> str:
     return next((a for a in map(_allowed, args) if a), "")  # Optional[...]: the inner type's
 
 
-def keys_help(cls: type, prefix: str = "") -> list[str]:
+def keys_help(cls: type, prefix: str = "", only: typing.Collection[str] | None = None) -> list[str]:
     """`key = default  (allowed values)` for every leaf key of `cls`, dotted: what `--help` shows
-    and what docs/configuration.md's key list is generated from."""
+    and what docs/configuration.md's key list is generated from. `only`: the top-level keys
+    (sections) to list; None lists all."""
     out = []
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         tp = hints[f.name]
         sub = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
         if sub is not None:
@@ -211,15 +217,19 @@ def keys_help(cls: type, prefix: str = "") -> list[str]:
     return out
 
 
-def parser(prog: str, cls: type, description: str = ""):
+def parser(prog: str, cls: type, description: str = "", sections: typing.Collection[str] | None = None):
     """The argparse parser of every config-taking command: `--config FILE key=value ...`, and a
-    `--help` that lists every key with its default."""
+    `--help` that lists the keys it reads (`sections`: its top-level keys; None: every key) with
+    their defaults. Every key of the file is still checked: one file configures a whole run."""
     import argparse
 
-    p = argparse.ArgumentParser(prog=prog, description=description or None,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="config keys (key = default; set in the YAML file or as key=value):\n"
-                                       + "\n".join(keys_help(cls)))
+    from wharf.core.entry import ArgParser
+
+    which = "config keys" if sections is None else \
+        f"the config keys {prog} reads (the run config holds more: `wharf loop --help` lists every key)"
+    p = ArgParser(prog=prog, description=description or None, formatter_class=argparse.RawDescriptionHelpFormatter,
+                  epilog=f"{which} (key = default; set in the YAML file or as key=value):\n"
+                         + "\n".join(keys_help(cls, only=sections)))
     p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
     p.add_argument("overrides", nargs="*",
                    help="key=value overrides, e.g. collect.attempts=8; ~key drops what the file set there")
@@ -237,6 +247,7 @@ def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> A
         raise SystemExit(2) from None
 
 
-def cli(argv: list[str] | None, prog: str, cls: type, description: str = "") -> Any:
+def cli(argv: list[str] | None, prog: str, cls: type, description: str = "",
+        sections: typing.Collection[str] | None = None) -> Any:
     """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
-    return from_args(parser(prog, cls, description).parse_args(argv), prog, cls)
+    return from_args(parser(prog, cls, description, sections).parse_args(argv), prog, cls)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from wharf.train import offpolicy
 from wharf.core import configio
-from wharf.core.config import RunConfig, dump_config, load_config
+from wharf.core.config import COMMAND_KEYS, RunConfig, dump_config, load_config
 from wharf.core.entry import guarded
 from wharf.core import storage
 from wharf.core.layout import JOB_FILES, CollectPaths, RunLayout
@@ -84,7 +84,7 @@ def run_replay(cfg: RunConfig) -> Path:
 
 def main(argv: list[str] | None = None, prog: str = "wharf replay") -> int:
     p = configio.parser(prog, RunConfig, "convert + train from stored collect dirs into a new run dir; no agent, "
-                                         "no endpoint.")
+                                         "no endpoint.", COMMAND_KEYS["replay"])
     p.add_argument("--job", action="append", default=[], help="a stored collect dir (repeat for more)")
     args = p.parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
