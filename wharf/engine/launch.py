@@ -67,7 +67,7 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
     if not ep.healthy():
         if not ep_cfg.launch:
             raise EndpointError(f"nothing answers at {ep_cfg.url}/health and endpoint.launch is false: start the "
-                                "endpoint (`make serve`) or set endpoint.launch=true")
+                                "endpoint (`wharf serve`) or set endpoint.launch=true")
         parts = urlsplit(ep_cfg.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"

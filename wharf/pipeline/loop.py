@@ -271,7 +271,7 @@ def check_init_adapter(cfg: RunConfig) -> None:
 def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
     if cfg.rounds < 1:
-        raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
+        raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (set rounds=N)")
     check_init_adapter(cfg)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ log = logging.getLogger("wharf.replay")
 def check_jobs(jobs: list[str]) -> list[str]:
     """Every job dir must be a finished collect dir; the same dir twice would count twice."""
     if not jobs:
-        raise LoopError("no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
+        raise LoopError("no jobs: name the collect dirs, wharf replay --job runs/<run>/rounds/<k>/collect ...")
     out = []
     for j in jobs:
         p = CollectPaths(storage.local_path(j))
