@@ -225,8 +225,17 @@ def with_refusals(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, refused=refused))
 
 
-def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+def check_collect(cfg: RunConfig) -> None:
+    """The checks that cost little, cheapest first, before anything is written or started (the
+    endpoint takes seconds to minutes): the dataset and its tasks, the agent and environment
+    classes, the executor."""
+    discover(cfg.collect.dataset, cfg.collect.tasks)
+    preflight(cfg.collect)
     check_executor(cfg)
+
+
+def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    check_collect(cfg)
     cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)

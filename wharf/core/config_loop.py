@@ -76,6 +76,8 @@ class EvalConfig:
     name: str | None = None
 
     def __post_init__(self):
+        if not self.policies:
+            raise ValueError("eval.policies is empty: name at least one policy (base, <run dir>:<k>, or an adapter dir)")
         for i, spec in enumerate(self.policies):
             check_policy_spec(spec, f"eval.policies[{i}]")
         if self.name is not None and (not self.name.strip() or "/" in self.name or self.name in (".", "..")):

@@ -24,14 +24,15 @@ import logging
 import time
 from collections import Counter
 
-from wharf.collect.runner import run as collect_round
+from wharf.collect.runner import check_collect, run as collect_round
+from wharf.collect.tasksets import TaskSetError, discover
 from wharf.engine.launch import launch
 from wharf.train.model import AdapterError, base_model_dir, check_adapter_config
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
 from wharf.core import storage
-from wharf.core.config import RunConfig, cli_config, dump_config
+from wharf.core.config import ConfigError, RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
@@ -268,11 +269,24 @@ def check_init_adapter(cfg: RunConfig) -> None:
         raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {e}") from None
 
 
-def run_loop(cfg: RunConfig) -> list[int]:
-    """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
+def check_loop(cfg: RunConfig) -> None:
+    """Everything the loop can check cheaply, before it writes or starts anything (an endpoint
+    takes seconds, vLLM minutes): the rounds, the datasets and tasks, the agent and environment
+    classes, the start adapter."""
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (set rounds=N)")
+    check_collect(cfg)
+    if cfg.loop.eval_every:
+        try:
+            discover(cfg.loop.eval_dataset)
+        except TaskSetError as e:
+            raise ConfigError(f"loop.eval_dataset: {str(e).removeprefix('collect.dataset: ')}") from None
     check_init_adapter(cfg)
+
+
+def run_loop(cfg: RunConfig) -> list[int]:
+    """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
+    check_loop(cfg)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
