@@ -18,7 +18,7 @@ def finite(text: str) -> float:
     return value
 
 
-finite.__name__ = "finite"  # argparse names the type in its message
+
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf import") -> int:
