@@ -32,7 +32,7 @@ from wharf.collect.manifest import (RoundSummary, finished_fields, load_manifest
 from wharf.collect.records import RolloutRow
 from wharf.collect.tasksets import PlannedRollout, discover, plan
 from wharf.collect.trials import preflight
-from wharf.engine.launch import launch
+from wharf.engine.launch import check_endpoint, launch
 
 log = logging.getLogger("wharf.collect")
 
@@ -236,6 +236,8 @@ def check_collect(cfg: RunConfig) -> None:
 
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     check_collect(cfg)
+    if load_manifest(cfg.round_layout.collect).get("state") != "done":  # a finished round needs no endpoint
+        check_endpoint(cfg)  # one not ours to start must answer; one we start must be startable
     cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)

@@ -130,10 +130,17 @@ def parse_override(text: str) -> dict:
     try:
         value = _yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({e})") from None
+        raise ConfigError(f"override '{text}': value is not valid YAML ({_one_line(e)})") from None
     for part in reversed(key.split(".")):
         value = {part: value}
     return value
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """PyYAML's message without its drawing of the line (a refusal is one line)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -144,7 +151,7 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = _yaml(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     return data

@@ -19,10 +19,14 @@ from wharf.core.endpoint import Endpoint, EndpointError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
+def _check_served_name(cfg: RunConfig) -> None:
     if cfg.engine.served_name != cfg.endpoint.model:
         raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
                             f"engine.served_name={cfg.engine.served_name!r}: make them the same")
+
+
+def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
+    _check_served_name(cfg)
     # Where endpoint.url says it answers, with the key; the config file is owner-only.
     engine = dataclasses.replace(cfg.engine, host=host, port=port, api_key=api_key)
     return procs.stage_argv("wharf.engine", dataclasses.replace(cfg, engine=engine), config_path)
@@ -51,6 +55,26 @@ def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
     return [exe, "serve", cfg.endpoint.model, "--host", host, "--port", str(port), *cfg.endpoint.vllm_args]
 
 
+def _nothing_answers(cfg: RunConfig) -> EndpointError:
+    return EndpointError(f"nothing answers at {cfg.endpoint.url}/health and endpoint.launch is false: start the "
+                         "endpoint (`wharf serve`) or set endpoint.launch=true")
+
+
+def check_endpoint(cfg: RunConfig) -> None:
+    """Before a command writes anything: an endpoint it will not start answers already, and one it
+    would start has what starting it takes (keys that agree, the engine's name, the vllm program)."""
+    ep_cfg = cfg.endpoint
+    if cfg.proxy.text_only or Endpoint(ep_cfg.url, None, ep_cfg.model).healthy():
+        return
+    if not ep_cfg.launch:
+        raise _nothing_answers(cfg)
+    launch_key(cfg)
+    if ep_cfg.kind == "local":
+        _check_served_name(cfg)
+    else:
+        _vllm_command(cfg, "127.0.0.1", 0)
+
+
 @contextmanager
 def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True) -> Iterator[Endpoint]:
     """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers (with
@@ -66,8 +90,7 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
     log = None
     if not ep.healthy():
         if not ep_cfg.launch:
-            raise EndpointError(f"nothing answers at {ep_cfg.url}/health and endpoint.launch is false: start the "
-                                "endpoint (`wharf serve`) or set endpoint.launch=true")
+            raise _nothing_answers(cfg)
         parts = urlsplit(ep_cfg.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"

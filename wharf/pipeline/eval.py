@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from wharf.collect.runner import run as collect_round
+from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import schema, storage
 from wharf.core.config import RunConfig, check_policy_spec, cli_config
-from wharf.engine.launch import launch
+from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
@@ -333,6 +333,8 @@ def _eval(cfg: RunConfig) -> int:
     if all(stored_trials(cfg, p) for p in policies):  # nothing to sample: no endpoint to start
         summary = evaluate(cfg, policies, None)
     else:
+        check_collect(dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[])))
+        check_endpoint(cfg)  # the agent and environment classes, then the endpoint: before anything is written
         with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
             summary = evaluate(cfg, policies, ep)
     print("\n".join(summary_lines(summary)))

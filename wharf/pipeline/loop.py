@@ -26,7 +26,7 @@ from collections import Counter
 
 from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
-from wharf.engine.launch import launch
+from wharf.engine.launch import check_endpoint, launch
 from wharf.train.model import AdapterError, base_model_dir, check_adapter_config
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
@@ -272,7 +272,7 @@ def check_init_adapter(cfg: RunConfig) -> None:
 def check_loop(cfg: RunConfig) -> None:
     """Everything the loop can check cheaply, before it writes or starts anything (an endpoint
     takes seconds, vLLM minutes): the rounds, the datasets and tasks, the agent and environment
-    classes, the start adapter."""
+    classes, the start adapter, then the endpoint (one not ours to start must answer)."""
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (set rounds=N)")
     check_collect(cfg)
@@ -282,6 +282,7 @@ def check_loop(cfg: RunConfig) -> None:
         except TaskSetError as e:
             raise ConfigError(f"loop.eval_dataset: {str(e).removeprefix('collect.dataset: ')}") from None
     check_init_adapter(cfg)
+    check_endpoint(cfg)
 
 
 def run_loop(cfg: RunConfig) -> list[int]:

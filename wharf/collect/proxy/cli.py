@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from pathlib import Path
 
 from wharf.collect.proxy.server import RecordingProxy
 from wharf.core.config import cli_config
@@ -51,6 +52,9 @@ def check_start(cfg) -> None:
         if paths.manifest.is_file() and load_state(paths) == "done":
             raise WharfError(f"{paths.root} is a finished collect round: set proxy.out_dir=DIR for the turns of a "
                              "proxy of your own (or name=/round= for a new round)")
+    for key, d in (("proxy.out_dir", p.out_dir), ("proxy.wal_dir", p.wal_dir)):
+        if d is not None and "://" not in d and Path(d).exists() and not Path(d).is_dir():
+            raise WharfError(f"{key}={d}: is a file, not a directory")
     check_bindable(p.host, p.port, "proxy.port")
     check_bindable(p.admin_host, p.admin_port, "proxy.admin_port")
 
