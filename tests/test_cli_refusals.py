@@ -217,3 +217,29 @@ def test_help_into_a_pipe_closed_early_is_not_an_error(tmp_path):
         proc.stdout.close()
         err = proc.stderr.read().decode()
         assert proc.wait(timeout=120) in (0, 141) and err == "", err
+
+
+# -- the sweep -----------------------------------------------------------------------------------
+
+CONFIG_MISTAKES = (["collect.atempts=3"], ["--config", "missing.yaml"], ["collect.attempts=three"], ["--nope"])
+OWN_MISTAKES = {
+    "import": (["out", "missing.json"], ["out", "a.traj.json", "--reward", "x"], ["--nope"], ["a.traj.json", "out"]),
+    "audit": (["missing"], ["--nope"], ["missing", "--tokenizer", "missing"]),
+    "report": (["missing"], ["--compare", "a=missing"], ["--table", "missing"], ["--nope"]),
+    "agents-check": (["--only", "x"], ["--engine-port", "x"], ["--nope"]),
+}
+
+
+def test_sweep_every_command_refuses_a_bad_key_a_missing_file_and_a_wrong_type_in_one_line(cwd, capsys):
+    """Each command with an unknown key or option, a file that is not there and a value of the
+    wrong type: a one-line refusal, no traceback (here: no exception out of main), nothing written."""
+    from wharf.pipeline.cli import COMMANDS
+
+    write(cwd / "a.traj.json", MINI)
+    for command in COMMANDS:
+        for argv in OWN_MISTAKES.get(command, CONFIG_MISTAKES):
+            before = files(cwd)
+            rc = wharf(command, *argv)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert rc in (1, 2) and len(err) == 1 and err[0].startswith(f"wharf {command}: "), (command, argv, err)
+            assert files(cwd) == before, (command, argv, files(cwd) - before)
