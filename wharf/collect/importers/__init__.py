@@ -55,14 +55,12 @@ def find_files(inputs: list[Path]) -> list[tuple[Path, bool]]:
             continue
         if not p.is_dir():
             raise ImportUsageError(f"{p}: no such file or directory")
-        for f in sorted(p.rglob("*.json")):
-            if f.name in MINI_NAMES or f.name.endswith(".traj.json"):
-                out.append((f, False))
-            elif f.name == "trajectory.json" and not any((f.parent / m).is_file() for m in MINI_NAMES):
-                out.append((f, False))
-    if not out:
-        raise TrajectoryError(f"{', '.join(map(str, inputs))}: no trajectory file (trajectory.json, *.traj.json, "
-                              "mini-swe-agent.trajectory.json)")
+        found = [f for f in sorted(p.rglob("*.json")) if f.name in MINI_NAMES or f.name.endswith(".traj.json")
+                 or (f.name == "trajectory.json" and not any((f.parent / m).is_file() for m in MINI_NAMES))]
+        if not found:
+            raise TrajectoryError(f"{p}: no trajectory file in it (trajectory.json, *.traj.json, "
+                                  "mini-swe-agent.trajectory.json)")
+        out += [(f, False) for f in found]
     seen: dict[Path, Path] = {}
     for f, _ in out:
         if f.resolve() in seen:
@@ -189,7 +187,12 @@ def _rows(items: list[Imported], job_id: str) -> tuple[list[dict], list[dict]]:
     return turns, rollouts
 
 
-def check_out(out: Path, reward: float | None) -> None:
+def check_out(out: Path, reward: float | None, task: str | None) -> None:
+    above = next((d for d in out.parents if d.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ImportUsageError(f"{out}: {above} is a file, not a directory")
+    if task is not None and not task.strip():
+        raise ImportUsageError("--task: empty; name the task, or leave --task out")
     if out.is_file():
         raise ImportUsageError(f"{out}: is a file, not a collect dir: the dir to write comes first "
                                "(wharf import OUT FILE|DIR ...)")
@@ -203,7 +206,7 @@ def import_trajectories(inputs: list[Path], out: Path, reward: float | None = No
                         task: str | None = None, strict: bool = False) -> dict:
     """Write the collect dir `out` (which must not exist or be empty); returns its manifest, whose
     `skipped` lists the files of a directory that could not be imported and why."""
-    check_out(out, reward)
+    check_out(out, reward, task)
     items, skipped = read_all(find_files(inputs), reward, task, strict)  # all checked before anything is written
     files = [it.path for it in items]
     job_id = "import-" + hashlib.sha1("\n".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:12]
@@ -221,7 +224,10 @@ def import_trajectories(inputs: list[Path], out: Path, reward: float | None = No
 
 
 def _write(out: Path, turns: list[dict], rollouts: list[dict], manifest: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrajectoryError(f"{out.parent}: cannot make it ({e.strerror})") from None
     tmp = out.with_name(f".{out.name}.import-{uuid.uuid4().hex[:8]}")
     try:
         paths = CollectPaths(tmp)
@@ -231,5 +237,7 @@ def _write(out: Path, turns: list[dict], rollouts: list[dict], manifest: dict) -
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
+    except OSError as e:  # a full disk, a directory without write permission
+        raise TrajectoryError(f"{out}: cannot write it ({e.strerror}); nothing written") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

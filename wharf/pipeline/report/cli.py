@@ -52,8 +52,8 @@ def _report(args) -> int:
     for d in args.run_dirs:
         if storage.is_remote(d):
             storage.check(d)
-        elif not Path(d).is_dir():
-            raise WharfError(f"{d} is not a run dir")
+        elif not Path(d).is_dir() or not RunLayout(Path(d)).rounds():
+            raise WharfError(f"{d} is not a run dir with rounds (runs/<run>/rounds/<k>/)")
         page = write_report(d)
         print(f"wrote {storage.describe(page)}")
     if args.compare:
