@@ -227,11 +227,11 @@ def with_refusals(cfg: RunConfig) -> RunConfig:
 
 def check_collect(cfg: RunConfig) -> None:
     """The checks that cost little, cheapest first, before anything is written or started (the
-    endpoint takes seconds to minutes): the dataset and its tasks, the agent and environment
-    classes, the executor."""
+    endpoint takes seconds to minutes): the executor's package, the dataset and its tasks, the
+    agent and environment classes."""
+    check_executor(cfg)
     discover(cfg.collect.dataset, cfg.collect.tasks)
     preflight(cfg.collect)
-    check_executor(cfg)
 
 
 def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:

@@ -64,7 +64,8 @@ def check_endpoint(cfg: RunConfig) -> None:
     """Before a command writes anything: an endpoint it will not start answers already, and one it
     would start has what starting it takes (keys that agree, the engine's name, the vllm program)."""
     ep_cfg = cfg.endpoint
-    if cfg.proxy.text_only or Endpoint(ep_cfg.url, None, ep_cfg.model).healthy():
+    key = ep_cfg.api_key or (cfg.engine.api_key if ep_cfg.kind == "local" else None)  # as launch asks
+    if cfg.proxy.text_only or Endpoint(ep_cfg.url, key, ep_cfg.model).healthy():
         return
     if not ep_cfg.launch:
         raise _nothing_answers(cfg)
