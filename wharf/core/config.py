@@ -122,7 +122,7 @@ RUN_KEYS = ("name", "runs_dir", "round")
 SERVING = ("engine", "endpoint", "sampling")
 COMMAND_KEYS = {
     "serve": ("engine",),
-    "chat": SERVING,
+    "chat": (*SERVING, "proxy"),
     "proxy": (*RUN_KEYS, "endpoint", "sampling", "proxy"),
     "collect": (*RUN_KEYS, *SERVING, "proxy", "collect"),
     "convert": (*RUN_KEYS, "engine", "convert", "train"),
