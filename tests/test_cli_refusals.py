@@ -147,6 +147,8 @@ def test_collect_and_loop_check_dataset_and_agent_before_writing_or_starting_any
             "collect.agent=wharf.collect.agents.minimal:Nope", *dead)
     refused(cwd, capsys, 1, "nothing answers at http://127.0.0.1:9/health and endpoint.launch is false", command,
             f"collect.dataset={TOY}", "endpoint.launch=false", "endpoint.url=http://127.0.0.1:9")
+    refused(cwd, capsys, 1, f"engine.model='{cwd / 'no-model'}': not a local Hugging Face model dir", command,
+            f"collect.dataset={TOY}", f"engine.model={cwd / 'no-model'}", "endpoint.url=http://127.0.0.1:9")
 
 
 def test_loop_checks_its_eval_dataset_before_the_endpoint(cwd, capsys):

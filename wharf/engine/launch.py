@@ -15,6 +15,7 @@ from wharf.core import envdefaults, procs
 from wharf.core.config import RunConfig
 from wharf.core.credentials import new_token
 from wharf.core.endpoint import Endpoint, EndpointError
+from wharf.core.model_store import resolve_model_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +73,7 @@ def check_endpoint(cfg: RunConfig) -> None:
     launch_key(cfg)
     if ep_cfg.kind == "local":
         _check_served_name(cfg)
+        resolve_model_dir(cfg.engine.model)  # a model dir that is not one: refused here, not in the engine's log
     else:
         _vllm_command(cfg, "127.0.0.1", 0)
 
