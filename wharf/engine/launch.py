@@ -73,7 +73,8 @@ def check_endpoint(cfg: RunConfig) -> None:
     launch_key(cfg)
     if ep_cfg.kind == "local":
         _check_served_name(cfg)
-        resolve_model_dir(cfg.engine.model)  # a model dir that is not one: refused here, not in the engine's log
+        if cfg.engine.model is not None:  # a model dir that is not one: refused here, not in the engine's log
+            resolve_model_dir(cfg.engine.model)  # (the embedded one is converted by the engine, when first needed)
     else:
         _vllm_command(cfg, "127.0.0.1", 0)
 
