@@ -86,9 +86,10 @@ def _trial_result(path: Path) -> dict | None:
     if not f.is_file():
         return None
     try:
-        result = _mapping(json.loads(f.read_text()), str(f), "the top level")
+        data = json.loads(f.read_text())
     except ValueError as e:
         raise TrajectoryError(f"{f}: not JSON ({e})") from None
+    result = _mapping(data, str(f), "the top level")
     verifier = _mapping(result.get("verifier_result"), str(f), "verifier_result")
     _mapping(verifier.get("rewards"), str(f), "verifier_result.rewards")
     if result.get("task_name") is not None and not isinstance(result["task_name"], str):
