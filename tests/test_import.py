@@ -152,38 +152,6 @@ def test_bad_files_are_refused_by_file_and_field_and_nothing_is_written(tmp_path
         import_trajectories([alone], tmp_path / "out", reward=1.0)
 
 
-def minimal_trial(root: Path, script: list[str]) -> tuple[Path, list[dict]]:
-    """A real harbor trial of wharf's minimal agent in the sandbox, its model a scripted OpenAI
-    server; returns the trial dir and the requests the server got."""
-    import asyncio
-
-    from tests.test_minimal_agent import ScriptedEndpoint, run_trial
-
-    async def go():
-        server = ScriptedEndpoint(script)
-        async with server as url:
-            await run_trial("sed-add", root, url, max_turns=3, max_tokens=32)
-        return server.requests
-
-    requests = asyncio.run(go())
-    return root / "trials" / "sed-add__minimal", requests
-
-
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
-def test_the_minimal_agents_own_trajectories_import_as_it_sent_them(tmp_path, monkeypatch):
-    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
-    trial_dir, sent = minimal_trial(tmp_path, ["```bash\nsed -i 's/a - b/a + b/' calc.py\n```", "DONE"])
-    traj = json.loads((trial_dir / "agent" / "trajectory.json").read_text())
-    assert traj["format"] == "wharf-minimal/1"
-    m = import_trajectories([tmp_path / "trials"], tmp_path / "out")
-    assert m["formats"] == ["minimal"] and m["agent"] == "wharf-minimal" and m["counts"] == {"finished": 1, "turns": 2}
-    assert m["tasks"] == ["sed-add"] and m["mean_reward"] == 1.0 and m["skipped"] == []  # the verifier's reward
-    assert requests_of(tmp_path / "out") == [r["messages"] for r in sent]
-    answers = [json.loads(t["response"])["choices"][0]["message"]["content"]
-               for t in sorted(table(tmp_path / "out", "turns"), key=lambda t: t["turn"])]
-    assert answers == [c["assistant"] for c in traj["calls"]]
-
-
 def test_a_dir_import_skips_and_reports_unreadable_files_and_strict_stops_at_the_first(tmp_path, runs, capsys):
     from wharf.collect.importers.cli import main
 
