@@ -170,6 +170,10 @@ def test_standalone_proxy_on_a_taken_port_writes_nothing(cwd, capsys, taken_port
             f"proxy.port={taken_port}")
     refused(cwd, capsys, 1, f"proxy.admin_port={taken_port}: cannot listen", "proxy", "proxy.port=0",
             f"proxy.admin_port={taken_port}")
+    refused(cwd, capsys, 1, "proxy.port and proxy.admin_port are both 8201: give each its own", "proxy",
+            "proxy.port=8201", "proxy.admin_port=8201")
+    refused(cwd, capsys, 1, "engine.host=no-such-host.invalid: cannot resolve it", "serve",
+            "engine.host=no-such-host.invalid")
 
 
 def test_standalone_proxy_leaves_a_finished_round_alone(cwd, capsys):

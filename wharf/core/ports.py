@@ -14,13 +14,14 @@ class PortTaken(WharfError):
 
 def check_bindable(host: str, port: int, key: str) -> None:
     """Bind and release host:port as the server will (SO_REUSEADDR, as aiohttp does); port 0 (any
-    free one) always binds. `key`: the config key that sets the port, named in the message."""
+    free one) always binds. `key`: the config key that sets the port (its host's: `port` -> `host`),
+    named in the message."""
     if port == 0:
         return
     try:
         infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
-        raise PortTaken(f"{key}: cannot resolve host {host!r} ({e.strerror})") from None
+        raise PortTaken(f"{key.replace('port', 'host')}={host}: cannot resolve it ({e.strerror})") from None
     family, kind, proto, _, addr = infos[0]
     with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -20,6 +21,8 @@ async def serve(cfg) -> None:
     try:
         url = await proxy.start()
     except BaseException:
+        with contextlib.suppress(Exception):  # what it opened (its client session, the WAL)
+            await proxy.stop()
         admin_file(proxy.wal_dir).unlink(missing_ok=True)  # its token, of a proxy that never served
         raise
     rec = proxy.recovery
@@ -55,6 +58,9 @@ def check_start(cfg) -> None:
     for key, d in (("proxy.out_dir", p.out_dir), ("proxy.wal_dir", p.wal_dir)):
         if d is not None and "://" not in d and Path(d).exists() and not Path(d).is_dir():
             raise WharfError(f"{key}={d}: is a file, not a directory")
+    if p.port and p.port == p.admin_port:
+        raise WharfError(f"proxy.port and proxy.admin_port are both {p.port}: give each its own (admin_port=0 picks "
+                         "a free one)")
     check_bindable(p.host, p.port, "proxy.port")
     check_bindable(p.admin_host, p.admin_port, "proxy.admin_port")
 
