@@ -249,3 +249,9 @@ def test_sweep_every_command_refuses_a_bad_key_a_missing_file_and_a_wrong_type_i
             err = capsys.readouterr().err.strip().splitlines()
             assert rc in (1, 2) and len(err) == 1 and err[0].startswith(f"wharf {command}: "), (command, argv, err)
             assert files(cwd) == before, (command, argv, files(cwd) - before)
+
+
+@pytest.mark.parametrize("command", ["collect", "loop", "eval", "proxy", "convert"])
+def test_a_runs_dir_that_is_a_file_is_refused_before_anything_is_written(cwd, capsys, command):
+    write(cwd / "runs", "not a directory")
+    refused(cwd, capsys, 2, "bad config: runs_dir=runs, name=default: runs is a file, not a directory", command)

@@ -82,6 +82,15 @@ class RunConfig:
             return None
         return self.sampling.max_tokens * turns
 
+    def check_paths(self) -> None:
+        """runs_dir and the run's dir under it: each a directory or not there yet (a command line's
+        check, before anything is written; validation itself reads no disk)."""
+        if "://" in self.runs_dir:
+            return
+        for d in (Path(self.runs_dir) / self.name, *(Path(self.runs_dir) / self.name).parents):
+            if d.exists() and not d.is_dir():
+                raise ConfigError(f"runs_dir={self.runs_dir}, name={self.name}: {d} is a file, not a directory")
+
     @property
     def run_dir(self) -> Path:
         return self.layout.root

@@ -243,12 +243,17 @@ def parser(prog: str, cls: type, description: str = "", sections: typing.Collect
     return p
 
 
-def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> Any:
-    """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2."""
+def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = (), paths: bool = True) -> Any:
+    """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2.
+    `paths`: also check the config's paths (`check_paths()`), for a command that writes there."""
     import sys
 
     try:
-        return load(cls, args.config, [*extra, *args.overrides])
+        cfg = load(cls, args.config, [*extra, *args.overrides])
+        check = getattr(cfg, "check_paths", None) if paths else None
+        if check is not None:
+            check()  # what validation cannot see: a path the config names that is a file, not a directory
+        return cfg
     except ConfigError as e:
         print(f"{prog}: bad config: {e}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -257,4 +262,5 @@ def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> A
 def cli(argv: list[str] | None, prog: str, cls: type, description: str = "",
         sections: typing.Collection[str] | None = None) -> Any:
     """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
-    return from_args(parser(prog, cls, description, sections).parse_args(argv), prog, cls)
+    return from_args(parser(prog, cls, description, sections).parse_args(argv), prog, cls,
+                     paths=sections is None or "runs_dir" in sections)
