@@ -114,9 +114,13 @@ def test_audit_with_a_tokenizer_dir_that_is_not_there(cwd, capsys):
     refused(cwd, capsys, 2, "nowhere: not a collect dir (no rollouts.parquet)", "audit", "nowhere")
 
 
-def test_agents_check_with_an_agent_it_does_not_know(cwd, capsys):
+def test_agents_check_with_an_agent_it_does_not_know_a_file_for_out_or_a_taken_port(cwd, capsys, taken_port):
     refused(cwd, capsys, 2, "--only: no agent named nope; known: minimal, mini-swe-agent", "agents-check", "--only",
             "minimal,nope")
+    write(cwd / "afile", "x")
+    refused(cwd, capsys, 2, "--out afile: is a file, not a directory", "agents-check", "--out", "afile")
+    refused(cwd, capsys, 1, f"--proxy-port={taken_port}: cannot listen", "agents-check", "--proxy-port",
+            str(taken_port))
 
 
 def test_report_compare_writes_only_where_told(cwd, capsys):

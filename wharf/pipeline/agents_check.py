@@ -32,6 +32,7 @@ from wharf.core import schema
 from wharf.core.config import dump_config, load_config
 from wharf.core.entry import ArgParser, guarded
 from wharf.core.errors import UsageError, WharfError
+from wharf.core.ports import check_bindable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -257,6 +258,9 @@ def chosen(only: str) -> list:
 
 def check(args: argparse.Namespace) -> int:
     agents = chosen(args.only)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: is a file, not a directory")
+    check_bindable("127.0.0.1", args.proxy_port, "--proxy-port")  # each trial's proxy listens there
     stub_server()  # before any trial: no checkout, one line saying how to get one
     out = Path(args.out or tempfile.mkdtemp(prefix="wharf-agents-check-"))
     out.mkdir(parents=True, exist_ok=True)
