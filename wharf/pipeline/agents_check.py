@@ -260,8 +260,8 @@ def check(args: argparse.Namespace) -> int:
     agents = chosen(args.only)
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: is a file, not a directory")
-    check_bindable("127.0.0.1", args.proxy_port, "--proxy-port")  # each trial's proxy listens there
     stub_server()  # before any trial: no checkout, one line saying how to get one
+    check_bindable("127.0.0.1", args.proxy_port, "--proxy-port")  # each trial's proxy listens there
     out = Path(args.out or tempfile.mkdtemp(prefix="wharf-agents-check-"))
     out.mkdir(parents=True, exist_ok=True)
     results = []
