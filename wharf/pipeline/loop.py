@@ -24,15 +24,14 @@ import logging
 import time
 from collections import Counter
 
-from wharf.collect.runner import check_collect, run as collect_round
-from wharf.collect.tasksets import TaskSetError, discover
-from wharf.engine.launch import check_endpoint, launch
-from wharf.train.model import AdapterError, base_model_dir, check_adapter_config
+from wharf.collect.runner import run as collect_round
+from wharf.engine.launch import launch
+from wharf.train.model import base_model_dir
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
 from wharf.core import storage
-from wharf.core.config import ConfigError, RunConfig, cli_config, dump_config
+from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
@@ -42,6 +41,7 @@ from wharf.core.replicas import not_serving, replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
+from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
 from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, train_stage,
@@ -253,36 +253,6 @@ def print_round(layout: RunLayout, k: int) -> None:
         print(f"loop: {round_line(gather_round(layout, k))}", flush=True)
     except Exception:  # a summary line never stops a loop
         log.exception("could not summarise round %d of %s", k, layout.root)
-
-
-def check_init_adapter(cfg: RunConfig) -> None:
-    """loop.init_adapter, before anything samples from it: an adapter this run's train can continue."""
-    start = init_adapter_dir(cfg.loop.init_adapter)
-    if start is None:
-        return
-    if not has_adapter(start):
-        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
-                        "(no adapter_config.json)")
-    try:
-        check_adapter_config(cfg, start)
-    except AdapterError as e:
-        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {e}") from None
-
-
-def check_loop(cfg: RunConfig) -> None:
-    """Everything the loop can check cheaply, before it writes or starts anything (an endpoint
-    takes seconds, vLLM minutes): the rounds, the datasets and tasks, the agent and environment
-    classes, the start adapter, then the endpoint (one not ours to start must answer)."""
-    if cfg.rounds < 1:
-        raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (set rounds=N)")
-    check_collect(cfg)
-    if cfg.loop.eval_every:
-        try:
-            discover(cfg.loop.eval_dataset)
-        except TaskSetError as e:
-            raise ConfigError(f"loop.eval_dataset: {str(e).removeprefix('collect.dataset: ')}") from None
-    check_init_adapter(cfg)
-    check_endpoint(cfg)
 
 
 def run_loop(cfg: RunConfig) -> list[int]:
