@@ -2,8 +2,8 @@
 
 1. `launch` applies the process env defaults *before* the command's module loads (torch reads
    OMP_WAIT_POLICY, huggingface_hub HF_HUB_OFFLINE, at import), then runs its `main(argv, prog)`.
-2. A command parses `--config FILE key=value ...` (wharf.config.cli_config; `--help` lists every
-   key with its default; a bad config is one line and exit 2),
+2. A command parses `--config FILE key=value ...` (wharf.config.cli_config; `--help` lists the
+   keys it reads with their defaults; a bad config is one line and exit 2),
 3. and runs its body under `guarded`: one logging style (wharf.log), and any WharfError printed
    as one line, `<prog>: <message>`, with its exit code (1; 2 for a UsageError or a bad config).
    Anything else is a bug and keeps its traceback.
