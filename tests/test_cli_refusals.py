@@ -135,8 +135,10 @@ def test_report_compare_writes_only_where_told(cwd, capsys):
 
 # -- config-taking commands -----------------------------------------------------------------------
 
-def test_eval_with_no_policy(cwd, capsys):
+def test_eval_with_no_policy_or_no_dataset(cwd, capsys):
     refused(cwd, capsys, 2, "bad config: defaults: eval.policies is empty", "eval", "eval.policies=[]")
+    refused(cwd, capsys, 2, "eval.dataset (collect.dataset when unset): nope is not a directory", "eval",
+            "eval.dataset=nope")
 
 
 @pytest.mark.parametrize("command", ["collect", "loop"])

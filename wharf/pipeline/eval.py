@@ -30,7 +30,7 @@ from typing import Iterator
 from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import schema, storage
-from wharf.core.config import RunConfig, check_policy_spec, cli_config
+from wharf.core.config import ConfigError, RunConfig, check_policy_spec, cli_config
 from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
@@ -326,7 +326,7 @@ def _eval(cfg: RunConfig) -> int:
     try:
         discover(dataset_of(cfg))
     except TaskSetError as e:
-        raise EvalError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
+        raise ConfigError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
     labels = [p.label for p in policies]
     if len(set(labels)) < len(labels):
         raise EvalError(f"eval.policies: {cfg.eval.policies} names the same policy twice ({labels})")
