@@ -93,11 +93,15 @@ def test_help_lists_every_key_with_its_default(capsys):
     from wharf.core.config import cli_config
 
     with pytest.raises(SystemExit) as e:
-        cli_config(["--help"], "wharf train")
+        cli_config(["--help"], "wharf loop")
     out = capsys.readouterr().out
     assert e.value.code == 0
     for line in ("  convert.advantage = 'grpo'", "  train.lr = 0.0002", "  collect.attempts = 4", "  rounds = 1"):
         assert line in out
+    with pytest.raises(SystemExit):  # a stage's --help: the keys it reads
+        cli_config(["--help"], "wharf train")
+    out = capsys.readouterr().out
+    assert "  train.lr = 0.0002" in out and "  convert.advantage = 'grpo'" in out and "  collect.attempts" not in out
 
 
 def test_every_problem_is_reported_at_once():

@@ -150,3 +150,34 @@ def test_bad_files_are_refused_by_file_and_field_and_nothing_is_written(tmp_path
     assert import_trajectories([alone], tmp_path / "out", reward=1.0)["mean_reward"] == 1.0
     with pytest.raises(TrajectoryError, match="out: exists and is not empty"):
         import_trajectories([alone], tmp_path / "out", reward=1.0)
+
+
+def test_a_dir_import_skips_and_reports_unreadable_files_and_strict_stops_at_the_first(tmp_path, runs, capsys):
+    from wharf.collect.importers.cli import main
+
+    job = tmp_path / "job"
+    trial(job, "say-hi__a", runs["text"], 1.0)
+    trial(job, "say-hi__b", runs["text"], 0.0)
+    broken = job / "say-hi__c" / "agent" / "mini-swe-agent.trajectory.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{not json")
+    assert main([str(tmp_path / "strict"), str(job), "--strict"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"wharf import: {broken}: not a readable JSON file "
+                                                            "(Expecting property name enclosed in double quotes: "
+                                                            "line 1 column 2 (char 1))"]
+    assert not (tmp_path / "strict").exists()
+    assert main([str(tmp_path / "out"), str(job)]) == 0
+    out = capsys.readouterr()
+    assert out.err.strip().splitlines() == [f"wharf import: skipped {broken}: not a readable JSON file "
+                                            "(Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"]
+    assert "imported 2 trajectories" in out.out and "skipped 1 files" in out.out
+    manifest = json.loads(CollectPaths(tmp_path / "out").manifest.read_text())
+    assert manifest["counts"]["finished"] == 2 and [s["file"] for s in manifest["skipped"]] == [str(broken)]
+
+
+def test_a_trial_without_result_json_is_named_by_its_trial_dir(tmp_path, runs):
+    job = tmp_path / "job"
+    trial(job, "say-hi__a", runs["text"], None, own=False)  # agent/trajectory.json (ATIF) alone
+    trial(job, "fix-sum__b", runs["text"], None, atif=False)  # agent/mini-swe-agent.trajectory.json alone
+    m = import_trajectories([job], tmp_path / "out", reward=1.0)
+    assert m["tasks"] == ["fix-sum", "say-hi"] and m["counts"]["finished"] == 2

@@ -14,6 +14,9 @@ import pytest
 from aiohttp import web
 
 from wharf.collect.agents.minimal import MinimalAgent, extract_command, is_done
+from wharf.collect.importers import import_trajectories
+from wharf.core import schema
+from wharf.core.layout import CollectPaths
 
 REPO = Path(__file__).resolve().parents[1]
 TOY = REPO / "datasets" / "toy"
@@ -88,6 +91,13 @@ class ScriptedEndpoint:
         await self.runner.cleanup()
 
 
+def imported_calls(collect_dir: Path) -> list[tuple[list[dict], str]]:
+    """(request messages, answer) of each turns row `wharf import` wrote, in order."""
+    rows = sorted(schema.read_dir(CollectPaths(collect_dir).turns, "turns").to_pylist(), key=lambda t: t["turn"])
+    return [(json.loads(t["request"])["messages"], json.loads(t["response"])["choices"][0]["message"]["content"])
+            for t in rows]
+
+
 async def run_trial(task: str, tmp_path: Path, base_url: str, **kwargs):
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
@@ -145,6 +155,10 @@ def test_trial_solves_task_and_records_every_call(tmp_path, monkeypatch):
     assert "No command found" in server.requests[2]["messages"][-1]["content"]
     assert traj["calls"][2]["command"] == "sed -i 's/a - b/a + b/' calc.py" and traj["calls"][2]["exit_code"] == 0
     assert result.agent_result.n_input_tokens == 400 and result.agent_result.n_output_tokens == 40
+    # `wharf import` reads the trial as the model saw it: every call's messages and answer, the verifier's reward
+    m = import_trajectories([tmp_path / "trials"], tmp_path / "imported")
+    assert (m["formats"], m["agent"], m["tasks"], m["mean_reward"]) == (["minimal"], "wharf-minimal", ["sed-add"], 1.0)
+    assert imported_calls(tmp_path / "imported") == [(r["messages"], a) for r, a in zip(server.requests, script)]
 
 
 @pytest.mark.slow  # a real harbor trial in the sandbox: not in make test-fast
@@ -177,6 +191,9 @@ def test_endpoint_error_is_an_agent_error_not_a_success(tmp_path, monkeypatch):
     assert len(server.requests) == 2, "no client retry: every request is one recorded call"
     assert result.exception_info is not None
     assert "model call 1" in result.exception_info.exception_message
+    # imported, the call the endpoint failed is left out: no answer to learn from
+    import_trajectories([tmp_path / "trials"], tmp_path / "imp", reward=0.0)
+    assert imported_calls(tmp_path / "imp") == [(server.requests[0]["messages"], "```bash\nls\n```")]
     assert traj["stop_reason"] == "endpoint_error" and "error" in traj["calls"][1]
     assert traj["calls"][0]["assistant"] == "```bash\nls\n```"
 

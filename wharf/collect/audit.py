@@ -10,7 +10,6 @@ rollout that disagrees and a summary; exit code 1 when any does.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -20,7 +19,8 @@ from typing import Iterable
 
 from wharf.collect.agents.logs import compare, read_agent_log
 from wharf.core import envdefaults, schema
-from wharf.core.entry import guarded
+from wharf.core.entry import ArgParser, guarded
+from wharf.core.errors import UsageError
 from wharf.core.layout import CollectPaths
 from wharf.core.model_store import resolve_model_dir
 
@@ -109,14 +109,28 @@ def audit_round(collect_dir: str | Path, decode=None, eot: str = "") -> AuditRep
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf audit") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    p = ArgParser(prog=prog, description=(
+        "Check a collected round against the agents' own records: one turns row per model call in each agent's "
+        "log, the same answers, and completion ids that decode to the assistant text. Exit code 1 when a "
+        "rollout disagrees."))
     p.add_argument("collect_dir", help="runs/<run>/rounds/<k>/collect")
     p.add_argument("--tokenizer", help="a HF tokenizer dir to decode completion ids with (default: the embedded model's)")
     args = p.parse_args(argv)
     return guarded(prog, lambda: _audit(args))
 
 
+def check_args(collect_dir: str, tokenizer: str | None) -> None:
+    """The cheap checks first: a collect dir, and a tokenizer dir, before transformers loads."""
+    paths = CollectPaths(Path(collect_dir))
+    if not paths.rollouts.is_file():
+        raise UsageError(f"{collect_dir}: not a collect dir (no rollouts.parquet): name a "
+                         "runs/<run>/rounds/<k>/collect dir")
+    if tokenizer is not None and not (Path(tokenizer) / "tokenizer_config.json").is_file():
+        raise UsageError(f"--tokenizer {tokenizer}: not a Hugging Face tokenizer dir (no tokenizer_config.json)")
+
+
 def _audit(args) -> int:
+    check_args(args.collect_dir, args.tokenizer)
     envdefaults.apply()  # before transformers loads (`python -m wharf.collect.audit` comes here first)
     from transformers import AutoTokenizer
 

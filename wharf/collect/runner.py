@@ -32,7 +32,7 @@ from wharf.collect.manifest import (RoundSummary, finished_fields, load_manifest
 from wharf.collect.records import RolloutRow
 from wharf.collect.tasksets import PlannedRollout, discover, plan
 from wharf.collect.trials import preflight
-from wharf.engine.launch import launch
+from wharf.engine.launch import check_endpoint, launch
 
 log = logging.getLogger("wharf.collect")
 
@@ -225,8 +225,19 @@ def with_refusals(cfg: RunConfig) -> RunConfig:
     return dataclasses.replace(cfg, proxy=dataclasses.replace(cfg.proxy, refused=refused))
 
 
-def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+def check_collect(cfg: RunConfig) -> None:
+    """The checks that cost little, cheapest first, before anything is written or started (the
+    endpoint takes seconds to minutes): the executor's package, the dataset and its tasks, the
+    agent and environment classes."""
     check_executor(cfg)
+    discover(cfg.collect.dataset, cfg.collect.tasks)
+    preflight(cfg.collect)
+
+
+def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
+    check_collect(cfg)
+    if load_manifest(cfg.round_layout.collect).get("state") != "done":  # a finished round needs no endpoint
+        check_endpoint(cfg)  # one not ours to start must answer; one we start must be startable
     cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)

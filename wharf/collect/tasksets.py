@@ -12,7 +12,9 @@ from wharf.core.errors import WharfError
 
 
 class TaskSetError(WharfError, ValueError):
-    """A dataset path that holds no usable harbor task."""
+    """A dataset path that holds no usable harbor task: a bad config value, exit 2."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,10 @@ def environment_config(cc: CollectConfig, ep: RolloutRoute | None = None) -> Env
 
 
 class TrialSetupError(WharfError, ValueError):
-    """An agent or environment that harbor cannot load or that refuses its options."""
+    """An agent or environment that harbor cannot load or that refuses its options: a bad config
+    value (collect.agent, collect.environment), exit 2."""
+
+    exit_code = 2
 
 
 def preflight(cc: CollectConfig) -> None:

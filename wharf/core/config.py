@@ -82,6 +82,15 @@ class RunConfig:
             return None
         return self.sampling.max_tokens * turns
 
+    def check_paths(self) -> None:
+        """runs_dir and the run's dir under it: each a directory or not there yet (a command line's
+        check, before anything is written; validation itself reads no disk)."""
+        if "://" in self.runs_dir:
+            return
+        for d in (Path(self.runs_dir) / self.name, *(Path(self.runs_dir) / self.name).parents):
+            if d.exists() and not d.is_dir():
+                raise ConfigError(f"runs_dir={self.runs_dir}, name={self.name}: {d} is a file, not a directory")
+
     @property
     def run_dir(self) -> Path:
         return self.layout.root
@@ -117,7 +126,24 @@ def dump_config(cfg: Any, path: str | Path) -> None:
     configio.dump(cfg, path)
 
 
+# The top-level keys each command reads: what its `--help` lists (`wharf loop --help`: all of them).
+RUN_KEYS = ("name", "runs_dir", "round")
+SERVING = ("engine", "endpoint", "sampling")
+COMMAND_KEYS = {
+    "serve": ("engine",),
+    "chat": (*SERVING, "proxy"),
+    "proxy": (*RUN_KEYS, "endpoint", "sampling", "proxy"),
+    "collect": (*RUN_KEYS, *SERVING, "proxy", "collect"),
+    "convert": (*RUN_KEYS, "engine", "convert", "train"),
+    "train": (*RUN_KEYS, "engine", "endpoint", "proxy", "convert", "train", "loop"),
+    "publish": (*RUN_KEYS, "engine", "endpoint", "proxy", "train", "loop"),
+    "eval": (*RUN_KEYS, *SERVING, "proxy", "collect", "eval"),
+    "replay": ("name", "runs_dir", "engine", "convert", "train"),
+}
+
+
 def cli_config(argv: list[str] | None, prog: str, description: str = "", cls: type = RunConfig) -> Any:
-    """`--config FILE key=value ...` as every stage's entry point takes it; `--help` lists the keys;
-    exits 2 on a bad config."""
-    return configio.cli(argv, prog, cls, description)
+    """`--config FILE key=value ...` as every stage's entry point takes it; `--help` lists the keys
+    the command reads (COMMAND_KEYS; every key for one not there); exits 2 on a bad config."""
+    sections = COMMAND_KEYS.get(prog.split()[-1]) if cls is RunConfig else None
+    return configio.cli(argv, prog, cls, description, sections)

@@ -77,6 +77,8 @@ class EvalConfig:
     name: str | None = None
 
     def __post_init__(self):
+        if not self.policies:
+            raise ValueError("eval.policies is empty: name at least one policy (base, <run dir>:<k>, or an adapter dir)")
         if self.dataset is not None:
             self.dataset = bundled.resolve(self.dataset, "eval.dataset")
         for i, spec in enumerate(self.policies):

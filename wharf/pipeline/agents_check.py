@@ -30,8 +30,9 @@ from wharf.convert.rows import RowError, RowOptions, build_rows
 from wharf.engine.launch import launch
 from wharf.core import schema
 from wharf.core.config import dump_config, load_config
-from wharf.core.entry import guarded
-from wharf.core.errors import WharfError
+from wharf.core.entry import ArgParser, guarded
+from wharf.core.errors import UsageError, WharfError
+from wharf.core.ports import check_bindable
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +49,7 @@ def stub_server(root: Path | None = None):
     if not (root / "testing" / "vllm_stub.py").is_file() or not (root / "datasets" / "toy").is_dir():
         raise CheckoutMissing(f"needs a wharf checkout (testing/vllm_stub.py, datasets/toy and the pinned agent "
                               f"CLIs), and {root} is not one: run it from a clone, `make setup agents agents-py` "
-                              "then `make agents-check`")
+                              "then `wharf agents-check`")
     if str(root) not in sys.path:
         sys.path.append(str(root))  # last: never shadows an installed module
     from testing.vllm_stub import StubServer
@@ -234,8 +235,11 @@ def upstreams(engine_port: int, need_engine: bool, log_dir: Path):
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf agents-check") -> int:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="comma-separated agent names (default: all)")
+    p = ArgParser(prog=prog, description=(
+        "The agent matrix: one real harbor trial per agent through the recording proxy, and for each whether it "
+        "ran, its calls, whether the recorded rows match the agent's own log, and the size of its prompt and "
+        "tools. Exit code 1 when an agent wharf ships does not run cleanly."))
+    p.add_argument("--only", default="", help=f"comma-separated agent names (default: all: {', '.join(a.name for a in AGENTS)})")
     p.add_argument("--engine-port", type=int, default=8110)
     p.add_argument("--proxy-port", type=int, default=8210)
     p.add_argument("--out", default=None, help="where the trials go (default: a temp dir)")
@@ -243,10 +247,21 @@ def main(argv: list[str] | None = None, prog: str = "wharf agents-check") -> int
     return guarded(prog, lambda: check(args))
 
 
+def chosen(only: str) -> list:
+    """The agents `--only` names (all when empty); an unknown name is refused, naming the known ones."""
+    names = [a for a in only.split(",") if a]
+    unknown = [n for n in names if n not in {a.name for a in AGENTS}]
+    if unknown:
+        raise UsageError(f"--only: no agent named {', '.join(unknown)}; known: {', '.join(a.name for a in AGENTS)}")
+    return [a for a in AGENTS if not names or a.name in names]
+
+
 def check(args: argparse.Namespace) -> int:
+    agents = chosen(args.only)
+    if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: is a file, not a directory")
     stub_server()  # before any trial: no checkout, one line saying how to get one
-    only = {a for a in args.only.split(",") if a}
-    agents = [a for a in AGENTS if not only or a.name in only]
+    check_bindable("127.0.0.1", args.proxy_port, "--proxy-port")  # each trial's proxy listens there
     out = Path(args.out or tempfile.mkdtemp(prefix="wharf-agents-check-"))
     out.mkdir(parents=True, exist_ok=True)
     results = []

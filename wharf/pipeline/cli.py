@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from wharf.core.entry import launch
+from wharf.core.entry import launch, quiet_broken_pipe
 
 # command -> (module, what it does)
 COMMANDS = {
@@ -49,6 +49,7 @@ def usage() -> str:
             "commands:\n" + "\n".join(lines))
 
 
+@quiet_broken_pipe
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from wharf.collect.runner import run as collect_round
+from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import schema, storage
-from wharf.core.config import RunConfig, check_policy_spec, cli_config
-from wharf.engine.launch import launch
+from wharf.core.config import ConfigError, RunConfig, check_policy_spec, cli_config
+from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
@@ -350,13 +350,15 @@ def run_eval(cfg: RunConfig) -> dict:
     try:
         discover(dataset_of(cfg))
     except TaskSetError as e:
-        raise EvalError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
+        raise ConfigError(f"eval.dataset (collect.dataset when unset): {str(e).removeprefix('collect.dataset: ')}") from None
     labels = [p.label for p in policies]
     if len(set(labels)) < len(labels):
         raise EvalError(f"eval.policies: {cfg.eval.policies} names the same policy twice ({labels})")
     if all(stored_trials(cfg, p) for p in policies):  # nothing to sample: no endpoint to start
         summary = evaluate(cfg, policies, None)
     else:
+        check_collect(dataclasses.replace(cfg, collect=dataclasses.replace(cfg.collect, dataset=dataset_of(cfg), tasks=[])))
+        check_endpoint(cfg)  # the agent and environment classes, then the endpoint: before anything is written
         with launch(cfg, log_dir=cfg.layout.eval(eval_name(cfg)).root / "logs") as ep:
             summary = evaluate(cfg, policies, ep)
     return summary

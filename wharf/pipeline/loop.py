@@ -26,7 +26,7 @@ from collections import Counter
 
 from wharf.collect.runner import run as collect_round
 from wharf.engine.launch import launch
-from wharf.train.model import AdapterError, base_model_dir, check_adapter_config
+from wharf.train.model import base_model_dir
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
@@ -42,6 +42,7 @@ from wharf.core.replicas import not_serving, replica_urls
 
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce
+from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
 from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, track_round,
@@ -256,27 +257,10 @@ def print_round(layout: RunLayout, k: int) -> None:
         log.exception("could not summarise round %d of %s", k, layout.root)
 
 
-def check_init_adapter(cfg: RunConfig) -> None:
-    """loop.init_adapter, before anything samples from it: an adapter this run's train can continue."""
-    start = init_adapter_dir(cfg.loop.init_adapter)
-    if start is None:
-        return
-    if not has_adapter(start):
-        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {start} holds no adapter "
-                        "(no adapter_config.json)")
-    try:
-        check_adapter_config(cfg, start)
-    except AdapterError as e:
-        raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {e}") from None
-
-
 def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
-    if cfg.rounds < 1:
-        raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (make loop ROUNDS=N)")
-    trained = trained_model(cfg)  # one model per run: a train.model the endpoint does not serve stops here
-    check_init_adapter(cfg)
-    tracking.check(cfg.train.log_with)
+    check_loop(cfg)  # cheapest first, the endpoint last: nothing written or started before
+    trained = trained_model(cfg)  # one model per run (checked in check_loop too)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import logging
+import shutil
 from pathlib import Path
 
 from wharf.train import offpolicy
 from wharf.core import configio
-from wharf.core.config import RunConfig, dump_config, load_config
+from wharf.core.config import COMMAND_KEYS, RunConfig, dump_config, load_config
 from wharf.core.entry import guarded
-from wharf.core import storage
+from wharf.core.errors import WharfError
+from wharf.core import schema, storage
 from wharf.core.layout import JOB_FILES, CollectPaths, RunLayout
 from wharf.core.model_identity import trained_model
 from wharf.core.model_store import pick_device
@@ -32,7 +34,7 @@ log = logging.getLogger("wharf.replay")
 def check_jobs(jobs: list[str]) -> list[str]:
     """Every job dir must be a finished collect dir; the same dir twice would count twice."""
     if not jobs:
-        raise LoopError("no jobs: make replay JOBS=\"runs/<run>/rounds/<k>/collect ...\"")
+        raise LoopError("no jobs: name the collect dirs, wharf replay --job runs/<run>/rounds/<k>/collect ...")
     out = []
     for j in jobs:
         p = CollectPaths(storage.local_path(j))
@@ -40,6 +42,7 @@ def check_jobs(jobs: list[str]) -> list[str]:
         if not p.rollouts.is_file():
             raise LoopError(f"{j} is not a collect dir (no rollouts.parquet): name "
                             "runs/<run>/rounds/<k>/collect dirs")
+        schema.read_table(p.rollouts, "rollouts", ["rollout_id"])  # readable, of a version we know
         resolved = j.rstrip("/") if storage.is_remote(j) else str(p.root.resolve())
         if resolved in out:
             raise LoopError(f"{j} is named twice; its rollouts would count twice")
@@ -72,10 +75,16 @@ def run_replay(cfg: RunConfig) -> Path:
         if sorted(old.convert.jobs) != sorted(cfg.convert.jobs):
             raise LoopError(f"{layout.root} is a replay of other jobs ({old.convert.jobs}); "
                             "choose another name=")
+    fresh = not layout.root.exists()
     layout.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, layout.config)  # owner-only and never uploaded: it can hold API keys
     rnd = layout.round(0)
-    run_stage(rnd, "convert", lambda: convert_stage(cfg))
+    try:
+        run_stage(rnd, "convert", lambda: convert_stage(cfg))
+    except WharfError:
+        if fresh:  # refused at its convert (rows it cannot use): no half-made run dir left behind
+            shutil.rmtree(layout.root, ignore_errors=True)
+        raise
     (rnd.train.root).mkdir(parents=True, exist_ok=True)
     run_stage(rnd, "offpolicy", lambda: offpolicy_stage(cfg))
     run_stage(rnd, "train", lambda: train_stage(cfg))
@@ -86,7 +95,7 @@ def run_replay(cfg: RunConfig) -> Path:
 
 def main(argv: list[str] | None = None, prog: str = "wharf replay") -> int:
     p = configio.parser(prog, RunConfig, "convert + train from stored collect dirs into a new run dir; no agent, "
-                                         "no endpoint.")
+                                         "no endpoint.", COMMAND_KEYS["replay"])
     p.add_argument("--job", action="append", default=[], help="a stored collect dir (repeat for more)")
     args = p.parse_args(argv)
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")

@@ -51,7 +51,7 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     for `name` there; only when every replica refuses does publishing fail. `resume`: a replica
     already serving `name` from this adapter (a loop killed mid-publish) is checked, not refused."""
     if not has_adapter(Path(adapter_dir)):
-        raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `make train` first")
+        raise PublishError(f"{adapter_dir}: no adapter to publish (adapter_config.json missing); run `wharf train` first")
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     mine = [layout.root, *filter(None, [init_adapter_dir(cfg.loop.init_adapter)])]
     before = PublishRecord.read(layout.published(name)) if resume else None
@@ -65,7 +65,7 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     if not record.serving:
         why = "; ".join(f"{url}: {e}" for url, e in record.refused.items())
         raise PublishError(f"publishing {adapter_dir} as {name!r} failed on every replica ({why}); the adapter "
-                           "stays on disk, `make publish` retries")
+                           "stays on disk, `wharf publish` retries")
     for url, why in record.refused.items():
         log.error("replica %s refused %s and gets none of its calls: %s", url, name, why)
     return record
@@ -126,7 +126,7 @@ def _check_same(url: str, job: _Publish, root: str | None) -> None:
     if was and job.weights and was != job.weights:
         raise PublishError(f"{url} serves {name!r} with the weights it loaded before {job.adapter_dir} was trained "
                            f"again (sha256 {was[:12]}, now {job.weights[:12]}): unload {name!r} there "
-                           "(POST /v1/unload_lora_adapter) or restart the replica, then `make publish`")
+                           "(POST /v1/unload_lora_adapter) or restart the replica, then `wharf publish`")
 
 
 def verify(ep: Endpoint, name: str) -> list[str]:
@@ -146,7 +146,7 @@ def try_publish(cfg: RunConfig, adapter_dir: Path, name: str) -> tuple[bool, str
     ep = Endpoint(cfg.endpoint.url, cfg.endpoint.api_key, cfg.endpoint.model)
     if not ep.healthy():
         msg = (f"not published: nothing answers at {cfg.endpoint.url} (replay?); the adapter is in {adapter_dir}; "
-               "start the endpoint and run `make publish` to serve it")
+               "start the endpoint and run `wharf publish` to serve it")
         log.warning(msg)
         return False, msg
     try:

@@ -2,19 +2,24 @@
 a collect dir of the same schema (turns shards, rollouts.parquet, manifest.json), every call
 text-only: convert.mode=sft renders them with the student's template; GRPO refuses them.
 
-One rollout per file (formats.py: ATIF trajectory.json, mini-swe-agent's trajectory). Its reward
+One rollout per file (formats.py: ATIF trajectory.json, mini-swe-agent's trajectory, wharf's own
+minimal agent's trajectory.json). Its reward
 is the harbor trial's verifier result (result.json in the trial dir the file sits in, two levels
 up: <trial>/agent/<file>), else --reward; neither is an error naming the file. In a directory,
 every trajectory.json and *.traj.json / mini-swe-agent.trajectory.json is taken, and a trial's
 ATIF file is skipped where mini-swe-agent's own sits beside it (the same run, with its exact
-messages). Everything is checked before anything is written, and the dir appears whole (a temp
-dir renamed into place) or not at all.
+messages). A file found in a directory that cannot be imported is skipped and reported (the
+manifest's `skipped`; `strict` refuses it instead); a file named on the command line is always
+refused. The task id is --task, else harbor's task name (result.json), else the file's name, else
+the trial dir's (<task>__<id>/agent/trajectory.json). Everything is checked before anything is
+written, and the dir appears whole (a temp dir renamed into place) or not at all.
 """
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import json
+import math
 import os
 import shutil
 import uuid
@@ -24,7 +29,7 @@ from pathlib import Path
 from wharf.core import schema
 from wharf.core.layout import CollectPaths
 
-from .formats import Trajectory, TrajectoryError, parse
+from .formats import ImportUsageError, Trajectory, TrajectoryError, parse
 
 MINI_NAMES = ("mini-swe-agent.trajectory.json",)
 
@@ -40,24 +45,39 @@ class Imported:
     ended: dt.datetime
 
 
-def find_files(inputs: list[Path]) -> list[Path]:
-    """Explicit files as given; in directories, the trajectory files (see the module's doc)."""
-    out: list[Path] = []
+def find_files(inputs: list[Path]) -> list[tuple[Path, bool]]:
+    """(file, named on the command line): explicit files as given; in directories, the trajectory
+    files (see the module's doc). A file reached twice is refused: it would be two rollouts with one id."""
+    out: list[tuple[Path, bool]] = []
     for p in inputs:
         if p.is_file():
-            out.append(p)
+            out.append((p, True))
             continue
         if not p.is_dir():
-            raise TrajectoryError(f"{p}: no such file or directory")
-        for f in sorted(p.rglob("*.json")):
-            if f.name in MINI_NAMES or f.name.endswith(".traj.json"):
-                out.append(f)
-            elif f.name == "trajectory.json" and not any((f.parent / m).is_file() for m in MINI_NAMES):
-                out.append(f)
-    if not out:
-        raise TrajectoryError(f"{', '.join(map(str, inputs))}: no trajectory file (trajectory.json, *.traj.json, "
-                              "mini-swe-agent.trajectory.json)")
+            raise ImportUsageError(f"{p}: no such file or directory")
+        found = [f for f in sorted(p.rglob("*.json")) if f.name in MINI_NAMES or f.name.endswith(".traj.json")
+                 or (f.name == "trajectory.json" and not any((f.parent / m).is_file() for m in MINI_NAMES))]
+        if not found:
+            raise TrajectoryError(f"{p}: no trajectory file in it (trajectory.json, *.traj.json, "
+                                  "mini-swe-agent.trajectory.json)")
+        out += [(f, False) for f in found]
+    seen: dict[Path, Path] = {}
+    for f, _ in out:
+        if f.resolve() in seen:
+            also = "" if seen[f.resolve()] == f else f" (also as {seen[f.resolve()]})"
+            raise ImportUsageError(f"{f}: named twice{also}: name each trajectory once, or it becomes two "
+                                   "rollouts with one id")
+        seen[f.resolve()] = f
     return out
+
+
+def _mapping(value, where: str, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TrajectoryError(f"{where}: {what}: expected a mapping, got {value!r:.60} (harbor writes its trial "
+                              "result there)")
+    return value
 
 
 def _trial_result(path: Path) -> dict | None:
@@ -66,9 +86,15 @@ def _trial_result(path: Path) -> dict | None:
     if not f.is_file():
         return None
     try:
-        return json.loads(f.read_text())
+        data = json.loads(f.read_text())
     except ValueError as e:
         raise TrajectoryError(f"{f}: not JSON ({e})") from None
+    result = _mapping(data, str(f), "the top level")
+    verifier = _mapping(result.get("verifier_result"), str(f), "verifier_result")
+    _mapping(verifier.get("rewards"), str(f), "verifier_result.rewards")
+    if result.get("task_name") is not None and not isinstance(result["task_name"], str):
+        raise TrajectoryError(f"{f}: task_name: expected text, got {result['task_name']!r:.60}")
+    return result
 
 
 def _time(value, default: dt.datetime) -> dt.datetime:
@@ -78,6 +104,36 @@ def _time(value, default: dt.datetime) -> dt.datetime:
         return default
 
 
+def _reward(path: Path, result: dict | None, reward: float | None) -> tuple[float, dict]:
+    """The verifier's reward in the trial's result.json, else --reward."""
+    rewards = ((result or {}).get("verifier_result") or {}).get("rewards")
+    where = path.parent.parent / "result.json"
+    if rewards:
+        got = rewards.get("reward", next(iter(rewards.values())) if len(rewards) == 1 else None)
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            raise TrajectoryError(f"{where}: verifier_result.rewards {rewards} has no numeric 'reward' key")
+        if not math.isfinite(got):
+            raise TrajectoryError(f"{where}: verifier_result.rewards.reward is {got}: not a finite number")
+        return float(got), rewards
+    if reward is not None:
+        return reward, {"reward": reward}
+    raise TrajectoryError(f"{path}: no verifier result (no harbor result.json with verifier_result.rewards "
+                          "in its trial dir): give the reward with --reward")
+
+
+def task_of(path: Path, result: dict | None, task: str | None) -> str:
+    """--task, else harbor's task name, else the file's name, else its trial dir's (<task>__<id>)."""
+    if task or (result or {}).get("task_name"):
+        return task or result["task_name"]
+    stem = path.name.split(".")[0]
+    if stem not in ("trajectory", "mini-swe-agent"):  # a bare file name says nothing of the task
+        return stem
+    if path.parent.name != "agent":
+        return path.parent.name
+    trial = path.parent.parent.name  # harbor's <trial>/agent/<file>, the trial named <task>__<id>
+    return trial.rpartition("__")[0] or trial
+
+
 def read_one(path: Path, reward: float | None, task: str | None) -> Imported:
     try:
         data = json.loads(path.read_text())
@@ -85,23 +141,28 @@ def read_one(path: Path, reward: float | None, task: str | None) -> Imported:
         raise TrajectoryError(f"{path}: not a readable JSON file ({e})") from None
     traj = parse(data, str(path))
     result = _trial_result(path)
-    rewards = ((result or {}).get("verifier_result") or {}).get("rewards")
-    if rewards:
-        got = rewards.get("reward", next(iter(rewards.values())) if len(rewards) == 1 else None)
-        if not isinstance(got, (int, float)):
-            raise TrajectoryError(f"{path.parent.parent / 'result.json'}: verifier_result.rewards {rewards} has no "
-                                  "'reward' key")
-    elif reward is not None:
-        got, rewards = reward, {"reward": reward}
-    else:
-        raise TrajectoryError(f"{path}: no verifier result (no harbor result.json with verifier_result.rewards "
-                              "in its trial dir): give the reward with --reward")
+    got, rewards = _reward(path, result, reward)
     mtime = dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc)
-    task_id = task or (result or {}).get("task_name") or path.name.split(".")[0]
-    if task_id in ("trajectory", "mini-swe-agent"):  # a bare file name says nothing of the task
-        task_id = path.parent.name
-    return Imported(path, traj, task_id, float(got), rewards, _time((result or {}).get("started_at"), mtime),
-                    _time((result or {}).get("finished_at"), mtime))
+    return Imported(path, traj, task_of(path, result, task), got, rewards,
+                    _time((result or {}).get("started_at"), mtime), _time((result or {}).get("finished_at"), mtime))
+
+
+def read_all(found: list[tuple[Path, bool]], reward: float | None, task: str | None,
+             strict: bool) -> tuple[list[Imported], list[tuple[Path, str]]]:
+    """Every file read and checked; one found in a directory that cannot be is skipped and
+    reported (`strict`: refused, as a file named on the command line always is)."""
+    items, skipped = [], []
+    for f, named in found:
+        try:
+            items.append(read_one(f, reward, task))
+        except TrajectoryError as e:
+            if named or strict:
+                raise
+            skipped.append((f, str(e)))
+    if not items:
+        raise TrajectoryError(f"none of the {len(skipped)} trajectory files could be imported; the first: "
+                              f"{skipped[0][1]}")
+    return items, skipped
 
 
 def _rows(items: list[Imported], job_id: str) -> tuple[list[dict], list[dict]]:
@@ -127,13 +188,28 @@ def _rows(items: list[Imported], job_id: str) -> tuple[list[dict], list[dict]]:
     return turns, rollouts
 
 
-def import_trajectories(inputs: list[Path], out: Path, reward: float | None = None,
-                        task: str | None = None) -> dict:
-    """Write the collect dir `out` (which must not exist or be empty); returns its manifest."""
+def check_out(out: Path, reward: float | None, task: str | None) -> None:
+    above = next((d for d in out.parents if d.exists()), None)
+    if above is not None and not above.is_dir():
+        raise ImportUsageError(f"{out}: {above} is a file, not a directory")
+    if task is not None and not task.strip():
+        raise ImportUsageError("--task: empty; name the task, or leave --task out")
+    if out.is_file():
+        raise ImportUsageError(f"{out}: is a file, not a collect dir: the dir to write comes first "
+                               "(wharf import OUT FILE|DIR ...)")
     if out.exists() and any(out.iterdir()):
-        raise TrajectoryError(f"{out}: exists and is not empty; import into a new directory")
-    files = find_files(inputs)
-    items = [read_one(f, reward, task) for f in files]  # every file checked before anything is written
+        raise ImportUsageError(f"{out}: exists and is not empty; import into a new directory")
+    if reward is not None and (isinstance(reward, bool) or not math.isfinite(reward)):
+        raise ImportUsageError(f"--reward {reward}: not a finite number")
+
+
+def import_trajectories(inputs: list[Path], out: Path, reward: float | None = None,
+                        task: str | None = None, strict: bool = False) -> dict:
+    """Write the collect dir `out` (which must not exist or be empty); returns its manifest, whose
+    `skipped` lists the files of a directory that could not be imported and why."""
+    check_out(out, reward, task)
+    items, skipped = read_all(find_files(inputs), reward, task, strict)  # all checked before anything is written
+    files = [it.path for it in items]
     job_id = "import-" + hashlib.sha1("\n".join(sorted(str(f.resolve()) for f in files)).encode()).hexdigest()[:12]
     turns, rollouts = _rows(items, job_id)
     agents = sorted({it.traj.agent for it in items})
@@ -142,13 +218,17 @@ def import_trajectories(inputs: list[Path], out: Path, reward: float | None = No
                 "imported_from": [str(f) for f in files], "formats": sorted({it.traj.format for it in items}),
                 "state": "done", "counts": {"finished": len(rollouts), "turns": len(turns)},
                 "mean_reward": sum(it.reward for it in items) / len(items),
-                "text_only_rollouts": sorted(r["rollout_id"] for r in rollouts)}
+                "text_only_rollouts": sorted(r["rollout_id"] for r in rollouts),
+                "skipped": [{"file": str(f), "error": e} for f, e in skipped]}
     _write(out, turns, rollouts, manifest)
     return manifest
 
 
 def _write(out: Path, turns: list[dict], rollouts: list[dict], manifest: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TrajectoryError(f"{out.parent}: cannot make it ({e.strerror})") from None
     tmp = out.with_name(f".{out.name}.import-{uuid.uuid4().hex[:8]}")
     try:
         paths = CollectPaths(tmp)
@@ -158,5 +238,7 @@ def _write(out: Path, turns: list[dict], rollouts: list[dict], manifest: dict) -
         if out.exists():
             out.rmdir()  # empty (checked above)
         os.replace(tmp, out)
+    except OSError as e:  # a full disk, a directory without write permission
+        raise TrajectoryError(f"{out}: cannot write it ({e.strerror}); nothing written") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -9,19 +9,27 @@ model was sent and the assistant message it answered, in the OpenAI chat form th
 - mini-swe-agent's own trajectory (`trajectory_format: mini-swe-agent-1.x`): its `messages` are
   exactly what its model was sent; every assistant message is a call; a tool-calling run's calls
   carry mini's bash tool (what its tool-calling models send; the file does not hold it).
+- wharf's own minimal agent's trajectory.json (`format: wharf-minimal/1`,
+  wharf/collect/agents/minimal.py): each call holds the messages it sent and the assistant text;
+  a call the endpoint failed has no answer and is left out.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 
-from wharf.core.errors import WharfError
+from wharf.core.errors import UsageError, WharfError
 
 _KEEP = ("role", "content", "tool_calls", "tool_call_id", "name")
 
 
 class TrajectoryError(WharfError, ValueError):
     """A trajectory file that cannot be imported; the message names the file and the field."""
+
+
+class ImportUsageError(UsageError, TrajectoryError):
+    """The import's command line is wrong (a path that is not there, arguments swapped, a file
+    named twice, a reward that is not a number): exit 2."""
 
 
 @dataclass
@@ -33,17 +41,23 @@ class Trajectory:
     calls: list[tuple[list[dict], dict]] = field(default_factory=list)  # (request messages, answer)
 
 
+MINIMAL = "wharf-minimal/1"  # wharf/collect/agents/minimal.py's TRAJECTORY_FORMAT (collect stays apart from agents)
+
+
 def detect(data, where: str) -> str:
     if isinstance(data, dict) and str(data.get("schema_version", "")).startswith("ATIF"):
         return "atif"
     if isinstance(data, dict) and str(data.get("trajectory_format", "")).startswith("mini-swe-agent"):
         return "mini"
-    raise TrajectoryError(f"{where}: neither an ATIF trajectory (schema_version: ATIF-v1.x) nor mini-swe-agent's "
-                          "(trajectory_format: mini-swe-agent-1.x)")
+    if isinstance(data, dict) and data.get("format") == MINIMAL:
+        return "minimal"
+    raise TrajectoryError(f"{where}: neither an ATIF trajectory (schema_version: ATIF-v1.x), mini-swe-agent's "
+                          f"(trajectory_format: mini-swe-agent-1.x) nor wharf's minimal agent's (format: {MINIMAL})")
 
 
 def parse(data, where: str) -> Trajectory:
-    traj = parse_atif(data, where) if detect(data, where) == "atif" else parse_mini(data, where)
+    kind = detect(data, where)
+    traj = {"atif": parse_atif, "mini": parse_mini, "minimal": parse_minimal}[kind](data, where)
     if not traj.calls:
         raise TrajectoryError(f"{where}: no model call in it (no agent step / assistant message)")
     return traj
@@ -105,9 +119,7 @@ def parse_mini(data: dict, where: str) -> Trajectory:
     if not isinstance(msgs, list):
         raise TrajectoryError(f"{where}: messages: missing or not a list (a mini-swe-agent trajectory holds its "
                               "conversation there)")
-    info = data.get("info") if isinstance(data.get("info"), dict) else {}
-    model = (((info.get("config") or {}).get("model") or {}).get("model_name"))
-    out = Trajectory("mini", "mini-swe-agent", model, None)
+    out = Trajectory("mini", "mini-swe-agent", _mini_model(data, where), None)
     messages: list[dict] = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -117,6 +129,8 @@ def parse_mini(data: dict, where: str) -> Trajectory:
             continue  # mini's own markers (the `exit` message), never sent to the model
         if m["role"] != "tool" and not isinstance(m.get("content"), (str, list, type(None))):
             raise TrajectoryError(f"{where}: messages[{i}].content: expected text")
+        if m.get("tool_calls") is not None:
+            check_tool_calls(m["tool_calls"], f"{where}: messages[{i}].tool_calls")
         msg = {k: m[k] for k in _KEEP if m.get(k) is not None}
         msg["content"] = _text(m.get("content")) if m.get("content") is not None else None
         if m["role"] == "assistant":
@@ -127,6 +141,57 @@ def parse_mini(data: dict, where: str) -> Trajectory:
         messages.append(msg)
     if any(a.get("tool_calls") for _, a in out.calls):  # its tool-calling models send their one tool
         out.tools = [mini_bash_tool()]
+    return out
+
+
+def _mini_model(data: dict, where: str) -> str | None:
+    """info.config.model.model_name, where mini-swe-agent writes the model; each level a mapping."""
+    node, path = data, ""
+    for key in ("info", "config", "model"):
+        node, path = node.get(key), f"{path}.{key}".lstrip(".")
+        if node is None:
+            return None
+        if not isinstance(node, dict):
+            raise TrajectoryError(f"{where}: {path}: expected a mapping (mini-swe-agent writes its run's settings "
+                                  f"there), got {node!r:.60}")
+    name = node.get("model_name")
+    if name is not None and not isinstance(name, str):
+        raise TrajectoryError(f"{where}: info.config.model.model_name: expected text, got {name!r:.60}")
+    return name
+
+
+def check_tool_calls(calls, where: str) -> None:
+    """OpenAI chat's form: a list of {id, type: function, function: {name, arguments (JSON text)}}."""
+    if not isinstance(calls, list):
+        raise TrajectoryError(f"{where}: expected a list of tool calls, got {type(calls).__name__} {calls!r:.60}")
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise TrajectoryError(f"{where}[{j}]: expected {{\"function\": {{\"name\": text, \"arguments\": JSON "
+                                  f"text}}}}, got {c!r:.80}")
+
+
+def parse_minimal(data: dict, where: str) -> Trajectory:
+    calls = data.get("calls")
+    if not isinstance(calls, list):
+        raise TrajectoryError(f"{where}: calls: missing or not a list (wharf's minimal agent records each model "
+                              "call there)")
+    model = data.get("model") if isinstance(data.get("model"), str) else None
+    out = Trajectory("minimal", str(data.get("agent") or "wharf-minimal"), model, None)
+    for i, call in enumerate(calls):
+        if not isinstance(call, dict) or not isinstance(call.get("messages"), list):
+            raise TrajectoryError(f"{where}: calls[{i}].messages: missing or not a list")
+        answer = call.get("assistant")
+        if answer is not None and not isinstance(answer, str):
+            raise TrajectoryError(f"{where}: calls[{i}].assistant: expected text, got {answer!r:.60}")
+        if not answer:
+            continue  # the endpoint failed this call (or answered nothing): no answer to learn from
+        for j, m in enumerate(call["messages"]):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise TrajectoryError(f"{where}: calls[{i}].messages[{j}]: expected {{\"role\": text, "
+                                      "\"content\": text}")
+        messages = [{"role": m["role"], "content": m["content"]} for m in call["messages"]]
+        out.calls.append((messages, {"role": "assistant", "content": call["assistant"]}))
     return out
 
 

@@ -3,18 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import signal
+from pathlib import Path
 
 from wharf.collect.proxy.server import RecordingProxy
 from wharf.core.config import cli_config
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
-from wharf.core.layout import admin_file
+from wharf.core.layout import CollectPaths, admin_file
+from wharf.core.ports import check_bindable
 
 
 async def serve(cfg) -> None:
     proxy = RecordingProxy(cfg)
-    url = await proxy.start()
+    try:
+        url = await proxy.start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # what it opened (its client session, the WAL)
+            await proxy.stop()
+        admin_file(proxy.wal_dir).unlink(missing_ok=True)  # its token, of a proxy that never served
+        raise
     rec = proxy.recovery
     if rec.get("segments"):
         print(f"wharf proxy: folded {rec['recovered_rows']} rows from {rec['segments']} left-over WAL "
@@ -36,7 +46,34 @@ def main(argv: list[str] | None = None, prog: str = "wharf proxy") -> int:
     return guarded(prog, lambda: _serve(cfg))
 
 
+def check_start(cfg) -> None:
+    """Before anything is written (WAL, admin.json with its token): the ports bind, and a proxy
+    started by hand does not record into a finished round (the runner always sets proxy.out_dir)."""
+    p = cfg.proxy
+    if p.out_dir is None:
+        paths = cfg.round_layout.collect
+        if paths.manifest.is_file() and load_state(paths) == "done":
+            raise WharfError(f"{paths.root} is a finished collect round: set proxy.out_dir=DIR for the turns of a "
+                             "proxy of your own (or name=/round= for a new round)")
+    for key, d in (("proxy.out_dir", p.out_dir), ("proxy.wal_dir", p.wal_dir)):
+        if d is not None and "://" not in d and Path(d).exists() and not Path(d).is_dir():
+            raise WharfError(f"{key}={d}: is a file, not a directory")
+    if p.port and p.port == p.admin_port:
+        raise WharfError(f"proxy.port and proxy.admin_port are both {p.port}: give each its own (admin_port=0 picks "
+                         "a free one)")
+    check_bindable(p.host, p.port, "proxy.port")
+    check_bindable(p.admin_host, p.admin_port, "proxy.admin_port")
+
+
+def load_state(paths: CollectPaths) -> str | None:
+    try:
+        return json.loads(paths.manifest.read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _serve(cfg) -> int:
+    check_start(cfg)
     try:
         asyncio.run(serve(cfg))
     except OSError as e:  # e.g. the port is taken

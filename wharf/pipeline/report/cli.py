@@ -5,10 +5,9 @@ experiment's arms), it prints GRPO minus control per seed and round and draws th
 `wharf report --table RUN_DIR ...` prints the runs as a markdown table (table.py)."""
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from wharf.core.entry import guarded
+from wharf.core.entry import ArgParser, guarded
 from wharf.core import storage
 from wharf.core.errors import WharfError
 from wharf.core.layout import RunLayout
@@ -28,10 +27,10 @@ def _mean_round_wall(rounds) -> float | None:
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf report") -> int:
-    p = argparse.ArgumentParser(prog=prog, description="Write a run's report.html, or draw runs' rewards side by side.")
+    p = ArgParser(prog=prog, description="Write a run's report.html, or draw runs' rewards side by side.")
     p.add_argument("run_dirs", nargs="*", help="run dirs (runs/<run>) to write report.html for")
     p.add_argument("--compare", nargs="+", metavar="LABEL=RUN_DIR", help="runs to draw side by side")
-    p.add_argument("--out", default="docs/learning.png", help="the --compare figure (default: %(default)s)")
+    p.add_argument("--out", default=None, help="the --compare figure to write (.png, .svg or .pdf)")
     p.add_argument("--table", action="store_true", help="print the run dirs as a markdown table (rounds, held-out "
                    "evaluation) instead of writing their report.html")
     args = p.parse_args(argv)
@@ -39,6 +38,11 @@ def main(argv: list[str] | None = None, prog: str = "wharf report") -> int:
         p.error("name a run dir, or --compare LABEL=RUN_DIR ...")
     if args.table and not args.run_dirs:
         p.error("--table: name the run dirs to put in it")
+    if args.compare and not args.out:
+        p.error("--compare: name the figure to write with --out FILE.png")
+    if args.out and (not args.compare or Path(args.out).suffix not in (".png", ".svg", ".pdf")):
+        p.error(f"--out {args.out}: " + ("the figure of --compare; without it nothing is drawn" if not args.compare
+                                         else "name a .png, .svg or .pdf file"))
     return guarded(prog, lambda: _report(args))
 
 
@@ -48,8 +52,8 @@ def _report(args) -> int:
     for d in args.run_dirs:
         if storage.is_remote(d):
             storage.check(d)
-        elif not Path(d).is_dir():
-            raise WharfError(f"{d} is not a run dir")
+        elif not Path(d).is_dir() or not RunLayout(Path(d)).rounds():
+            raise WharfError(f"{d} is not a run dir with rounds (runs/<run>/rounds/<k>/)")
         page = write_report(d)
         print(f"wrote {storage.describe(page)}")
     if args.compare:
@@ -57,7 +61,18 @@ def _report(args) -> int:
     return 0
 
 
+def _check_runs(items: list[str]) -> None:
+    """Every --compare LABEL=RUN_DIR names a run dir with rounds, before anything is drawn."""
+    for item in items:
+        d = item.rpartition("=")[2]
+        if storage.is_remote(d):
+            storage.check(d)
+        elif not Path(d).is_dir() or not RunLayout(Path(d)).rounds():
+            raise WharfError(f"--compare {item}: {d} is not a run dir with rounds (runs/<run>/rounds/<k>/)")
+
+
 def _compare(args) -> None:
+    _check_runs(args.compare)
     runs = {}
     for item in args.compare:
         label, _, d = item.rpartition("=")
