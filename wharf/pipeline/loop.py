@@ -30,11 +30,10 @@ from wharf.train.model import base_model_dir
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
-from wharf.core import storage, tracking
+from wharf.core import storage
 from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
-from wharf.core.errors import WharfError
 from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
 from wharf.core.model_identity import check_served, trained_model
 from wharf.core.model_store import release_memory
