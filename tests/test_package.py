@@ -117,7 +117,7 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(wheel, tmp_path):
     demo = run(wharf, "demo", "collect.tasks=[write-hello]", "collect.attempts=2", f"engine.port={port}",
                f"endpoint.url=http://127.0.0.1:{port}", f"proxy.port={free_port()}")
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-3000:]
-    assert "collect.dataset=datasets/toy: not under" in demo.stderr and "using the copy wharf carries" in demo.stderr
+    assert "collect.dataset=datasets/toy: not under" in demo.stderr and "using the copy wharf carries" in demo.stderr  # said by collect
     assert "collect: 2/2 rollouts" in demo.stdout and "audited 2 rollouts (0 without a trajectory we read): 0 problems" in demo.stdout, demo.stdout
     assert (work / "runs/default/rounds/0/collect/rollouts.parquet").is_file()
 

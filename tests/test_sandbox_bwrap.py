@@ -224,13 +224,14 @@ def test_the_boundary(tmp_path):
             assert r.return_code != 0 and not r.stdout
             # the repo dir holds only the path down to the agent CLIs bound at their real path
             # (wharf/collect/agents/node/node_modules, when `make agents` installed them): no source
-            r = await env.exec(f"ls {REPO} {REPO / 'collect'} {REPO / 'wharf/collect/agents'}")
-            assert set((r.stdout or "").split()) <= {f"{REPO}:", "collect", f"{REPO / 'collect'}:", "agents",
-                                             f"{REPO / 'wharf/collect/agents'}:", "node"}, r.stdout
+            r = await env.exec(f"ls {REPO} {REPO / 'wharf'} {REPO / 'wharf/collect'} {REPO / 'wharf/collect/agents'}")
+            assert set((r.stdout or "").split()) <= {f"{REPO}:", "wharf", f"{REPO / 'wharf'}:", "collect",
+                                                     f"{REPO / 'wharf/collect'}:", "agents",
+                                                     f"{REPO / 'wharf/collect/agents'}:", "node"}, r.stdout
             ifaces = (await env.exec("awk 'NR > 2 {print $1}' /proc/net/dev")).stdout.split()
             assert ifaces == ["lo:"], "loopback only"
             # the agent's python (the venv) runs; the project's own package is not importable
-            r = await env.exec('"$WHARF_PYTHON" -c "import pytest; print(1)"; "$WHARF_PYTHON" -c "import collect"')
+            r = await env.exec('"$WHARF_PYTHON" -c "import pytest; print(1)"; "$WHARF_PYTHON" -c "import wharf"')
             assert r.stdout.strip() == "1" and "ModuleNotFoundError" in r.stderr
             # the writable dirs are size-limited (a full disk stays in the sandbox)
             r = await env.exec("head -c 400M /dev/zero > /tmp/big; echo rc=$?")

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from wharf.core import endpoint, schema, storage
 from wharf.collect.audit import orphan_turns, text_only_rollouts
+from wharf.core.bundled import carried_note
 from wharf.core.config import RunConfig, dump_config
 from wharf.core.layout import JOB_FILES, WAL_DIR, CollectPaths
 from wharf.core.replicas import PublishRecord, replica_urls
@@ -238,6 +239,9 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     check_collect(cfg)
     if load_manifest(cfg.round_layout.collect).get("state") != "done":  # a finished round needs no endpoint
         check_endpoint(cfg)  # one not ours to start must answer; one we start must be startable
+    note = carried_note(cfg.collect.dataset)  # the bundled tasks, read from any directory after pip install
+    if note:
+        log.info("%s", note)
     cfg = with_refusals(cfg)
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ wharf/data/ holds the default configs (data/configs/*.yaml) and the bundled demo
 stay the ones to edit; a built wheel carries copies. A relative path in a config or on the
 command line is read from the current directory first, as always; only when nothing is there and
 wharf carries that path (`configs/default.yaml`, `datasets/toy`) is the carried copy used, said
-once in the log. So `wharf collect` runs on the bundled tasks from any directory.
+once in the log by the stage that reads it (a refused command says only why). So `wharf collect` runs on the bundled tasks from any directory.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ DATA = PACKAGE_DIR / "data"
 # processes (`python -m wharf.engine`) start there, so they import this same copy of wharf.
 PACKAGE_PARENT = PACKAGE_DIR.parent
 
-_said: set[str] = set()
+_said: dict[str, str] = {}  # a carried copy resolve returned -> the note saying so
 
 
 def checkout_root() -> Path | None:
@@ -55,11 +55,16 @@ def resolve(path: str, key: str) -> str:
     there = carried(path)
     if there is None:
         return path
-    if path not in _said:
-        _said.add(path)
-        logging.getLogger("wharf").info("%s=%s: not under %s, using the copy wharf carries (%s)",
-                                        key, path, os.getcwd(), there)
+    if str(there) not in _said:  # said by the stage that reads it (carried_note), not at every config load
+        _said[str(there)] = f"{key}={path}: not under {os.getcwd()}, using the copy wharf carries ({there})"
+        logging.getLogger("wharf").debug("%s", _said[str(there)])
     return str(there)
+
+
+def carried_note(resolved: str) -> str | None:
+    """The line saying that `resolved` (a value `resolve` returned) is wharf's carried copy; None
+    when it is the path as given."""
+    return _said.get(resolved)
 
 
 def config_path(path: str | Path) -> Path:

@@ -46,5 +46,6 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks") -> int:
         return check_main(rest, f"{prog} check")
     if name == "make":
         return make(rest, f"{prog} make")
-    print(f"{prog}: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
+    print(f"{prog}: unknown subcommand {name!r}: use one of {', '.join(SUBCOMMANDS)} (see {prog} --help)",
+          file=sys.stderr)
     return 2
