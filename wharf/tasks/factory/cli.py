@@ -20,8 +20,8 @@ from . import make
 from .package import FactoryError
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="wharf tasks make", description=__doc__.split("\n")[0])
+def parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("packages", nargs="*", metavar="PACKAGE[==VERSION]")
     ap.add_argument("--from", dest="from_file", type=Path, help="a packages.txt: one PACKAGE==VERSION a line, "
                     "optionally deps=A,B (more test deps) and args=X,Y (more pytest arguments)")
@@ -77,14 +77,15 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
             **manifest["stats"]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=None) -> int:
+    """`check`: wharf tasks check's check_task (the `wharf tasks` dispatcher hands it in)."""
+    args = parser(prog).parse_args(argv)
     opts = make.Options(max_tasks=args.max, seed=args.seed, tries=args.tries, check=not args.no_check,
-                        log=lambda s: print(s, file=sys.stderr, flush=True))
+                        checker=check, log=lambda s: print(s, file=sys.stderr, flush=True))
     try:
         entries = _entries(args)
     except FactoryError as e:
-        print(f"wharf tasks make: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     existed = args.out.exists()
     bad, results = 0, []
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results.append(one(entry, args, opts))
         except FactoryError as e:
-            print(f"wharf tasks make: {e}", file=sys.stderr)
+            print(f"{prog}: {e}", file=sys.stderr)
             bad += 1
     if results:
         (args.out / "make_report.json").write_text(json.dumps(results, indent=1) + "\n")

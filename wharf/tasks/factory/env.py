@@ -104,6 +104,7 @@ def build_env(pkg: Package, log) -> Path:
         if subprocess.run([str(py), "-c", "import pytest"], capture_output=True).returncode != 0:
             raise FactoryError(f"{pkg.name}=={pkg.version}: pytest does not install into its environment")
         # A venv's scripts name its own path: made aside, it is moved, so rebuild them in place.
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from the sandbox's uids
         tmp.rename(pkg.env)
         subprocess.run([sys._base_executable, "-m", "venv", "--upgrade", str(pkg.env)], capture_output=True)
     except BaseException:

@@ -28,6 +28,7 @@ class Options:
     tries: int = 0  # mutations tried at most (0: 6 x max_tasks)
     suite_timeout: float = 600.0
     check: bool = True
+    checker: object = None  # wharf tasks check's check_task, when handed in (verify.check_task)
     log: object = print
 
 
@@ -110,7 +111,7 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple
         out.mkdir(parents=True, exist_ok=True)
         task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
         if opts.check:
-            ok, why = verify.check_task(task)  # the checker's verdict (verify.py says where it plugs in)
+            ok, why = verify.check_task(task, opts.checker)  # the checker plugs in there
             if not ok:
                 opts.log(f"{task.name}: dropped: {why}")
                 dropped.append(task.name)

@@ -112,6 +112,7 @@ def write(pkg: Package, bug: dict, out_dir: Path, test_timeout: int) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=out_dir))
     try:
         _fill(pkg, bug, tmp, test_timeout, final.name)
+        tmp.chmod(0o755)
         tmp.rename(final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

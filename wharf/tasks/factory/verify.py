@@ -1,8 +1,8 @@
 """Is a made task sound? The oracle gets 1.0 and the untouched workspace 0, through the real
 judge (the task's own tests/test.sh, which runs pytest_grade.py), on this host.
 
-Until `wharf tasks check` (wharf/tasks/check) lands, this is the factory's check; `check_task`
-below is the one place where the checker plugs in.
+Where `wharf tasks check` is not handed in, this is the factory's check; `check_task` below is
+the one place where the checker plugs in.
 """
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ def own_check(task: Path) -> tuple[bool, str]:
     return True, "oracle 1.0, workspace 0"
 
 
-def check_task(task: Path) -> tuple[bool, str]:
-    """(passed, why). CHECKER PLUG-IN POINT: when wharf.tasks.check exists (`wharf tasks check`),
-    its verdict (oracle twice, workspace 0, stable over runs, the hackability audit) decides."""
-    try:
-        from wharf.tasks import check as checker  # noqa: PLC0415 - optional until the checker lands
-    except ImportError:
+def check_task(task: Path, checker=None) -> tuple[bool, str]:
+    """(passed, why). CHECKER PLUG-IN POINT: `wharf tasks make` run through `wharf tasks` is handed
+    `wharf tasks check`'s check_task (wharf.pipeline.taskcheck: it stands above this room, so it
+    comes as an argument); its verdict (oracle twice, untouched 0, stable over 3 runs, the tier-1
+    hackability audit) decides. Without it (python -m wharf.tasks.factory), own_check's does."""
+    if checker is None:
         return own_check(task)
-    verdict = checker.check_task(task, runs=3, redteam=False)
-    return bool(getattr(verdict, "passed", verdict)), str(getattr(verdict, "why", ""))
+    verdict = checker(task, runs=3, redteam=False)
+    return bool(verdict.ok), "; ".join(verdict.reasons[:2]) or "checked"
