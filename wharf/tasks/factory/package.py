@@ -89,7 +89,7 @@ def fetch_sdist(name: str, version: str | None) -> Path:
             return found
     spec = f"{name}=={version}" if version else name
     with tempfile.TemporaryDirectory(dir=sdists) as tmp:
-        r = subprocess.run([*_pip(), "download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+        r = subprocess.run([*_pip(), "download", "-q", "--no-deps", "--no-binary", ":all:",
                             "-d", tmp, spec], capture_output=True, text=True, timeout=600)
         got = sorted(Path(tmp).iterdir())
         if r.returncode != 0 or not got:
