@@ -95,7 +95,9 @@ def build_env(pkg: Package, log) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.key}.", dir=pkg.env.parent))
     try:
         # The same base interpreter as wharf's venv: the sandbox shows that one to every trial.
-        subprocess.run([sys._base_executable, "-m", "venv", str(tmp)], check=True, capture_output=True)
+        # With uv on PATH the deps go in through it: the venv needs no pip of its own (ensurepip is slow).
+        subprocess.run([sys._base_executable, "-m", "venv", *(["--without-pip"] if shutil.which("uv") else []), str(tmp)],
+                       check=True, capture_output=True)
         py = tmp / "bin" / "python"
         wanted = ["pytest", *declared_deps(pkg.root), *pkg.extra_deps]
         if not _install(py, wanted, log):
