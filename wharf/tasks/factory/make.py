@@ -8,7 +8,7 @@ replacement text) and its spec. Task dirs are made from it and the package cache
 from __future__ import annotations
 
 import json
-import random
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -115,16 +115,10 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple
             if not ok:
                 opts.log(f"{task.name}: dropped: {why}")
                 dropped.append(task.name)
-                _remove(task)
+                shutil.rmtree(task, ignore_errors=True)
                 continue
         made.append(task)
     return made, dropped
-
-
-def _remove(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def load_manifest(path: Path) -> dict | None:

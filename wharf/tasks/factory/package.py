@@ -10,9 +10,7 @@ Nothing here is needed at trial time but the env and the task dir.
 from __future__ import annotations
 
 import email.parser
-import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
