@@ -86,10 +86,25 @@ def _toml(path: Path) -> dict:
         return {}
 
 
+def write_metadata(pkg: Package, env: Path) -> None:
+    """The package's own dist-info (its PKG-INFO as METADATA), without its code: suites that ask
+    importlib.metadata for their package's version find it, and the code still comes from the
+    workspace."""
+    info = pkg.root / "PKG-INFO"
+    site = next((env / "lib").glob("python3*/site-packages"), None)
+    if not info.exists() or site is None:
+        return
+    dist = site / f"{re.sub(r'[^A-Za-z0-9.]+', '_', pkg.name)}-{pkg.version}.dist-info"
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_bytes(info.read_bytes())
+    (dist / "INSTALLER").write_text("wharf-tasks-make\n")
+
+
 def build_env(pkg: Package, log) -> Path:
     """pkg.env, made once (built aside, then renamed): pytest + the declared and extra deps. A
     declared dep that does not install is dropped (the suite decides whether it mattered)."""
     if (pkg.python).exists():
+        write_metadata(pkg, pkg.env)
         return pkg.env
     pkg.env.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.key}.", dir=pkg.env.parent))
@@ -106,6 +121,7 @@ def build_env(pkg: Package, log) -> Path:
         if subprocess.run([str(py), "-c", "import pytest"], capture_output=True).returncode != 0:
             raise FactoryError(f"{pkg.name}=={pkg.version}: pytest does not install into its environment")
         # A venv's scripts name its own path: made aside, it is moved, so rebuild them in place.
+        write_metadata(pkg, tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from the sandbox's uids
         tmp.rename(pkg.env)
         subprocess.run([sys._base_executable, "-m", "venv", "--upgrade", str(pkg.env)], capture_output=True)

@@ -27,6 +27,7 @@ NETWORK = re.compile(r"(gaierror|Network is unreachable|ConnectionError|ConnectT
 @dataclass
 class Outcome:
     tests: dict  # nodeid -> {"outcome", "message", "funcs"}
+    collect_errors: dict  # nodeid of a collector that failed -> its message
     seconds: float
     timed_out: bool
 
@@ -55,8 +56,8 @@ def run(pkg: Package, work: Path, targets: list[str], cover: bool, timeout: floa
         except subprocess.TimeoutExpired:
             timed_out = True
         took = time.monotonic() - t0
-        tests = json.loads(out.read_text())["tests"] if out.exists() and not timed_out else {}
-    return Outcome(tests, took, timed_out)
+        data = json.loads(out.read_text()) if out.exists() and not timed_out else {}
+    return Outcome(data.get("tests", {}), data.get("collect_errors", {}), took, timed_out)
 
 
 def working_copy(pkg: Package, parent: Path) -> Path:
@@ -89,6 +90,9 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
         if any(NETWORK.search(m) for m in failed):
             raise FactoryError(f"{pkg.name}=={pkg.version}: the test suite needs the network (no test passes offline)")
         why = f", {len(unittest_files)} files of unittest.TestCase tests left out" if unittest_files else ""
+        if first.collect_errors:
+            where, msg = next(iter(first.collect_errors.items()))
+            why += f"; {len(first.collect_errors)} not collected, e.g. {where or '.'}: {msg.strip().splitlines()[-1][:160]}"
         raise FactoryError(f"{pkg.name}=={pkg.version}: no test passes on the pristine source "
                            f"({len(first.tests)} collected{why})")
     covers: dict = {}

@@ -5,7 +5,7 @@
 Standalone (stdlib + pytest; started in the package's own environment, never imported by wharf).
 OUT.json: {"tests": {nodeid: {"outcome": passed|failed|skipped, "message": the failure's one-line
 crash message, "funcs": [[file, qualname, first line], ...],
-"unittest": a unittest.TestCase test}}, "exitstatus": N}. With COVER=1 each
+"unittest": a unittest.TestCase test}}, "collect_errors": {nodeid: message}, "exitstatus": N}. With COVER=1 each
 test records the functions of SRC_ROOT it ran (setup, call and teardown), via sys.monitoring:
 every function start is seen once per test (the callback disables its location until the next
 test restarts the events), so the cost is one call per function per test, not per line.
@@ -24,6 +24,7 @@ class Recorder:
         self.root = os.path.realpath(root) + os.sep
         self.cover = cover
         self.tests = {}
+        self.collect_errors = {}
         self.current = None
         self.exitstatus = None
         if cover:
@@ -62,6 +63,11 @@ class Recorder:
         elif report.when == "call" and hasattr(report, "wasxfail"):
             entry["outcome"] = "skipped"  # xfail/xpass: never a spec test
 
+    def pytest_collectreport(self, report):
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.collect_errors[report.nodeid] = (crash.message if crash is not None else str(report.longrepr))[-500:]
+
     def pytest_sessionfinish(self, session, exitstatus):
         self.exitstatus = int(exitstatus)
 
@@ -73,7 +79,7 @@ def main(argv):
     code = pytest.main(args, plugins=[rec])
     tests = {k: {**v, "funcs": sorted(v["funcs"])} for k, v in rec.tests.items()}
     with open(out, "w") as f:
-        json.dump({"tests": tests, "exitstatus": int(code)}, f)
+        json.dump({"tests": tests, "exitstatus": int(code), "collect_errors": rec.collect_errors}, f)
     return 0
 
 
