@@ -5,6 +5,7 @@ installed: the tests import it from the workspace."""
 from __future__ import annotations
 
 import email.parser
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from .package import JUNK, TESTY_EXTRA, FactoryError, Package, _canon
 
+# The pytest of wharf's own venv, where the judge (pytest_decide.py) is tested.
+PYTEST = f"pytest=={importlib.metadata.version('pytest')}"
 ENV_MARKERS = {"python_version": f"{sys.version_info[0]}.{sys.version_info[1]}", "sys_platform": "linux",
                "platform_system": "Linux", "implementation_name": "cpython", "os_name": "posix",
                "platform_python_implementation": "CPython",
@@ -105,6 +108,7 @@ def build_env(pkg: Package, log) -> Path:
     declared dep that does not install is dropped (the suite decides whether it mattered)."""
     if (pkg.python).exists():
         write_metadata(pkg, pkg.env)
+        _ensure_pytest(pkg.python, log)
         return pkg.env
     pkg.env.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.key}.", dir=pkg.env.parent))
@@ -114,12 +118,12 @@ def build_env(pkg: Package, log) -> Path:
         subprocess.run([sys._base_executable, "-m", "venv", *(["--without-pip"] if shutil.which("uv") else []), str(tmp)],
                        check=True, capture_output=True)
         py = tmp / "bin" / "python"
-        wanted = ["pytest", *declared_deps(pkg.root), *pkg.extra_deps]
-        if not _install(py, wanted, log):
-            for dep in wanted[1:]:
+        deps = [d for d in [*declared_deps(pkg.root), *pkg.extra_deps] if _canon(re.split(r"[\s\[<>=!~;@]", d)[0]) != "pytest"]
+        if not _install(py, [PYTEST, *deps], log):
+            for dep in deps:
                 _install(py, [dep], log)
-        if subprocess.run([str(py), "-c", "import pytest"], capture_output=True).returncode != 0:
-            raise FactoryError(f"{pkg.name}=={pkg.version}: pytest does not install into its environment")
+        if not _ensure_pytest(py, log):
+            raise FactoryError(f"{pkg.name}=={pkg.version}: {PYTEST} does not install into its environment")
         # A venv's scripts name its own path: made aside, it is moved, so rebuild them in place.
         write_metadata(pkg, tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from the sandbox's uids
@@ -129,6 +133,16 @@ def build_env(pkg: Package, log) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return pkg.env
+
+
+def _ensure_pytest(py: Path, log) -> bool:
+    """The env's pytest is wharf's own version (installed again when a dep moved it): the judge
+    reads pytest's internals, which it knows for that version."""
+    def version() -> str:
+        r = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('pytest'))"],
+                           capture_output=True, text=True)
+        return r.stdout.strip()
+    return version() == PYTEST.split("==")[1] or (_install(py, [PYTEST], log) and version() == PYTEST.split("==")[1])
 
 
 def _install(py: Path, reqs: list[str], log) -> bool:
