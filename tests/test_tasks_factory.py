@@ -43,11 +43,12 @@ def test_flips_and_shifts_read_as_intended():
     src = "def f(xs, n):\n    if n < 2 and xs:\n        return xs[:n]\n    return range(0, n)\n"
     got = {(m.operator, mutate.apply(src, m).splitlines()[m.line - 1].strip())
            for m in mutate.candidates(src, "m.py", "f", 1)}
-    assert ("cmp_flip", "if (n <= 2) and xs:") in got
-    assert ("bool_flip", "if (n < 2 or xs):") in got
+    # No parentheses beyond what the tree needs (a bug must not read like a machine's edit).
+    assert ("cmp_flip", "if n <= 2 and xs:") in got
+    assert ("bool_flip", "if n < 2 or xs:") in got
     assert ("negate_if", "if not (n < 2 and xs):") in got
-    assert ("slice_shift", "return xs[:(n + 1)]") in got
-    assert ("range_shift", "return range(0, (n - 1))") in got
+    assert ("slice_shift", "return xs[:n + 1]") in got
+    assert ("range_shift", "return range(0, n - 1)") in got
     assert ("drop_stmt", "pass") in got
 
 

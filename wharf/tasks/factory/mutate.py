@@ -17,6 +17,7 @@ A mutation whose text does not parse, or parses to the same tree, is never offer
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 
 CMP_FLIP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
@@ -150,8 +151,40 @@ def candidates(source: str, file: str, qualname: str, first_line: int) -> list[M
             m = Mutation(file, qualname, first_line, target.lineno, target.col_offset, op, target.end_lineno,
                          target.end_col_offset, text)
             if _changes_tree(tree, source, m):
-                found.append(m)
+                found.append(_tidy(source, m))
     return found
+
+
+def _tidy(source: str, m: Mutation) -> Mutation:
+    """m with the fewest parentheses that give the same tree: a bug reads like code a person
+    wrote, not like `((a <= b))`, which would give it away."""
+    want = ast.dump(ast.parse(apply(source, m)))
+    text = m.replacement
+    options = []
+    if text.startswith("not (") and _wrapped(text[4:]):
+        options.append("not " + text[5:-1])
+    if _wrapped(text):
+        options.append(text[1:-1])
+    for option in options:
+        bare = dataclasses.replace(m, replacement=option)
+        try:
+            if ast.dump(ast.parse(apply(source, bare))) == want:
+                return bare
+        except SyntaxError:
+            continue
+    return m
+
+
+def _wrapped(text: str) -> bool:
+    """text is one parenthesised group: its first "(" closes at its last character."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(text) - 1
+    return False
 
 
 def _own_lines(lines: list[str], stmt: ast.stmt) -> bool:
