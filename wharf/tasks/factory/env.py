@@ -107,6 +107,7 @@ def build_env(pkg: Package, log) -> Path:
     """pkg.env, made once (built aside, then renamed): pytest + the declared and extra deps. A
     declared dep that does not install is dropped (the suite decides whether it mattered)."""
     if (pkg.python).exists():
+        pkg.env.chmod(0o755)  # the sandbox's uids must reach it (an env made by an older wharf was 0700)
         write_metadata(pkg, pkg.env)
         _ensure_pytest(pkg.python, log)
         return pkg.env
