@@ -85,6 +85,10 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
     unittest_files = {t.split("::")[0] for t, r in first.tests.items() if r.get("unittest")}
     passing = [t for t, r in first.tests.items() if r["outcome"] == "passed" and t.split("::")[0] not in unittest_files
                and second.tests.get(t, {}).get("outcome") == "passed"]
+    if passing:
+        from .judged import passing_under_judge  # noqa: PLC0415 - judged imports this module
+
+        passing = passing_under_judge(pkg, work, passing, timeout)
     if not passing:
         failed = [r["message"] for r in first.tests.values() if r["outcome"] == "failed"]
         if any(NETWORK.search(m) for m in failed):
