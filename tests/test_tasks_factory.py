@@ -26,7 +26,8 @@ def test_every_candidate_parses_to_a_new_tree_and_changes_only_its_span():
     tree = ast.parse(CALC)
     found = []
     for (q, line) in mutate.functions(tree):
-        found += mutate.candidates(CALC, "tinycalc/calc.py", q, line)
+        drawn = mutate.candidates(CALC, "tinycalc/calc.py", q, line)
+        found += [m for m in (mutate.finish(CALC, d) for d in drawn) if m is not None]
     ops = {m.operator for m in found}
     assert {"cmp_flip", "negate_if", "drop_stmt", "range_shift", "const_shift", "arith_swap", "swap_args"} <= ops
     for m in found:
@@ -41,8 +42,8 @@ def test_every_candidate_parses_to_a_new_tree_and_changes_only_its_span():
 
 def test_flips_and_shifts_read_as_intended():
     src = "def f(xs, n):\n    if n < 2 and xs:\n        return xs[:n]\n    return range(0, n)\n"
-    got = {(m.operator, mutate.apply(src, m).splitlines()[m.line - 1].strip())
-           for m in mutate.candidates(src, "m.py", "f", 1)}
+    finished = [mutate.finish(src, m) for m in mutate.candidates(src, "m.py", "f", 1)]
+    got = {(m.operator, mutate.apply(src, m).splitlines()[m.line - 1].strip()) for m in finished if m is not None}
     # No parentheses beyond what the tree needs (a bug must not read like a machine's edit).
     assert ("cmp_flip", "if n <= 2 and xs:") in got
     assert ("bool_flip", "if n < 2 or xs:") in got

@@ -72,7 +72,7 @@ def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, 
     chosen = selection(base, m, rng)
     path = work / m.file
     original = path.read_bytes()
-    path.write_text(mutate.apply(original.decode("utf-8"), m), encoding="utf-8")
+    path.write_text(mutate.apply(original.decode("utf-8"), m), encoding="utf-8")  # m: finished (make.py)
     try:
         timeout = max(30.0, 3 * base.seconds)
         out = suite.run(pkg, work, chosen, cover=False, timeout=timeout)

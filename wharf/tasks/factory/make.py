@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import env as envs
-from . import hunt, package, suite, taskdir, verify
+from . import hunt, mutate, package, suite, taskdir, verify
 from .package import FactoryError, Package
 
 MANIFEST_VERSION = 1
@@ -82,6 +82,9 @@ def hunt_bugs(pkg: Package, opts: Options) -> dict:
             if len(kept) >= opts.max_tasks or tried >= budget:
                 break
             if per_func.get((m.file, m.function), 0) >= hunt.PER_FUNCTION:
+                continue
+            m = mutate.finish((work / m.file).read_text(encoding="utf-8"), m)
+            if m is None:
                 continue
             tried += 1
             bug = hunt.try_one(pkg, work, base, m, opts.seed)

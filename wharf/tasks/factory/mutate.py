@@ -133,7 +133,8 @@ def _own_nodes(func: ast.AST):
 
 
 def candidates(source: str, file: str, qualname: str, first_line: int) -> list[Mutation]:
-    """Every mutation of the function (qualname, first_line) of `source` that parses to a new tree."""
+    """Every mutation of the function (qualname, first_line) of `source`, as first drawn: `finish`
+    says whether one parses to a new tree and tidies its text."""
     tree = ast.parse(source)
     func = functions(tree).get((qualname, first_line))
     if func is None:
@@ -148,11 +149,17 @@ def candidates(source: str, file: str, qualname: str, first_line: int) -> list[M
         for op, target, text in muts:
             if op == "drop_stmt" and not _own_lines(lines, target):
                 continue
-            m = Mutation(file, qualname, first_line, target.lineno, target.col_offset, op, target.end_lineno,
-                         target.end_col_offset, text)
-            if _changes_tree(tree, source, m):
-                found.append(_tidy(source, m))
+            found.append(Mutation(file, qualname, first_line, target.lineno, target.col_offset, op,
+                                  target.end_lineno, target.end_col_offset, text))
     return found
+
+
+def finish(source: str, m: Mutation) -> Mutation | None:
+    """m tidied, or None when its text does not parse or parses to the same tree. Done when a
+    mutation is tried, not when it is listed: each costs a parse of the whole file."""
+    if not _changes_tree(ast.parse(source), source, m):
+        return None
+    return _tidy(source, m)
 
 
 def _tidy(source: str, m: Mutation) -> Mutation:
