@@ -24,7 +24,8 @@ WORKDIR = "/app"
 
 
 def task_id(pkg: Package, bug: dict) -> str:
-    digest = hashlib.sha256(f"{bug['file']}:{bug['line']}:{bug['col']}:{bug['operator']}".encode()).hexdigest()[:8]
+    key = f"{bug['file']}:{bug['line']}:{bug['col']}:{bug['operator']}:{bug['replacement']}"  # two shifts can share a place
+    digest = hashlib.sha256(key.encode()).hexdigest()[:8]
     return f"{pkg.name.lower().replace('_', '-').replace('.', '-')}-{pkg.version}__{digest}"
 
 
