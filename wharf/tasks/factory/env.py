@@ -16,8 +16,15 @@ from pathlib import Path
 
 from .package import JUNK, TESTY_EXTRA, FactoryError, Package, _canon
 
-# The pytest of wharf's own venv, where the judge (pytest_decide.py) is tested.
-PYTEST = f"pytest=={importlib.metadata.version('pytest')}"
+def _wharf_pytest() -> str:
+    """The pytest of wharf's own venv, where the judge (pytest_decide.py) is tested."""
+    try:
+        return f"pytest=={importlib.metadata.version('pytest')}"
+    except importlib.metadata.PackageNotFoundError:  # the judge needs it too: say so when it is used
+        return "pytest"
+
+
+PYTEST = _wharf_pytest()
 ENV_MARKERS = {"python_version": f"{sys.version_info[0]}.{sys.version_info[1]}", "sys_platform": "linux",
                "platform_system": "Linux", "implementation_name": "cpython", "os_name": "posix",
                "platform_python_implementation": "CPython",
@@ -143,7 +150,8 @@ def _ensure_pytest(py: Path, log) -> bool:
         r = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('pytest'))"],
                            capture_output=True, text=True)
         return r.stdout.strip()
-    return version() == PYTEST.split("==")[1] or (_install(py, [PYTEST], log) and version() == PYTEST.split("==")[1])
+    want = PYTEST.partition("==")[2]
+    return (version() or "-") == (want or version() or "-") or (_install(py, [PYTEST], log) and bool(version()))
 
 
 def _install(py: Path, reqs: list[str], log) -> bool:
