@@ -11,13 +11,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import suite
 from .package import FactoryError, Package
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
-def passing_under_judge(pkg: Package, work: Path, passing: list[str], timeout: float) -> list[str]:
+def passing_under_judge(pkg: Package, work: Path, passing: list[str], options: list[str], timeout: float) -> list[str]:
+    """`passing` less the tests the judge does not report PASSED; `options`: the suite's pytest options."""
     files = sorted({t.split("::")[0] for t in passing})
     with tempfile.TemporaryDirectory(prefix="wharf-judged-") as tmp:
         spec = Path(tmp) / "spec.json"
@@ -27,7 +27,7 @@ def passing_under_judge(pkg: Package, work: Path, passing: list[str], timeout: f
         out = Path(tmp) / "out"
         argv = [sys.executable, "-I", str(TOOLS / "pytest_grade.py"), "--spec", str(spec), "--out", str(out),
                 "--timeout", str(int(timeout)), "--python", str(pkg.python), "--",
-                *suite.pytest_options(pkg, str(work)), *files]
+                *options, *files]
         subprocess.run(argv, cwd=work, capture_output=True, timeout=timeout + 120, stdin=subprocess.DEVNULL)
         try:
             grading = json.loads((out / "grading.json").read_text())

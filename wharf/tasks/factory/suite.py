@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import judged
 from .package import FactoryError, Package
 
 RUNNER = Path(__file__).with_name("suite_run.py")
@@ -88,9 +89,7 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
     passing = [t for t, r in first.tests.items() if r["outcome"] == "passed" and t.split("::")[0] not in unittest_files
                and second.tests.get(t, {}).get("outcome") == "passed"]
     if passing:
-        from .judged import passing_under_judge  # noqa: PLC0415 - judged imports this module
-
-        passing = passing_under_judge(pkg, work, passing, timeout)
+        passing = judged.passing_under_judge(pkg, work, passing, pytest_options(pkg, str(work)), timeout)
     if not passing:
         failed = [r["message"] for r in first.tests.values() if r["outcome"] == "failed"]
         if any(NETWORK.search(m) for m in failed):
