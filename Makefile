@@ -23,7 +23,7 @@ NODE_DIR := wharf/collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report test test-fast bench clean \
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report tasks test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft experiment-mini-table
 
 setup: $(VENV)/.installed wharf/tasks/tools/.seal-built
@@ -237,6 +237,12 @@ TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
+# The real-repository task set (docs/tasks-factory.md): task dirs made from datasets/real's
+# manifests and the package cache (sdists and envs fetched once into $WHARF_CACHE/tasks).
+TASKS_OUT ?= runs/tasks/real
+tasks: setup
+	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) $(ARGS)
+
 test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(XDIST) $(ARGS)
 

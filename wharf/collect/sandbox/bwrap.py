@@ -32,6 +32,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import tomllib
 from pathlib import Path, PurePosixPath
 
 from harbor.environments.base import BaseEnvironment, ExecResult
@@ -39,6 +40,7 @@ from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, NetworkPolicy
 
 from wharf.core import envdefaults
+from wharf.core.model_store import cache_dir
 from wharf.collect.sandbox import changes, rewardproof
 from wharf.collect.sandbox.ns import SANDBOX_UID, Sandbox, Spec, minimal_expose
 from wharf.collect.sandbox.process import run_process
@@ -209,7 +211,7 @@ class BwrapEnvironment(BaseEnvironment):
     async def _open(self, phase: str) -> None:
         self._phase = phase
         dirs = AGENT_DIRS if phase == "agent" else VERIFIER_DIRS
-        expose = [sys.prefix, sys.base_prefix, self._python, *_AGENT_INSTALLS, *self._expose]
+        expose = [sys.prefix, sys.base_prefix, self._python, *_AGENT_INSTALLS, *self._expose, *self._task_envs()]
         if phase == "verifier":
             expose.append(str(TASK_TOOLS))
         forwards: dict[int, str] = {}
@@ -255,6 +257,20 @@ class BwrapEnvironment(BaseEnvironment):
         report = json.dumps({"changed": merged.changed, "deleted": merged.deleted, "set_aside": merged.set_aside},
                             indent=1).encode()
         await self._checked(["sh", "-c", "cat > /logs/verifier/agent_change.json"], "write agent_change.json", stdin=report)
+
+    def _task_envs(self) -> list[str]:
+        """The package test envs the task names in task.toml's `[metadata] wharf_expose` (made by
+        `wharf tasks make`), shown read-only; only envs under the cache's tasks/envs/ are shown."""
+        try:
+            meta = tomllib.loads((self.environment_dir.parent / "task.toml").read_text()).get("metadata", {})
+        except (OSError, tomllib.TOMLDecodeError):
+            return []
+        envs = os.path.realpath(cache_dir() / "tasks" / "envs") + os.sep
+        named = [os.path.realpath(p) for p in meta.get("wharf_expose", []) if isinstance(p, str)]
+        refused = [p for p in named if not p.startswith(envs)]
+        if refused:
+            self.logger.warning(f"{self.session_id}: task.toml wharf_expose outside {envs} not shown: {refused}")
+        return [p for p in named if p.startswith(envs) and os.path.isdir(p)]
 
     def _pristine(self) -> changes.Tree:
         return changes.read_dir(self.environment_dir) if self.environment_dir.is_dir() else {}

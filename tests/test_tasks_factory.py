@@ -1,0 +1,161 @@
+"""wharf tasks make (wharf/tasks/factory): the mutation operators on real source, bad input in one
+line with nothing left behind, and a small task set made end to end from a bundled sdist
+(tests/fixtures/factory/tinycalc-0.1), each task graded by the real pytest judge: the oracle 1.0,
+the untouched workspace 0. Offline: the sdist is put in the cache, and the package's env is a venv
+that sees this venv's pytest (what `make` would install from the package index)."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from wharf.tasks.factory import cli, mutate
+from wharf.tasks.factory.package import FactoryError, parse_spec
+
+FIXTURE = Path(__file__).parent / "fixtures" / "factory" / "tinycalc-0.1"
+CALC = (FIXTURE / "tinycalc" / "calc.py").read_text()
+
+
+def test_every_candidate_parses_to_a_new_tree_and_changes_only_its_span():
+    tree = ast.parse(CALC)
+    found = []
+    for (q, line) in mutate.functions(tree):
+        drawn = mutate.candidates(CALC, "tinycalc/calc.py", q, line)
+        found += [m for m in (mutate.finish(CALC, d) for d in drawn) if m is not None]
+    ops = {m.operator for m in found}
+    assert {"cmp_flip", "negate_if", "drop_stmt", "range_shift", "const_shift", "arith_swap", "swap_args"} <= ops
+    for m in found:
+        new = mutate.apply(CALC, m)
+        assert ast.dump(ast.parse(new)) != ast.dump(tree), m.id
+        # Outside the lines of the mutated span, the file is byte for byte the same.
+        old_lines, new_lines = CALC.splitlines(), new.splitlines()
+        assert old_lines[:m.line - 1] == new_lines[:m.line - 1], m.id
+        tail = len(old_lines) - m.end_line
+        assert tail == 0 or old_lines[-tail:] == new_lines[-tail:], m.id
+
+
+def test_flips_and_shifts_read_as_intended():
+    src = "def f(xs, n):\n    if n < 2 and xs:\n        return xs[:n]\n    return range(0, n)\n"
+    finished = [mutate.finish(src, m) for m in mutate.candidates(src, "m.py", "f", 1)]
+    got = {(m.operator, mutate.apply(src, m).splitlines()[m.line - 1].strip()) for m in finished if m is not None}
+    # No parentheses beyond what the tree needs (a bug must not read like a machine's edit).
+    assert ("cmp_flip", "if n <= 2 and xs:") in got
+    assert ("bool_flip", "if n < 2 or xs:") in got
+    assert ("negate_if", "if not (n < 2 and xs):") in got
+    assert ("slice_shift", "return xs[:n + 1]") in got
+    assert ("range_shift", "return range(0, n - 1)") in got
+    assert ("drop_stmt", "pass") in got
+
+
+def test_decorated_functions_are_keyed_by_their_code_objects_first_line():
+    src = "import functools\n\n@functools.lru_cache\ndef g(x):\n    return x + 1\n"
+    namespace: dict = {}
+    exec(compile(src, "m.py", "exec"), namespace)
+    assert ("g", namespace["g"].__wrapped__.__code__.co_firstlineno) in mutate.functions(ast.parse(src))
+
+
+@pytest.mark.parametrize("spec", ["", "==1.0", "a b", "pkg===1"])
+def test_a_bad_spec_is_one_line(spec):
+    with pytest.raises(FactoryError, match="not a package spec"):
+        parse_spec(spec)
+
+
+def _cli(args: list[str], capsys) -> tuple[int, list[str]]:
+    code = cli.main(args)
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_bad_input_says_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WHARF_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    code, err = _cli(["pkg===1", "--out", str(out)], capsys)
+    assert (code, len(err)) == (2, 1) and "not a package spec" in err[0]
+    (tmp_path / "p.txt").write_text("tinycalc==0.1 colour=red\n")
+    code, err = _cli(["--from", str(tmp_path / "p.txt"), "--out", str(out)], capsys)
+    assert (code, len(err)) == (2, 1) and "p.txt:1: 'colour=red'" in err[0]
+    code, err = _cli(["--from", str(tmp_path / "none.txt"), "--out", str(out)], capsys)
+    assert (code, len(err)) == (2, 1) and "cannot read it" in err[0]
+    assert not out.exists()
+
+
+def _sdist(cache: Path, src: Path, name: str) -> None:
+    """src packed as the cache's sdist `name`-0.1.tar.gz (what `pip download` would have put there)."""
+    sdists = cache / "tasks" / "sdists"
+    sdists.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(sdists / f"{name}-0.1.tar.gz", "w:gz") as t:
+        t.add(src, arcname=f"{name}-0.1")
+
+
+def _offline_env(cache: Path, key: str) -> None:
+    """The package's env as `make` builds it, but offline: a venv that sees this venv's pytest."""
+    env = cache / "tasks" / "envs" / key
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python3*/site-packages"))
+    (site / "wharf_host.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env.chmod(0o755)
+
+
+def test_an_sdist_without_tests_says_so(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    bare = tmp_path / "bare"
+    (bare / "bare").mkdir(parents=True)
+    (bare / "bare" / "__init__.py").write_text("def one():\n    return 1\n")
+    _sdist(cache, bare, "bare")
+    code, err = _cli(["bare==0.1", "--out", str(tmp_path / "out")], capsys)
+    assert (code, err) == (2, ["wharf tasks make: bare==0.1: the sdist ships no tests (no tests/ or test_*.py)"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_suite_that_never_passes_says_so(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    src = tmp_path / "src"
+    (src / "tests").mkdir(parents=True)
+    (src / "netpkg.py").write_text("import urllib.request\n\ndef get():\n"
+                                   "    return urllib.request.urlopen('http://192.0.2.1/', timeout=2).read()\n")
+    (src / "tests" / "test_net.py").write_text("from netpkg import get\n\ndef test_get():\n    assert get()\n")
+    _sdist(cache, src, "netpkg")
+    _offline_env(cache, "netpkg-0.1")
+    code, err = _cli(["netpkg==0.1", "--out", str(tmp_path / "out")], capsys)
+    assert (code, err) == (2, ["wharf tasks make: netpkg==0.1: the test suite needs the network (no test passes offline)"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    _sdist(cache, FIXTURE, "tinycalc")
+    _offline_env(cache, "tinycalc-0.1")
+    out = tmp_path / "out"
+    code, err = _cli(["tinycalc==0.1", "--out", str(out), "--max", "3", "--seed", "1"], capsys)
+    assert code == 0, err
+    tasks = sorted(p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__"))
+    assert 1 <= len(tasks) <= 3  # each one passed the check: oracle 1.0, untouched workspace 0
+    manifest = json.loads((out / "manifests" / "tinycalc-0.1.seed1.json").read_text())
+    assert len(manifest["bugs"]) == len(tasks) and manifest["stats"]["kept"] >= len(tasks)
+    for task, bug in zip(tasks, sorted(manifest["bugs"], key=lambda b: cli.make.taskdir.task_id(
+            cli.make.package.Package("tinycalc", "0.1", FIXTURE, ".", []), b))):
+        spec = json.loads((task / "tests" / "spec.json").read_text())
+        assert spec["FAIL_TO_PASS"] == bug["FAIL_TO_PASS"] and spec["FAIL_TO_PASS"]
+        assert (task / "tests" / "tests" / "test_calc.py").read_text() == (FIXTURE / "tests" / "test_calc.py").read_text()
+        instruction = (task / "instruction.md").read_text()
+        assert spec["FAIL_TO_PASS"][0] in instruction and bug["replacement"] not in instruction
+        buggy = (task / "environment" / "tinycalc" / "calc.py").read_text()
+        assert buggy != CALC and buggy == mutate.apply(CALC, cli.make.taskdir.mutation_of(bug))
+        assert "--- a/tinycalc/calc.py" in (task / "solution" / "fix.patch").read_text()
+    # The manifest alone makes the same task dirs again (and the hunt is not rerun).
+    again = tmp_path / "again"
+    code, _ = _cli(["tinycalc==0.1", "--out", str(again), "--manifests", str(out / "manifests"), "--seed", "1",
+                    "--no-check"], capsys)
+    assert code == 0
+    for task in tasks:
+        for f in ("tests/spec.json", "instruction.md", "solution/fix.patch", "environment/tinycalc/calc.py"):
+            assert (again / task.name / f).read_text() == (task / f).read_text()

@@ -1,0 +1,5 @@
+import sys
+
+from wharf.tasks.factory.cli import main
+
+sys.exit(main())

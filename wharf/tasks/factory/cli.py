@@ -1,0 +1,106 @@
+"""`wharf tasks make`: real-repository bug-fix tasks from Python packages' source distributions.
+
+    wharf tasks make PACKAGE[==VERSION]... [--from FILE] --out DIR [--max N] [--seed S]
+                     [--manifests DIR] [--tries T] [--no-check]
+
+Per package version: the sdist and a test env once into $WHARF_CACHE/tasks; the manifest of kept
+bugs read from --manifests when one is there for that version and seed (else the bugs are hunted
+and the manifest written there); then the task dirs made under --out, each checked. One line per
+package; exit 2 when a package cannot give tasks (said in one line why), 1 on another failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from . import make
+from .package import FactoryError
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    ap.add_argument("packages", nargs="*", metavar="PACKAGE[==VERSION]")
+    ap.add_argument("--from", dest="from_file", type=Path, help="a packages.txt: one PACKAGE==VERSION a line, "
+                    "optionally deps=A,B (more test deps) and args=X,Y (more pytest arguments)")
+    ap.add_argument("--out", type=Path, required=True, help="where the task dirs go")
+    ap.add_argument("--max", type=int, default=30, help="tasks at most per package version (default 30)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tries", type=int, default=0, help="mutations tried at most per package (default 6 x --max)")
+    ap.add_argument("--manifests", type=Path, help="dir of manifests: read when there, written when made "
+                    "(default: OUT/manifests)")
+    ap.add_argument("--no-check", action="store_true", help="keep tasks without running the checker")
+    return ap
+
+
+def _entries(args) -> list[make.Entry]:
+    entries = [make.Entry(s) for s in args.packages]
+    for e in entries:
+        make.package.parse_spec(e.spec)
+    if args.from_file:
+        try:
+            text = args.from_file.read_text()
+        except OSError as e:
+            raise FactoryError(f"--from {args.from_file}: cannot read it ({e.strerror})") from None
+        entries += make.parse_entries(text, str(args.from_file))
+    if not entries:
+        raise FactoryError("name at least one PACKAGE[==VERSION] or give --from FILE")
+    return entries
+
+
+def one(entry: make.Entry, args, opts: make.Options) -> dict:
+    t0 = time.monotonic()
+    pkg = make.prepare(entry, lambda s: None)
+    manifests = args.manifests or args.out / "manifests"
+    path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
+    manifest = make.load_manifest(path)
+    if manifest is None:
+        manifest = make.hunt_bugs(pkg, opts)
+        if not manifest["bugs"]:
+            raise FactoryError(f"{entry.spec}: no mutation of its covered functions made a passing test fail "
+                               f"({manifest['stats']['tried']} tried)")
+    made, dropped = make.materialise(pkg, manifest, args.out, opts)
+    if not made:
+        raise FactoryError(f"{entry.spec}: none of its {len(manifest['bugs'])} bugs passed the check")
+    if dropped:
+        drop = set(dropped)
+        manifest["bugs"] = [b for b in manifest["bugs"] if make.taskdir.task_id(pkg, b) not in drop]
+        manifest["stats"]["dropped_by_check"] = manifest["stats"].get("dropped_by_check", 0) + len(dropped)
+    manifests.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    secs = time.monotonic() - t0
+    print(f"{pkg.name}=={pkg.version}: {len(made)} tasks ({manifest['stats']['kept']} kept of "
+          f"{manifest['stats']['tried']} tried, {len(dropped)} failed the check) in {secs:.0f} s", flush=True)
+    return {"package": pkg.name, "version": pkg.version, "tasks": len(made), "seconds": round(secs, 1),
+            **manifest["stats"]}
+
+
+def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=None) -> int:
+    """`check`: wharf tasks check's check_task (the `wharf tasks` dispatcher hands it in)."""
+    args = parser(prog).parse_args(argv)
+    opts = make.Options(max_tasks=args.max, seed=args.seed, tries=args.tries, check=not args.no_check,
+                        checker=check, log=lambda s: print(s, file=sys.stderr, flush=True))
+    try:
+        entries = _entries(args)
+    except FactoryError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    existed = args.out.exists()
+    bad, results = 0, []
+    for entry in entries:
+        try:
+            results.append(one(entry, args, opts))
+        except FactoryError as e:
+            print(f"{prog}: {e}", file=sys.stderr)
+            bad += 1
+    if results:
+        (args.out / "make_report.json").write_text(json.dumps(results, indent=1) + "\n")
+    elif not existed and args.out.is_dir() and not any(args.out.iterdir()):
+        args.out.rmdir()
+    return 2 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""One package version -> its manifest of kept bugs -> its task dirs.
+
+The manifest (JSON, committed) is the compact form of a task set: the package version, the seed,
+how its tests run, and per kept bug the mutation (file, function, line, column, operator, the
+replacement text) and its spec. Task dirs are made from it and the package cache on demand
+(`materialise`), byte for byte the same for the same manifest.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import env as envs
+from . import hunt, mutate, package, suite, taskdir, verify
+from .package import FactoryError, Package
+
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class Options:
+    max_tasks: int = 30  # kept bugs per package version
+    seed: int = 0
+    tries: int = 0  # mutations tried at most (0: 6 x max_tasks)
+    suite_timeout: float = 600.0
+    check: bool = True
+    checker: object = None  # wharf tasks check's check_task, when handed in (verify.check_task)
+    log: object = print
+
+
+@dataclass
+class Entry:
+    """A line of packages.txt (or a spec on the command line)."""
+    spec: str
+    deps: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)
+
+
+def parse_entries(text: str, where: str) -> list[Entry]:
+    out = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        words = raw.split("#")[0].split()
+        if not words:
+            continue
+        e = Entry(words[0])
+        for w in words[1:]:
+            key, _, value = w.partition("=")
+            if key not in ("deps", "args") or not value:
+                raise FactoryError(f"{where}:{n}: {w!r}: expected deps=A,B or args=X,Y after the package")
+            getattr(e, key).extend(value.split(","))
+        package.parse_spec(e.spec)
+        out.append(e)
+    return out
+
+
+def prepare(entry: Entry, log) -> Package:
+    """The package's sdist fetched and unpacked, its layout found, its env built (each once)."""
+    name, version = package.parse_spec(entry.spec)
+    root = package.unpack(package.fetch_sdist(name, version))
+    pyroot, tests = package.find_layout(root)
+    if not tests:
+        raise FactoryError(f"{entry.spec}: the sdist ships no tests (no tests/ or test_*.py)")
+    pkg = Package(name, version or package.version_of(root), root, pyroot, tests, entry.deps, entry.args)
+    envs.build_env(pkg, log)
+    return pkg
+
+
+def hunt_bugs(pkg: Package, opts: Options) -> dict:
+    """The manifest of pkg: bugs kept from seeded mutations of its covered functions."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="wharf-factory-") as tmp:
+        work = suite.working_copy(pkg, Path(tmp))
+        base = suite.baseline(pkg, work, opts.suite_timeout)
+        order = hunt.plan(pkg, work, base, opts.seed)
+        budget = opts.tries or 6 * opts.max_tasks
+        kept, tried, per_func = [], 0, {}
+        for m in order:
+            if len(kept) >= opts.max_tasks or tried >= budget:
+                break
+            if per_func.get((m.file, m.function), 0) >= hunt.PER_FUNCTION:
+                continue
+            m = mutate.finish((work / m.file).read_text(encoding="utf-8"), m)
+            if m is None:
+                continue
+            tried += 1
+            bug = hunt.try_one(pkg, work, base, m, opts.seed)
+            if bug is not None:
+                kept.append(bug.record())
+                per_func[(m.file, m.function)] = per_func.get((m.file, m.function), 0) + 1
+    opts.log(f"{pkg.key}: {len(base.passing)} tests pass twice, {len(base.covers)} functions covered, "
+             f"{len(order)} candidate mutations; kept {len(kept)} of {tried} tried in {time.monotonic() - t0:.0f} s")
+    return {"manifest": MANIFEST_VERSION, "package": pkg.name, "version": pkg.version, "seed": opts.seed,
+            "pyroot": pkg.pyroot, "test_paths": pkg.test_paths, "deps": pkg.extra_deps, "args": pkg.pytest_args,
+            "suite_seconds": round(base.seconds, 2), "test_timeout": _test_timeout(base.seconds),
+            "stats": {"passing": len(base.passing), "covered_functions": len(base.covers),
+                      "candidates": len(order), "tried": tried, "kept": len(kept),
+                      "seconds": round(time.monotonic() - t0, 1)},
+            "bugs": kept}
+
+
+def _test_timeout(suite_seconds: float) -> int:
+    return int(max(60, 10 * suite_seconds))
+
+
+def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple[list[Path], list[str]]:
+    """The task dirs of a manifest under out; with opts.check, only those that pass the check are
+    kept (the others removed, each said in a line)."""
+    made, dropped = [], []
+    for bug in manifest["bugs"]:
+        out.mkdir(parents=True, exist_ok=True)
+        task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
+        if opts.check:
+            ok, why = verify.check_task(task, opts.checker)  # the checker plugs in there
+            if not ok:
+                opts.log(f"{task.name}: dropped: {why}")
+                dropped.append(task.name)
+                shutil.rmtree(task, ignore_errors=True)
+                continue
+        made.append(task)
+    return made, dropped
+
+
+def load_manifest(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if data.get("manifest") == MANIFEST_VERSION else None
+
+
+def manifest_name(pkg_name: str, version: str, seed: int) -> str:
+    return f"{pkg_name.lower()}-{version}.seed{seed}.json"
+
+

@@ -1,0 +1,58 @@
+"""The figures of a manifest dir: per package version the tests that pass twice, the covered
+functions, the mutations tried and kept (yield), the hunt's seconds and seconds per kept bug;
+with --tasks DIR, the disk of the task dirs made from them beside the manifests' own.
+
+    python -m wharf.tasks.factory.stats datasets/real/manifests [--tasks DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def rows(manifests: Path) -> list[dict]:
+    out = []
+    for path in sorted(manifests.glob("*.json")):
+        m = json.loads(path.read_text())
+        s = m["stats"]
+        out.append({"package": f"{m['package']}=={m['version']}", "passing": s["passing"],
+                    "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
+                    "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
+                    "bytes": path.stat().st_size})
+    return out
+
+
+def disk(path: Path) -> int:
+    return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path) for f in files)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m wharf.tasks.factory.stats", description=__doc__.split("\n")[0])
+    ap.add_argument("manifests", type=Path)
+    ap.add_argument("--tasks", type=Path, help="a dir of task dirs made from these manifests")
+    args = ap.parse_args(argv)
+    table = rows(args.manifests)
+    if not table:
+        print(f"{args.manifests}: no manifests", file=sys.stderr)
+        return 2
+    print(f"{'package':<28} {'passing':>7} {'funcs':>5} {'tried':>5} {'kept':>4} {'yield':>5} {'hunt s':>6} {'s/kept':>6}")
+    for r in table:
+        per = r["seconds"] / r["kept"] if r["kept"] else float("nan")
+        print(f"{r['package']:<28} {r['passing']:>7} {r['functions']:>5} {r['tried']:>5} {r['kept']:>4} "
+              f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f}")
+    kept, tried, secs = (sum(r[k] for r in table) for k in ("kept", "tried", "seconds"))
+    print(f"{len(table)} package versions: {kept} bugs kept of {tried} tried (yield {kept / max(tried, 1):.2f}), "
+          f"{secs:.0f} s of hunting ({secs / max(kept, 1):.1f} s per kept bug); manifests "
+          f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task")
+    if args.tasks:
+        dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
+        total = sum(disk(p) for p in dirs)
+        print(f"{len(dirs)} task dirs in {args.tasks}: {total / max(len(dirs), 1) / 1024:.0f} KiB per task dir")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""Running a package's tests in its environment, offline, the way the judge will run them.
+
+The same pytest options as the task's judge (tests/test.sh): the package's ini file without its
+addopts, the pyroot on pytest's pythonpath, rootdir the package root, `python -I`. The run is in a
+network namespace of its own (unshare), so a test that needs the network fails here, as in a trial.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import judged
+from .package import FactoryError, Package
+
+RUNNER = Path(__file__).with_name("suite_run.py")
+NETWORK = re.compile(r"(gaierror|Network is unreachable|ConnectionError|ConnectTimeout|Temporary failure in name "
+                     r"resolution|URLError|NewConnectionError|socket\.timeout|urlopen)")
+
+
+@dataclass
+class Outcome:
+    tests: dict  # nodeid -> {"outcome", "message", "funcs"}
+    collect_errors: dict  # nodeid of a collector that failed -> its message
+    seconds: float
+    timed_out: bool
+
+
+def pytest_options(pkg: Package, root: str) -> list[str]:
+    """The judge's options (taskdir.test_sh), and: a test file that does not import (a missing
+    optional dep, test data named like a test) is left out, not the end of the run."""
+    return ["-p", "no:cacheprovider", "-o", "addopts=", "-o", f"pythonpath={pkg.pyroot}", "--rootdir", root,
+            "-q", "--continue-on-collection-errors", *pkg.pytest_args]
+
+
+def _offline() -> list[str]:
+    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+
+
+def run(pkg: Package, work: Path, targets: list[str], cover: bool, timeout: float) -> Outcome:
+    """Run `targets` (test paths or node ids) in `work`, a copy of the package root."""
+    with tempfile.TemporaryDirectory(prefix="wharf-suite-") as tmp:
+        out = Path(tmp) / "out.json"
+        argv = [*_offline(), str(pkg.python), "-I", "-B", str(RUNNER), str(out), str(work), "1" if cover else "0",
+                "--", *pytest_options(pkg, str(work)), *targets]
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
+        t0 = time.monotonic()
+        try:
+            subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        took = time.monotonic() - t0
+        data = json.loads(out.read_text()) if out.exists() and not timed_out else {}
+    return Outcome(data.get("tests", {}), data.get("collect_errors", {}), took, timed_out)
+
+
+def working_copy(pkg: Package, parent: Path) -> Path:
+    work = parent / pkg.key
+    shutil.copytree(pkg.root, work, symlinks=True)
+    return work
+
+
+@dataclass
+class Baseline:
+    passing: list[str]  # passed in both runs, in the order pytest ran them
+    covers: dict  # (file, qualname, first line) -> [nodeid, ...] of passing tests that ran it
+    seconds: float  # one run's time
+
+
+def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
+    """The tests that pass twice, and the package functions each ran; a FactoryError when there
+    are none (with the reason: the network, nothing passes, nothing of the package is covered)."""
+    first = run(pkg, work, pkg.test_paths, cover=True, timeout=timeout)
+    if first.timed_out:
+        raise FactoryError(f"{pkg.name}=={pkg.version}: the test suite ran past {timeout:.0f} s")
+    second = run(pkg, work, pkg.test_paths, cover=False, timeout=timeout)
+    # A test file with a unittest.TestCase test is left out whole: the judge reads those items'
+    # teardown (_obj reset) as a change to pytest's reporting, which voids the whole run.
+    unittest_files = {t.split("::")[0] for t, r in first.tests.items() if r.get("unittest")}
+    passing = [t for t, r in first.tests.items() if r["outcome"] == "passed" and t.split("::")[0] not in unittest_files
+               and second.tests.get(t, {}).get("outcome") == "passed"]
+    if passing:
+        passing = judged.passing_under_judge(pkg, work, passing, pytest_options(pkg, str(work)), timeout)
+    if not passing:
+        failed = [r["message"] for r in first.tests.values() if r["outcome"] == "failed"]
+        if any(NETWORK.search(m) for m in failed):
+            raise FactoryError(f"{pkg.name}=={pkg.version}: the test suite needs the network (no test passes offline)")
+        why = f", {len(unittest_files)} files of unittest.TestCase tests left out" if unittest_files else ""
+        if first.collect_errors:
+            where, msg = next(iter(first.collect_errors.items()))
+            why += f"; {len(first.collect_errors)} not collected, e.g. {where or '.'}: {msg.strip().splitlines()[-1][:160]}"
+        raise FactoryError(f"{pkg.name}=={pkg.version}: no test passes on the pristine source "
+                           f"({len(first.tests)} collected{why})")
+    covers: dict = {}
+    tests_prefix = tuple(p.rstrip("/") for p in pkg.test_paths)
+    for t in passing:
+        for f, q, line in first.tests[t]["funcs"]:
+            if _is_source(f, tests_prefix):
+                covers.setdefault((f, q, line), []).append(t)
+    if not covers:
+        raise FactoryError(f"{pkg.name}=={pkg.version}: the passing tests cover no function of the package")
+    return Baseline(passing, covers, first.seconds)
+
+
+def _is_source(path: str, tests_prefix: tuple[str, ...]) -> bool:
+    name = os.path.basename(path)
+    parts = path.split("/")
+    return (path.endswith(".py") and not path.startswith(tests_prefix) and name != "conftest.py"
+            and not name.startswith("test_") and not name.endswith("_test.py")
+            and not {"tests", "test", "testing"} & set(parts[:-1]))
+
+
+def sample(items: list[str], n: int, rng: random.Random) -> list[str]:
+    return list(items) if len(items) <= n else sorted(rng.sample(items, n), key=items.index)
