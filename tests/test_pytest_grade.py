@@ -453,3 +453,41 @@ def test_a_test_function_counts_only_if_a_pristine_test_file_compiles_to_it_or_i
     assert decide._test_function(test_x, codes)[3] and decide._test_function(wrapper, codes)[3]
     assert not decide._test_function(lambda: None, codes)[3]
     assert decide._test_function(lambda: None, frozenset())[3]  # no test file named: nothing to compare
+
+
+UNITTEST_TESTS = '''import unittest
+from mathutil import sum_to
+
+
+class SumTo(unittest.TestCase):
+    def setUp(self):
+        self.n = 3
+
+    def test_sum_to(self):
+        self.assertEqual(sum_to(self.n), 6)
+
+    def test_zero(self):
+        self.assertEqual(sum_to(0), 0)
+'''
+
+
+def test_unittest_testcases_are_graded_like_functions(tmp_path):
+    """pytest binds a TestCase's test to a fresh instance at setup and drops it at teardown: no
+    change since collection (it voided every honest run of such suites). The fix 1.0, the bug 0."""
+    spec = json.loads((TASK / "tests" / "spec.json").read_text())
+    spec.update(FAIL_TO_PASS=["test_ut.py::SumTo::test_sum_to"], PASS_TO_PASS=["test_ut.py::SumTo::test_zero"])
+    got = {}
+    for name, source in (("fix", BUGGY.replace("range(1, n)", "range(1, n + 1)")), ("bug", BUGGY)):
+        work, tests, out = tmp_path / name / "app", tmp_path / name / "tests", tmp_path / name / "verifier"
+        for d in (work, tests, out):
+            d.mkdir(parents=True)
+        (work / "mathutil.py").write_text(source)
+        (tests / "test_ut.py").write_text(UNITTEST_TESTS)
+        (tests / "spec.json").write_text(json.dumps(spec))
+        env = {"PATH": os.defpath, "HOME": str(tmp_path), "WHARF_PYTHON": sys.executable, "WHARF_TESTS_DIR": str(tests),
+               "WHARF_VERIFIER_DIR": str(out), "WHARF_TEST_TIMEOUT": "60", "OMP_WAIT_POLICY": "PASSIVE"}
+        subprocess.run(["bash", str(TOOLS / "grade_pytest.sh"), str(work), "test_ut.py"], cwd=tmp_path, env=env,
+                       capture_output=True, timeout=180)
+        grading = json.loads((out / "grading.json").read_text())
+        got[name] = (grading["reward"], grading.get("problems"))
+    assert got == {"fix": (1.0, []), "bug": (0.0, [])}, got

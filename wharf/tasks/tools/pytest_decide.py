@@ -148,10 +148,22 @@ def _call_site(frame, allowed, mine, relay, _range=range, max_walk=MAX_WALK, pge
     return frame
 
 
+def _same_obj(o, kept, _type=type, method_type=types.MethodType, func_of=types.MethodType.__dict__["__func__"].__get__,
+              name_of=type.__dict__["__name__"].__get__):
+    """The item's object is the one collected; for a unittest.TestCase test, pytest itself binds it
+    to a fresh instance at setup and drops it at teardown: that bound method of the same pristine
+    function, or None, is no change (whose code and globals are checked on their own)."""
+    if o is kept[2]:
+        return True
+    if name_of(kept[1]) != "TestCaseFunction":
+        return False
+    return o is None or (_type(o) is method_type and kept[3] is not None and func_of(o) is kept[3])
+
+
 def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dict, dget=dict.get,
                  pget=types.MappingProxyType.get, fields=_fields, node_attr=_node_attr, id_text=_id_text,
                  nodeid_of=_nodeid_of, code_of=types.FunctionType.__dict__["__code__"].__get__,
-                 globals_of=types.FunctionType.__dict__["__globals__"].__get__):
+                 globals_of=types.FunctionType.__dict__["__globals__"].__get__, same_obj=_same_obj):
     """(nodeid, when, outcome, xfail) for call_and_report's `report`, or why it is not genuine."""
     session, items, classes, _ = state
     loc = site.f_locals
@@ -166,7 +178,7 @@ def _test_record(site, report, c, state, _type=type, _id=id, _str=str, _dict=dic
         return "pytest's item, report or call classes changed, or not the objects pytest made"
     if dget(loc, "report") is not report or node_attr(item, di, "session", c[7]) is not session:
         return "a report pytest's runner did not make"
-    if dget(di, "_obj") is not kept[2] or "runtest" in di or "ihook" in di or "obj" in di:
+    if not same_obj(dget(di, "_obj"), kept) or "runtest" in di or "ihook" in di or "obj" in di:
         return "an item changed since collection"
     if not kept[6]:
         return "a test function the pristine test files do not define (changed before collection)"
