@@ -253,11 +253,14 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
                 collect_round(policy_config(cfg, ev, p, served, refused))
         results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
-        left_out = unscored(run, cfg.eval.attempts)
+    summary = write_summary(ev, cfg, results)
+    for label in results:  # counted once, in the summary's entries
+        left_out = summary["policies"][label]["unscored"]
         if left_out:
-            log.warning("eval %s: %s: %d trials left out, not the policy's doing (%s)", ev.root.name, p.spec,
-                        sum(left_out.values()), ", ".join(f"{s} {n}" for s, n in sorted(left_out.items())))
-    return write_summary(ev, cfg, results)
+            log.warning("eval %s: %s: %d trials left out, not the policy's doing (%s)", ev.root.name,
+                        results[label][0].spec, sum(left_out.values()),
+                        ", ".join(f"{s} {n}" for s, n in sorted(left_out.items())))
+    return summary
 
 
 def _interval(iv) -> dict:

@@ -35,7 +35,7 @@ from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
-from wharf.core.model_identity import check_served, trained_model
+from wharf.core.model_identity import check_served
 from wharf.core.model_store import release_memory
 from wharf.core.replicas import not_serving, replica_urls
 
@@ -258,8 +258,7 @@ def print_round(layout: RunLayout, k: int) -> None:
 
 def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
-    check_loop(cfg)  # cheapest first, the endpoint last: nothing written or started before
-    trained = trained_model(cfg)  # one model per run (checked in check_loop too)
+    trained = check_loop(cfg)  # cheapest first, the endpoint last: nothing written or started before
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).

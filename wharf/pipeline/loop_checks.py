@@ -8,7 +8,7 @@ from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import tracking
 from wharf.core.config import ConfigError, RunConfig
 from wharf.core.layout import has_adapter, init_adapter_dir
-from wharf.core.model_identity import trained_model
+from wharf.core.model_identity import ModelRef, trained_model
 from wharf.engine.launch import check_endpoint
 from wharf.train.model import AdapterError, check_adapter_config
 
@@ -29,11 +29,11 @@ def check_init_adapter(cfg: RunConfig) -> None:
         raise LoopError(f"loop.init_adapter={cfg.loop.init_adapter!r}: {e}") from None
 
 
-def check_loop(cfg: RunConfig) -> None:
+def check_loop(cfg: RunConfig) -> ModelRef:
     """Everything the loop can check cheaply, before it writes or starts anything (an endpoint
     takes seconds, vLLM minutes): the rounds, the datasets and tasks, the agent and environment
     classes, the start adapter, the model (one per run), the trackers' packages, then the endpoint
-    (one not ours to start must answer)."""
+    (one not ours to start must answer). Returns the model the run trains."""
     if cfg.rounds < 1:
         raise LoopError(f"rounds={cfg.rounds}: the loop needs at least one round (set rounds=N)")
     check_collect(cfg)
@@ -43,6 +43,7 @@ def check_loop(cfg: RunConfig) -> None:
         except TaskSetError as e:
             raise ConfigError(f"loop.eval_dataset: {str(e).removeprefix('collect.dataset: ')}") from None
     check_init_adapter(cfg)
-    trained_model(cfg)  # one model per run: a train.model the endpoint does not serve stops here
+    trained = trained_model(cfg)  # one model per run: a train.model the endpoint does not serve stops here
     tracking.check(cfg.train.log_with)  # a tracker whose package is missing
     check_endpoint(cfg)
+    return trained
