@@ -15,8 +15,10 @@ from wharf.core.config_types import Secret
 
 REDACTED = "<redacted>"
 MIN_SECRET = 6
-# A key of agent_kwargs / environment_kwargs whose name says it holds a credential.
-_SECRET_WORDS = ("key", "token", "secret", "password", "passwd", "credential", "auth")
+# Words that name a credential: inside a kwargs key (_secretish), or as a whole word of a config
+# key read back as plain dicts (redacted_mapping).
+_SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "credential", "credentials",
+                           "authorization", "auth"})
 _SECRET_META = typing.get_args(Secret)[1:]  # the validator that marks a field as a Secret
 
 
@@ -72,8 +74,7 @@ def redacted_mapping(value, name: str = ""):
     if isinstance(value, list):
         return [redacted_mapping(v, name) for v in value]
     words = set(re.split(r"[^a-z0-9]+", name.lower()))
-    if value is not None and (words & {"key", "apikey", "token", "secret", "password", "passwd", "credential",
-                                       "credentials", "authorization", "auth"}):
+    if value is not None and words & _SECRET_WORDS:
         return REDACTED
     return value
 
