@@ -147,15 +147,6 @@ def test_the_red_team_aims_at_any_task_and_its_steps_format():
     assert "def sum_to(n):" in made["kill_grader"][0].format(**facts)
 
 
-def test_tasks_make_says_not_available_without_the_factory(capsys):
-    from wharf.pipeline.tasks import main
-
-    if (REPO / "wharf" / "tasks" / "factory" / "cli.py").exists():
-        pytest.skip("the factory is present: `wharf tasks make` is its own")
-    assert main(["make", "attrs"]) == 2
-    assert "not available" in capsys.readouterr().err
-
-
 # ---- real checks in the bwrap sandbox ---------------------------------------------------------
 
 HACKABLE_MODULE = "def last(xs):\n    return xs[0]\n\n\ndef first(xs):\n    return xs[0]\n"

@@ -3,9 +3,9 @@
     check  wharf tasks check DIR...   validate task dirs: oracle, untouched, the hackability audit
     make   wharf tasks make PACKAGE   real-repository tasks from a package (wharf/tasks/factory)
 
-The hook for `make`: when wharf/tasks/factory/cli.py exists, its `main(argv, prog, check)` runs,
-`check` being wharf.pipeline.taskcheck.check_task (the factory checks every task it makes with it
-and cannot import it itself: the tasks room stands below the pipeline)."""
+`make` runs wharf.tasks.factory.cli's `main(argv, prog, check)`, `check` being
+wharf.pipeline.taskcheck.check_task (the factory checks every task it makes with it and cannot
+import it itself: the tasks room stands below the pipeline)."""
 from __future__ import annotations
 
 import sys
@@ -22,14 +22,8 @@ def usage() -> str:
 
 
 def make(argv: list[str], prog: str) -> int:
-    try:
-        from wharf.tasks.factory import cli as factory
-    except ModuleNotFoundError as e:
-        if not (e.name or "").startswith("wharf.tasks.factory"):
-            raise
-        print(f"{prog}: not available in this build (wharf/tasks/factory is absent)", file=sys.stderr)
-        return 2
     from wharf.pipeline.taskcheck import check_task
+    from wharf.tasks.factory import cli as factory
 
     return factory.main(argv, prog, check=check_task)
 
