@@ -284,3 +284,28 @@ def test_the_trainer_measures_its_update_as_the_loops_two_forward_measure_does(t
     for key in ("delta_mean", "delta_max", "kl"):
         assert got[key] == pytest.approx(want[key], rel=1e-3, abs=1e-5), key
     assert got["delta_mean"] > 1e-3  # two steps at this lr move the log-probs: not 0 against 0
+
+
+def test_bf16_mixed_precision_loads_the_frozen_base_in_bf16_and_trains_fp32_lora(tmp_path, rows):
+    """train.mixed_precision=bf16 (base_dtype auto): the base weights are held in bf16 (half of a
+    float32 copy's memory), the LoRA weights and the saved adapter in float32, and the step still
+    moves the policy the right way."""
+    from safetensors.torch import load_file
+
+    from wharf.train.model import load_policy
+
+    cfg = run_config(tmp_path, "train.device=cpu", "train.mixed_precision=bf16", "train.lr=0.002")
+    assert cfg.train.base_torch_dtype == "bfloat16"
+    model, _ = load_policy(cfg, None)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" not in n} == {torch.bfloat16}
+    del model
+    write_round(convert_path(cfg), rows, ADV, 1.0)
+    result = train_round(cfg, progress=False)
+    assert result.steps == 1 and result.skipped_steps == 0
+    assert result.mismatch_mean < 0.05  # bf16 weights against the fp32 sampling
+    saved = load_file(f"{result.adapter}/adapter_model.safetensors")
+    assert saved and {t.dtype for t in saved.values()} == {torch.float32}
+    assert mean_logp(result.adapter, rows, +1) > mean_logp(None, rows, +1)
+    assert run_config(tmp_path, "train.mixed_precision=bf16", "train.base_dtype=float32").train.base_torch_dtype == "float32"

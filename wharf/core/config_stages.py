@@ -153,12 +153,23 @@ class TrainConfig:
     # kernel the engine uses (wharf/core/cpu_linear.py: ~1.6-2x torch's here); torch's where no cc.
     cpu_kernel: bool = True
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"  # accelerate's; fp32 is faster on this CPU
+    # The frozen base weights' dtype. auto follows mixed_precision (bf16 -> bfloat16, fp16 ->
+    # float16, no -> float32): autocast runs the matmuls in that dtype anyway, so a float32 copy
+    # only doubles the memory (16 GB for an 8B model). The LoRA weights stay float32.
+    base_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: Device = "auto"  # accelerate picks the process's device under launch
     checkpoint_every: NonNegative = 1  # optimizer steps between checkpoints (0: only at the end)
     # Trackers that get every step's and every round's metrics (wharf/core/tracking.py), each in
     # runs/<run>/trackers/; each needs its package: pip install -e '.[track]'.
     log_with: list[Literal["tensorboard", "mlflow", "wandb"]] = field(default_factory=list)
     publish: bool = True  # load the adapter into the endpoint as policy-v<k+1> after training
+
+    @property
+    def base_torch_dtype(self) -> str:
+        """base_dtype with auto resolved: the dtype name load_model takes."""
+        if self.base_dtype != "auto":
+            return self.base_dtype
+        return {"bf16": "bfloat16", "fp16": "float16"}.get(self.mixed_precision, "float32")
 
     def __post_init__(self):
         if self.lora_rank > self.max_lora_rank:  # checked at load time: pydantic names the section

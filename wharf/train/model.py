@@ -114,7 +114,7 @@ def load_policy(cfg: RunConfig, init_adapter: Path | None, device: str = "cpu"):
 
     model_dir = base_model_dir(cfg)
     try:
-        base, tok = load_model(model_dir, device, "float32")
+        base, tok = load_model(model_dir, device, cfg.train.base_torch_dtype)
     except ModelError:
         raise
     except Exception as e:  # transformers' own errors for broken dirs
