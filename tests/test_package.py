@@ -9,6 +9,7 @@ install torch again."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,11 +25,29 @@ from conftest import free_port, needs_bwrap
 REPO = Path(__file__).resolve().parents[1]
 
 
+def tracked_copy(dest: Path) -> Path:
+    """The files git holds (symlinks kept as links), copied to `dest`: a wheel built from a clone,
+    not from this checkout, whose build/ may hold a module since removed, and which the build
+    would leave behind in it."""
+    r = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True)
+    for rel in filter(None, r.stdout.decode().split("\0")):
+        src, dst = REPO / rel, dest / rel
+        if not src.exists() and not src.is_symlink():  # deleted in the work tree, not yet committed
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(os.readlink(src))
+        else:
+            shutil.copy2(src, dst)
+    return dest
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    src = tracked_copy(tmp_path_factory.mktemp("clone"))
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
-                        str(REPO)], capture_output=True, text=True, timeout=300)
+                        str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     (whl,) = out.glob("wharf-*.whl")
     return whl
