@@ -79,33 +79,24 @@ def parse_hermes(text: str) -> Parsed:
 
 # -- llama3_json: {"name": ..., "parameters": {...}}, optionally after <|python_tag|>, ";" between --
 PYTHON_TAG = "<|python_tag|>"
-_SEMICOLON = re.compile(r"\s*;\s*")
 
 
 def parse_llama3_json(text: str) -> Parsed:
-    """Calls from the first JSON object on, `arguments` or `parameters`; content None, as vLLM
-    returns it (text around the objects is dropped). vLLM finds the objects with a pattern of
-    at most two brace levels and splits them at every ';', so an argument holding a brace or a
-    ';' fails there and stays content; here each object is read as JSON, at any depth."""
-    pos = text.find("{")
-    if pos < 0:
-        return text, []
-    decoder, calls = json.JSONDecoder(), []
-    while True:
+    """Every JSON object in the text is a call ({name, arguments or parameters}, at any depth),
+    whatever lies between them (`;` as Llama writes it, or words); content None, as vLLM returns
+    it. One `{` that does not start such an object leaves the whole text content."""
+    decoder, calls, pos = json.JSONDecoder(), [], text.find("{")
+    while pos >= 0:
         try:
             obj, end = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             return text, []
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return text, []
-        if "arguments" not in obj and "parameters" not in obj:
+        if not isinstance(obj.get("name"), str) or not ("arguments" in obj or "parameters" in obj):
             return text, []
         args = obj["arguments"] if "arguments" in obj else obj["parameters"]
         calls.append(_call(obj["name"], json.dumps(args, ensure_ascii=False)))
-        sep = _SEMICOLON.match(text, end)
-        if sep is None or not text.startswith("{", sep.end()):
-            return None, calls
-        pos = sep.end()
+        pos = text.find("{", end)
+    return (None, calls) if calls else (text, [])
 
 
 # -- mistral: [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]; v11+: [TOOL_CALLS]name[ARGS]{...}
