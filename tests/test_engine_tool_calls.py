@@ -91,7 +91,8 @@ def test_a_call_in_the_familys_format_comes_back_as_tool_calls(served, stream):
     assert not any("{" in d or "[TOOL" in d for d in r["deltas"])
     from transformers import AutoTokenizer
 
-    assert AutoTokenizer.from_pretrained(model_dir).decode(r["ids"][:-1]) == "".join(pieces)  # the markup stays in the ids
+    # the ids keep the markup: the scripted pieces, then the end-of-turn token
+    assert AutoTokenizer.from_pretrained(model_dir).decode(r["ids"][:-1]) == "".join(pieces)
     assert any(f"engine: tool calls read as {parser} (the family's format" in line for line in lines), lines
 
 
