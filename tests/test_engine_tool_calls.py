@@ -101,3 +101,13 @@ def test_without_tools_the_same_answer_is_text(served):
     r = ask(client, False)
     assert r["finish"] == "stop" and not r["calls"]
     assert '"bash"' in r["content"]  # the special-token markers are skipped, the JSON is plain text
+
+
+def test_engine_tool_parser_overrides_the_familys_format(served):
+    name, model_dir, _, _ = served
+    engine = Engine(EngineConfig(model=str(model_dir), served_name="m", device="cpu", threads=2, tool_parser="hermes"))
+    with AppThread(lambda: make_app(engine), name=f"engine-{name}-hermes") as app:
+        r = ask(OpenAI(base_url=f"{app.url}/v1", api_key="EMPTY", max_retries=0), False, tools=TOOLS)
+    assert engine.core.tool_parser.name == "hermes"
+    assert r["finish"] == "stop" and not r["calls"]  # no hermes block in the answer: it stays text
+    assert '{"name": "bash"' in r["content"]

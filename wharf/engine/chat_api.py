@@ -51,11 +51,10 @@ async def chat(core: EngineCore, request: web.Request) -> web.StreamResponse:
     finally:
         for s in seqs:
             s.cancel()  # no-op for finished ones; frees the batch row if the client went away
-    choices, n_out = [], 0
+    choices, n_out, parser = [], 0, core.tool_parser
     for i, (toks, done) in enumerate(results):
         ids = [t.token_id for t in toks]
         n_out += len(ids)
-        parser = core.tool_parser
         text = core.answer_text(ids, done, use_tools and parser.keep_special)
         content, calls = parser.parse(text) if use_tools else (text, [])
         choices.append({
