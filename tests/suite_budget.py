@@ -25,7 +25,7 @@ _GROUPS = {
     "engine": ["test_collect_engine", "test_minimal_agent_engine", "test_engine_adapters", "test_engine_api",
                "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",
                "test_publish_replicas", "test_proxy_engine", "test_eval", "test_warmstart_live",
-               "test_model_families", "test_model_identity"],
+               "test_model_families", "test_model_identity", "test_engine_tool_calls"],
     "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage", "test_warmstart_loop"],
     "ray": ["test_collect_ray", "test_collect_ray_dispatch", "test_collect_ray_nodes"],
     "s3": ["test_s3_round", "test_s3_shards", "test_storage"],

@@ -209,3 +209,38 @@ def build(name: str, out: Path, seed: int = 0, **overrides) -> Path:
     model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+def scripted(name: str, out: Path, prompt: list[dict], tools: list[dict] | None, pieces: list[str]) -> Path:
+    """A tiny `name` model (built into `out`) that answers `prompt` (any chat whose rendered prompt
+    ends in the same token) with `pieces`, one token each (a piece the vocabulary lacks is added
+    as a plain token), then its eos, greedily. Its layers add nothing (o_proj and down_proj zero),
+    so the logits at a position depend on that position's token alone: each token of the chain
+    has its own basis direction as embedding, and the head maps it to the chain's next token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from wharf.core.chat_template import render_prompt_ids
+
+    build(name, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    tok.add_tokens([p for p in pieces if p not in tok.get_vocab()])
+    tok.save_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    assert not model.config.tie_word_embeddings
+    eos = model.generation_config.eos_token_id
+    chain = [render_prompt_ids(tok, prompt, tools)[-1], *tok.convert_tokens_to_ids(pieces),
+             eos[0] if isinstance(eos, list) else eos]
+    assert len(set(chain)) == len(chain), "each token of the chain must be a different one"
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        for k, (cur, nxt) in enumerate(zip(chain, chain[1:])):
+            embed[cur] = 0.0
+            embed[cur, k] = 1.0
+            head[nxt] = 0.0
+            head[nxt, k] = 30.0
+    model.save_pretrained(out, safe_serialization=True)
+    return out

@@ -40,6 +40,11 @@ class EngineConfig:
     # Required as `Authorization: Bearer KEY` on every /v1 route (as vLLM's --api-key); /health,
     # /tokenize stay open. None: open, unless a run launches it (then a random key per run).
     api_key: Secret | None = None
+    # How tool calls are read out of the generated text, as vLLM's --tool-call-parser (the
+    # formats: wharf/engine/tool_parsers.py). auto: the served model's family's format
+    # (wharf/core/families.py) where its chat template renders the tools; hermes where wharf
+    # writes the tools block itself (a template without tools, as SmolLM2's).
+    tool_parser: Literal["auto", "hermes", "llama3_json", "mistral", "pythonic"] = "auto"
 
 
 @dataclass

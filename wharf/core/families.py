@@ -33,6 +33,9 @@ class Family:
     # The template knows only user and model turns (Gemma): tool results are sent as user turns,
     # consecutive ones joined, or it refuses the conversation.
     tool_results_as_user: bool = False
+    # The tool-call format its chat template asks for when it renders tools, by vLLM's
+    # --tool-call-parser name (the engine reads calls with it: wharf/engine/tool_parsers.py).
+    tool_parser: str = "hermes"
     note: str = ""  # what differs from a Llama layer, for the engine's log
     refused: str = ""  # why wharf can neither serve nor train it (empty: it can)
 
@@ -46,13 +49,13 @@ class Family:
 
 
 FAMILIES = (
-    Family("Llama", ("llama",)),  # Llama 2 and 3, SmolLM2
-    Family("Mistral", ("mistral",), note="sliding-window attention where the config sets one"),
+    Family("Llama", ("llama",), tool_parser="llama3_json"),  # Llama 2 and 3, SmolLM2
+    Family("Mistral", ("mistral",), tool_parser="mistral", note="sliding-window attention where the config sets one"),
     Family("Qwen2.5", ("qwen2",), note="biases on q/k/v"),
     Family("Qwen3", ("qwen3",), note="RMS norms on q and k"),
-    Family("Gemma 3", ("gemma3_text", "gemma3"), tool_results_as_user=True,
+    Family("Gemma 3", ("gemma3_text", "gemma3"), tool_results_as_user=True, tool_parser="pythonic",
            note="sandwich norms, scaled embeddings, gelu, sliding-window layers"),
-    Family("Gemma 2", ("gemma2",), tool_results_as_user=True, note="soft-capped logits",
+    Family("Gemma 2", ("gemma2",), tool_results_as_user=True, tool_parser="pythonic", note="soft-capped logits",
            refused="its attention soft-caps logits, which transformers runs only in eager attention (the engine "
                    "and the trainer run sdpa), and its head soft-caps them, which the trainer's chunked log-probs "
                    "do not; wharf serves and trains Gemma 3"),

@@ -13,7 +13,7 @@ import uuid
 from aiohttp import web
 
 from .sequence import Done, Failed, Token
-from .chat_format import TOOL_OPEN, ChatError, parse_tool_calls
+from .chat_format import ChatError
 from .core import EngineCore
 from .errors import bad_request, internal, read_json
 from .protocol import flag, n_choices, sampling_params, usage
@@ -51,12 +51,12 @@ async def chat(core: EngineCore, request: web.Request) -> web.StreamResponse:
     finally:
         for s in seqs:
             s.cancel()  # no-op for finished ones; frees the batch row if the client went away
-    choices, n_out = [], 0
+    choices, n_out, parser = [], 0, core.tool_parser
     for i, (toks, done) in enumerate(results):
         ids = [t.token_id for t in toks]
         n_out += len(ids)
-        text = core.text_of(ids, done.stop_reason)
-        content, calls = parse_tool_calls(text) if use_tools else (text, [])
+        text = core.answer_text(ids, done, use_tools and parser.keep_special)
+        content, calls = parser.parse(text) if use_tools else (text, [])
         choices.append({
             "index": i,
             "message": {"role": "assistant", "content": content, "refusal": None, "annotations": None,
@@ -76,12 +76,15 @@ async def chat(core: EngineCore, request: web.Request) -> web.StreamResponse:
 
 class ChatStreamer:
     """One streamed chat answer: a chunk per token, text held back while it may still be a stop
-    string, half a character or tool-call markup; the finish chunk carries any tool calls."""
+    string, half a character or the start of a tool call in the engine's format (its parser's
+    hold_from); the finish chunk carries any tool calls."""
 
     def __init__(self, core: EngineCore, seqs, model: str, prompt_ids: list[int], use_tools: bool,
                  want_ids: bool, want_lp: bool):
         self.core, self.seqs, self.model, self.prompt_ids = core, seqs, model, prompt_ids
         self.use_tools, self.want_ids, self.want_lp = use_tools, want_ids, want_lp
+        self.parser = core.tool_parser
+        self.keep_special = use_tools and self.parser.keep_special
         self.rid, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         self.stops = [s.params.stop for s in seqs]
         self.ids: list[list[int]] = [[] for _ in seqs]
@@ -99,21 +102,14 @@ class ChatStreamer:
     def visible(self, i: int, final: Done | None) -> str:
         """The text that is safe to show: no half characters, stop strings or tool markup."""
         if final is not None:
-            text = self.core.text_of(self.ids[i], final.stop_reason)
+            text = self.core.answer_text(self.ids[i], final, self.keep_special)
         else:
-            text = self.core.tok.decode(self.ids[i], skip_special_tokens=True).rstrip("\ufffd")
+            text = self.core.tok.decode(self.ids[i], skip_special_tokens=not self.keep_special).rstrip("\ufffd")
             hold = max((len(x) for x in self.stops[i]), default=1) - 1
             if hold > 0:
                 text = text[:-hold] if len(text) > hold else ""
         if self.use_tools:
-            at = text.find(TOOL_OPEN)
-            if at >= 0:
-                text = text[:at]
-            elif final is None:
-                for k in range(len(TOOL_OPEN) - 1, 0, -1):
-                    if text.endswith(TOOL_OPEN[:k]):
-                        text = text[:-k]
-                        break
+            text = text[:self.parser.hold_from(text, final is not None)]
         return text
 
     def _grow(self, i: int, delta: dict, shown: str) -> None:
@@ -129,8 +125,8 @@ class ChatStreamer:
         self._grow(i, delta, self.visible(i, final))
         reason = final.finish_reason if final else None
         if final is not None and self.use_tools:
-            text = self.core.text_of(self.ids[i], final.stop_reason)
-            _, calls = parse_tool_calls(text)
+            text = self.core.answer_text(self.ids[i], final, self.keep_special)
+            _, calls = self.parser.parse(text)
             if calls:
                 delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(calls)]
                 reason = "tool_calls"

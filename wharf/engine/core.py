@@ -18,10 +18,10 @@ import logging
 from wharf.core import cpu_linear, families, model_store
 from .batcher import Batcher
 from .sequence import Done, Failed, Sequence, Token
-from .chat_format import render_prompt_ids
+from .chat_format import render_prompt_ids, template_supports_tools
 from .errors import internal, not_found
 from .adapters import Adapters
-from . import cpu_layer, cpu_race
+from . import cpu_layer, cpu_race, tool_parsers
 from .prefix_cache import PrefixCache
 from .protocol import flag
 
@@ -54,6 +54,10 @@ class EngineCore:
             self.max_model_len = window
         gen = model.generation_config
         self.style = families.chat_style(model.config, gen, self.tok)
+        fam = families.family_of(getattr(model.config, "model_type", None))
+        self.tool_parser, why = tool_parsers.pick(cfg.tool_parser, fam.tool_parser if fam else None,
+                                                  template_supports_tools(self.tok), self.tok.get_vocab())
+        log.info("engine: tool calls read as %s (%s)", self.tool_parser.name, why)
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tok.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos])
         # Unset sampling fields default to the model's generation_config, as in vLLM.
@@ -88,6 +92,18 @@ class EngineCore:
         text = self.tok.decode(ids, skip_special_tokens=True)
         if isinstance(stop_reason, str) and stop_reason in text:
             text = text[:text.index(stop_reason)]
+        return text
+
+    def answer_text(self, ids: list[int], done: Done, keep_special: bool) -> str:
+        """A finished answer's text; with `keep_special`, special tokens are kept in it (as vLLM's
+        skip_special_tokens=false), all but the token it stopped on."""
+        if not keep_special:
+            return self.text_of(ids, done.stop_reason)
+        if ids and done.finish_reason == "stop" and not isinstance(done.stop_reason, str):
+            ids = ids[:-1]  # the eos or stop token id it ended on, which vLLM leaves out of the text
+        text = self.tok.decode(ids, skip_special_tokens=False)
+        if isinstance(done.stop_reason, str) and done.stop_reason in text:
+            text = text[:text.index(done.stop_reason)]
         return text
 
     def chat_prompt_ids(self, body: dict, tools: Any) -> list[int]:
