@@ -30,10 +30,19 @@ class Remote:
     path: str  # bucket/key, as `fs` names it
 
 
+def split_url(url: str) -> tuple[str, str, str]:
+    """scheme://bucket/key as (scheme, bucket, key). Not urlsplit: an object key is not a URL path,
+    and a `#` or `?` in it (a run or file name) is part of the key, not a fragment or a query."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep:
+        raise StorageError(f"{url}: not a storage URL (scheme://bucket/prefix)")
+    bucket, _, key = rest.partition("/")
+    return scheme, bucket, key.strip("/")
+
+
 def remote(url: str) -> Remote:
-    u = urlsplit(url)
-    return Remote(url.rstrip("/"), _filesystem(u.scheme, _s3_env() if u.scheme == "s3" else ()),
-                  f"{u.netloc}/{u.path.strip('/')}".rstrip("/"))
+    scheme, bucket, key = split_url(url)
+    return Remote(url.rstrip("/"), _filesystem(scheme, _s3_env() if scheme == "s3" else ()), f"{bucket}/{key}".rstrip("/"))
 
 
 def _s3_env() -> tuple:

@@ -30,7 +30,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
-from urllib.parse import urlsplit
 
 from wharf.core import objects
 from wharf.core.errors import WharfError
@@ -58,10 +57,10 @@ def local_path(location: str | Path) -> Path:
     """The local directory `location` is worked on in: itself, or its mirror for a URL."""
     if not is_remote(location):
         return Path(str(location).removeprefix("file://"))
-    u = urlsplit(str(location))
-    if not u.netloc:
+    scheme, bucket, key = objects.split_url(location)
+    if not bucket:
         raise StorageError(f"{location}: a storage URL needs a bucket (scheme://bucket/prefix)")
-    return mirror_root() / u.scheme / u.netloc / u.path.strip("/")
+    return mirror_root() / scheme / bucket / key
 
 
 def url_of(path: str | Path) -> str | None:
