@@ -33,6 +33,7 @@ from typing import Iterable, Iterator
 
 from wharf.core import objects
 from wharf.core.errors import WharfError
+from wharf.core.mirror_origin import check_origin
 from wharf.core.model_store import cache_dir
 # The object API, as this module's users call it (storage.put, storage.listing, ...).
 from wharf.core.objects import (Entry, Remote, StorageError, _errors, _etag, check, get, head, listing, put, remote,  # noqa: F401
@@ -60,6 +61,7 @@ def local_path(location: str | Path) -> Path:
     scheme, bucket, key = objects.split_url(location)
     if not bucket:
         raise StorageError(f"{location}: a storage URL needs a bucket (scheme://bucket/prefix)")
+    check_origin(mirror_root(), scheme, bucket)
     return mirror_root() / scheme / bucket / key
 
 
@@ -72,6 +74,15 @@ def url_of(path: str | Path) -> str | None:
     if len(parts) < 2:
         return None
     return f"{parts[0]}://" + "/".join(parts[1:])
+
+
+def _mirrored(path: str | Path) -> str | None:
+    """url_of for a transfer: the URL, once its mirror is known to keep stamps (mirror_origin.py)."""
+    url = url_of(path)
+    if url is not None:
+        scheme, bucket, _ = objects.split_url(url)
+        check_origin(mirror_root(), scheme, bucket)
+    return url
 
 
 def describe(path: str | Path) -> str:
@@ -199,7 +210,7 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
     by size and ETag), and remove copies of objects the bucket no longer has. Files this machine
     wrote since their last transfer are kept unless the bucket's object changed meanwhile: the
     bucket is the truth. The count fetched."""
-    url = url_of(directory)
+    url = _mirrored(directory)
     if url is None:
         return 0
     root, include = Path(directory), tuple(include)
@@ -235,7 +246,7 @@ def _parallel(fn, calls: list[tuple]) -> list:
 
 def push_file(path: str | Path) -> bool:
     """Upload one file of a mirror (whole, in one upload); False for a plain local path."""
-    url = url_of(path)
+    url = _mirrored(path)
     if url is None:
         return False
     _upload(Path(path), url)
@@ -273,7 +284,7 @@ def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str]
     first: a reader meanwhile sees no marker (not done), never an old one naming new or missing
     files, and a push cut short leaves it so. Files matching `exclude` (and hidden ones) stay
     local. The count uploaded."""
-    url = url_of(directory)
+    url = _mirrored(directory)
     if url is None:
         return 0
     root, exclude, last = Path(directory), tuple(exclude), tuple(last)
