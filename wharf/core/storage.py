@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from wharf.core import objects
+from wharf.core import objects, uploads
 from wharf.core.errors import WharfError
 from wharf.core.mirror_origin import check_origin
 from wharf.core.model_store import cache_dir
@@ -254,25 +254,11 @@ def push_file(path: str | Path) -> bool:
 
 
 def _upload(path: Path, url: str) -> None:
-    """Stream the file up (one PUT, or a multipart upload for a large one: either way the object
-    appears whole), check the bucket holds the bytes sent, and stamp it. A file still growing (a
-    log) goes up as far as it was read; its stamp then says it changed since, so the next push
-    sends it again."""
+    """Upload the file whole or not at all, checked (wharf/core/uploads.py), and stamp it. A file
+    still growing (a log) goes up as far as it was when opened; its stamp then says it changed
+    since, so the next push sends it again."""
     before = path.stat()
-    md5, sent = hashlib.md5(), 0
-    r = remote(url)
-    with _errors(url, "write"):
-        with open(path, "rb") as src, r.fs.open_output_stream(r.path) as out:
-            while chunk := src.read(CHUNK):
-                md5.update(chunk)
-                out.write(chunk)
-                sent += len(chunk)
-    obj = head(url)
-    if obj.size != sent or (obj.etag and "-" not in obj.etag and obj.etag != md5.hexdigest()):
-        raise StorageError(f"{url}: the object written is not what was sent from {path} (size {obj.size} against "
-                           f"{sent}, ETag {obj.etag} against MD5 {md5.hexdigest()}): another writer, or a damaged "
-                           "upload; push again")
-    _write_stamp(url, obj, before)
+    _write_stamp(url, uploads.upload(path, url, CHUNK), before)
 
 
 def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str] = (),
