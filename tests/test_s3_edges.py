@@ -4,9 +4,14 @@ landed but whose check failed, a bucket whose ETags are not MD5s (SSE-KMS / SSE-
 short by an exception, a failed part of a multipart upload."""
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import pytest
 
-from wharf.core import storage
+from testing.s3_faults import sse_etag
+from wharf.core import objects, storage, uploads
 
 
 def test_keys_with_hash_and_question_mark_are_their_own_objects(s3, monkeypatch, tmp_path):
@@ -45,3 +50,75 @@ def test_a_mirror_from_before_stamps_is_refused_not_pushed_into_an_empty_bucket(
     d.mkdir(parents=True)
     (d / "mine.json").write_bytes(b"{}")
     assert storage.push(d) == 1
+
+
+def _push_big_and_small(monkeypatch, d: Path, big_mib: int = 6) -> bytes:
+    """A small file (one PUT) and one of `big_mib` MiB (a multipart upload of 5 MiB parts)."""
+    monkeypatch.setattr(storage, "CHUNK", 1 << 20)
+    d.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(big_mib << 20)
+    (d / "optimizer.pt").write_bytes(data)
+    (d / "result.json").write_bytes(b'{"ok": true}')
+    return data
+
+
+def test_a_bucket_whose_etags_are_not_md5s_takes_each_upload_once(s3_faults, monkeypatch, tmp_path):
+    """SSE-KMS / SSE-C: the ETag of a PUT is no MD5. Each upload is checked by Content-MD5 as it
+    lands and by its own answer's ETag after, so nothing fails its check and nothing is sent twice."""
+    s3, proxy = s3_faults
+    proxy.etags = sse_etag
+    d = storage.local_path(f"{s3}/train")
+    data = _push_big_and_small(monkeypatch, d)
+    assert storage.push(d) == 2
+    puts = [p for m, p in proxy.seen if m == "PUT" and "result.json" in p]
+    assert len(puts) == 1, puts
+    assert storage.head(f"{s3}/train/result.json").etag == sse_etag(hashlib.md5(b'{"ok": true}').hexdigest())
+    assert storage.push(d) == 0  # the stamps know the objects by their SSE ETags
+    monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "other-node"))
+    d2 = storage.local_path(f"{s3}/train")
+    assert storage.pull(d2) == 2 and (d2 / "optimizer.pt").read_bytes() == data
+    assert storage.pull(d2) == 0
+
+
+def _open_uploads(s3_server, monkeypatch, prefix: str) -> list:
+    """The multipart uploads SeaweedFS holds open under `prefix`, asked of it directly."""
+    bucket, env = s3_server
+    with monkeypatch.context() as m:
+        for k, v in env.items():
+            m.setenv(k, v)
+        client = uploads._client(objects._s3_env())
+        return client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+
+
+def test_a_failed_part_aborts_its_multipart_upload(s3_faults, s3_server, monkeypatch):
+    s3, proxy = s3_faults
+    d = storage.local_path(f"{s3}/train")
+    _push_big_and_small(monkeypatch, d, big_mib=11)
+    proxy.fail = lambda method, path: method == "PUT" and "partNumber=2" in path
+    with pytest.raises(storage.StorageError, match=rf"{s3}/train/optimizer.pt: cannot write"):
+        storage.push(d)
+    assert proxy.failed  # the fault was met
+    prefix = s3.split("/", 3)[3]
+    assert _open_uploads(s3_server, monkeypatch, prefix) == []
+    assert "optimizer.pt" not in storage.listing(f"{s3}/train")
+    proxy.fail = None
+    assert storage.push(d) == 1 and storage.listing(f"{s3}/train")["optimizer.pt"].size == 11 << 20
+
+
+def test_a_file_cut_short_during_its_upload_commits_nothing(s3_faults, s3_server, monkeypatch):
+    """The file is truncated in place once its first part has gone up: the upload fails, no
+    truncated object appears, and no multipart upload stays open."""
+    s3, proxy = s3_faults
+    d = storage.local_path(f"{s3}/train")
+    _push_big_and_small(monkeypatch, d, big_mib=11)
+
+    def truncate_after_part_1(method, path):
+        if method == "PUT" and "partNumber=1" in path:
+            os.truncate(d / "optimizer.pt", 7 << 20)
+        return False
+
+    proxy.fail = truncate_after_part_1
+    with pytest.raises(storage.StorageError, match=r"optimizer.pt: shorter than when its upload began"):
+        storage.push(d)
+    assert "optimizer.pt" not in storage.listing(f"{s3}/train")
+    assert _open_uploads(s3_server, monkeypatch, s3.split("/", 3)[3]) == []
