@@ -4,14 +4,18 @@ landed but whose check failed, a bucket whose ETags are not MD5s (SSE-KMS / SSE-
 short by an exception, a failed part of a multipart upload."""
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from testing.s3_faults import sse_etag
-from wharf.core import objects, storage, uploads
+from wharf.collect.proxy.shards import TurnStore, write_shard
+from wharf.collect.records import TurnRow
+from wharf.core import objects, schema, storage, uploads
 
 
 def test_keys_with_hash_and_question_mark_are_their_own_objects(s3, monkeypatch, tmp_path):
@@ -122,3 +126,55 @@ def test_a_file_cut_short_during_its_upload_commits_nothing(s3_faults, s3_server
         storage.push(d)
     assert "optimizer.pt" not in storage.listing(f"{s3}/train")
     assert _open_uploads(s3_server, monkeypatch, s3.split("/", 3)[3]) == []
+
+
+def _turn(i: int) -> dict:
+    now = time.time()
+    return TurnRow(rollout_id="r", turn=i, request_id=f"q{i}", api="chat", policy="m", started_at=now, ended_at=now,
+                   request="{}", response="{}", sampling="{}", prompt_token_ids=[1, 2], completion_token_ids=[3],
+                   completion_logprobs=[-0.5]).as_dict()
+
+
+def _bucket_request_ids(s3: str, tmp_path: Path) -> list[str]:
+    """Every row's request_id over every shard the bucket holds, read on another machine."""
+    reader = tmp_path / "reader"
+    reader.mkdir(exist_ok=True)
+    ids = []
+    for key in storage.listing(f"{s3}/turns"):
+        (reader / key).write_bytes(storage.get(f"{s3}/turns/{key}"))
+        ids += schema.read_table(reader / key, "turns").column("request_id").to_pylist()
+    return sorted(ids)
+
+
+def test_a_shard_that_landed_but_failed_its_check_is_not_published_twice(s3_faults, tmp_path):
+    """The PUT lands, the HEAD that checks it answers 503: the rows stay pending, and their retry
+    overwrites the landed shard instead of adding a second one with the same rows."""
+    s3, proxy = s3_faults
+    turns = storage.local_path(f"{s3}/turns")
+
+    async def scenario():
+        store = TurnStore(turns, turns / "_wal", shard_rows=1000, shard_bytes=1 << 30, shard_seconds=0, fsync=False)
+        store.recover()
+        await store.durable(store.add(_turn(0)))
+        proxy.fail = lambda method, path: method == "HEAD" and "/turns/part-" in path
+        with pytest.raises(storage.StorageError):
+            await store.flush()
+        proxy.fail = None
+        assert [k for k in storage.listing(f"{s3}/turns")]  # it landed
+        await store.durable(store.add(_turn(1)))
+        assert len(await store.flush()) == 1
+        await store.close()
+
+    asyncio.run(scenario())
+    assert proxy.failed
+    assert len(storage.listing(f"{s3}/turns")) == 1
+    assert _bucket_request_ids(s3, tmp_path) == ["q0", "q1"]
+
+
+def test_the_fold_keeps_one_row_per_request_id(tmp_path):
+    """A landed shard whose rows a crash then recovered from the WAL into a shard of another name:
+    the round's fold holds each request once."""
+    write_shard(tmp_path / "part-a.parquet", [_turn(0), _turn(1)])
+    write_shard(tmp_path / "part-b.parquet", [_turn(1), _turn(2)])
+    schema.compact_dir(tmp_path, "turns")
+    assert sorted(schema.read_dir(tmp_path, "turns").column("request_id").to_pylist()) == ["q0", "q1", "q2"]
