@@ -12,7 +12,8 @@ Object stores have no rename: an object appears whole when its one upload comple
 all, and a listing shows only completed objects. `push` uploads the files that mark a directory
 as whole (a manifest, index.json, adapter_config.json: `last`) after everything they describe.
 S3 is configured as S3 users expect: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_REGION (the object calls themselves: wharf/core/objects.py).
+AWS_SECRET_ACCESS_KEY, AWS_REGION (the object calls themselves: wharf/core/objects.py; uploads,
+all or nothing and checked by Content-MD5: wharf/core/uploads.py).
 
 The bucket is the truth and a mirror only a cache of it: each transfer stamps the file it moved
 with the object's size and ETag, and a file counts as the object only while the bucket holds the
