@@ -32,7 +32,7 @@ def check_origin(root: Path, scheme: str, bucket: str) -> None:
     with _lock:
         marker = root / ".stamps" / "mirrors" / scheme / bucket
         if not marker.is_file():
-            if _holds_files(directory) and not (root / ".stamps").is_dir():
+            if not (root / ".stamps").is_dir() and _holds_files(directory):
                 raise StorageError(
                     f"{directory}: a mirror of {scheme}://{bucket} filled before wharf stamped its files, so which of them "
                     f"came from the bucket is unknown (they would be pushed back as new work): delete {directory} "
