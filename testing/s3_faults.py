@@ -6,10 +6,18 @@ signature covers the Host header, which is relayed unchanged), so the server che
         os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
         proxy.fail = lambda method, path: method == "PUT"   # every upload answers 503 from now on
         proxy.fail = None                                    # the bucket is back
+        proxy.etags = sse_etag                               # ETags as a bucket with SSE-KMS/SSE-C gives them
+
+`etags` rewrites each object's ETag wherever the client sees it (the ETag header of a PUT, HEAD
+or GET answer, and <ETag> in the XML of a completed multipart upload or a listing) into another
+32 hex digits that are not the content's MD5, as an SSE bucket's are. A part's ETag is left as it
+is: the client sends those back to complete the upload, and the server checks them.
 """
 from __future__ import annotations
 
+import hashlib
 import http.client
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +27,25 @@ from urllib.parse import urlsplit
 _SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
               b"<Message>injected by testing/s3_faults.py</Message></Error>")
 _HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"}
+
+
+def sse_etag(etag: str) -> str:
+    """What an SSE-KMS bucket answers instead of the MD5: opaque, 32 hex digits, the same each time."""
+    return hashlib.md5(f"sse-kms:{etag}".encode()).hexdigest()
+
+
+_XML_ETAG = re.compile(rb"<ETag>(&#34;|&quot;|\")?([^<&\"]+)(&#34;|&quot;|\")?</ETag>")
+
+
+def _rewrite_etags(rule, path: str, headers: list, data: bytes) -> tuple[list, bytes]:
+    if "partNumber=" in path:
+        return headers, data
+    headers = [(k, f'"{rule(v.strip(chr(34)))}"' if k.lower() == "etag" else v) for k, v in headers]
+    if "xml" not in dict((k.lower(), v) for k, v in headers).get("content-type", ""):
+        return headers, data  # an object's own bytes are never touched
+    data = _XML_ETAG.sub(lambda m: b"<ETag>" + (m.group(1) or b"") + rule(m.group(2).decode()).encode()
+                         + (m.group(3) or b"") + b"</ETag>", data)
+    return headers, data
 
 
 class _Relay(BaseHTTPRequestHandler):
@@ -47,6 +74,8 @@ class _Relay(BaseHTTPRequestHandler):
             resp = conn.getresponse()
             data = resp.read()
             kept = [(k, v) for k, v in resp.getheaders() if k.lower() not in _HOP and k.lower() != "content-length"]
+            if owner.etags is not None:
+                kept, data = _rewrite_etags(owner.etags, self.path, kept, data)
             self._send(resp.status, resp.reason, kept, data, resp.getheader("Content-Length") or 0)
         finally:
             conn.close()
@@ -86,6 +115,7 @@ class FaultyS3:
         self.fail: Callable[[str, str], bool] | None = None  # (method, path) -> answer 503
         self.failed: list[tuple[str, str]] = []  # the requests answered 503
         self.seen: list[tuple[str, str]] = []  # every request, in order
+        self.etags: Callable[[str], str] | None = None  # rewrites every object's ETag the client sees
         self.delay_s = 0.0  # each request waits this long first: a slow bucket
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Relay)
         self.server.owner = self

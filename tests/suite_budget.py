@@ -28,7 +28,7 @@ _GROUPS = {
                "test_model_families", "test_model_identity", "test_engine_tool_calls"],
     "training": ["test_train_loss", "test_train_publish", "test_train_resume", "test_train_stage", "test_warmstart_loop"],
     "ray": ["test_collect_ray", "test_collect_ray_dispatch", "test_collect_ray_nodes"],
-    "s3": ["test_s3_round", "test_s3_shards", "test_storage"],
+    "s3": ["test_s3_round", "test_s3_shards", "test_storage", "test_s3_edges"],
     "trackers": ["test_tracking"],
 }
 MODULE_GROUPS = {module: group for group, modules in _GROUPS.items() for module in modules}

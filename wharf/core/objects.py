@@ -30,10 +30,19 @@ class Remote:
     path: str  # bucket/key, as `fs` names it
 
 
+def split_url(url: str) -> tuple[str, str, str]:
+    """scheme://bucket/key as (scheme, bucket, key). Not urlsplit: an object key is not a URL path,
+    and a `#` or `?` in it (a run or file name) is part of the key, not a fragment or a query."""
+    scheme, sep, rest = str(url).partition("://")
+    if not sep:
+        raise StorageError(f"{url}: not a storage URL (scheme://bucket/prefix)")
+    bucket, _, key = rest.partition("/")
+    return scheme, bucket, key.strip("/")
+
+
 def remote(url: str) -> Remote:
-    u = urlsplit(url)
-    return Remote(url.rstrip("/"), _filesystem(u.scheme, _s3_env() if u.scheme == "s3" else ()),
-                  f"{u.netloc}/{u.path.strip('/')}".rstrip("/"))
+    scheme, bucket, key = split_url(url)
+    return Remote(url.rstrip("/"), _filesystem(scheme, _s3_env() if scheme == "s3" else ()), f"{bucket}/{key}".rstrip("/"))
 
 
 def _s3_env() -> tuple:
@@ -83,7 +92,7 @@ _HINTS = (
     (re.compile(r"INVALID_?ACCESS_?KEY|SIGNATURE_?DOES_?NOT_?MATCH|ACCESS_?DENIED|Forbidden|HTTP status 403", re.I),
      "access refused: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
     (re.compile(r"Path does not exist|NO_?SUCH_?KEY", re.I), "no such object"),
-    (re.compile(r"curlCode|Couldn't connect|connection refused|NETWORK_CONNECTION|Could not resolve", re.I),
+    (re.compile(r"curlCode|Couldn't connect|Could not connect|connection refused|NETWORK_CONNECTION|Could not resolve", re.I),
      "nothing answers: check AWS_ENDPOINT_URL"),
 )
 
@@ -98,9 +107,14 @@ def _errors(url: str, doing: str) -> Iterator[None]:
     except StorageError:
         raise
     except (OSError, pa.ArrowException) as e:
-        text = str(e)
-        hint = next((h for pattern, h in _HINTS if pattern.search(text)), "see the error")
-        raise StorageError(f"{url}: cannot {doing}: {hint} ({text.strip().splitlines()[0][:300]})") from None
+        raise storage_error(url, doing, e) from None
+
+
+def storage_error(url: str, doing: str, error: BaseException) -> StorageError:
+    """One line: the URL, what failed, what to check, and the first line of the client's own error."""
+    text = str(error)
+    hint = next((h for pattern, h in _HINTS if pattern.search(text)), "see the error")
+    return StorageError(f"{url}: cannot {doing}: {hint} ({text.strip().splitlines()[0][:300]})")
 
 
 # -- objects -----------------------------------------------------------------------------------

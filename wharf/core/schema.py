@@ -205,6 +205,19 @@ def read_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet") 
     return pa.concat_tables([read_table(f, name) for f in files])
 
 
+# The column that names a row once: a shard re-sent under a new key (an upload that landed, then a
+# crash before its check) holds rows another shard has; folding keeps the first of each.
+ROW_KEYS = {"turns": "request_id"}
+
+
+def _first_of_each(table: pa.Table, key: str | None) -> pa.Table:
+    if key is None:
+        return table
+    seen: set = set()
+    keep = [i for i, k in enumerate(table.column(key).to_pylist()) if not (k in seen or seen.add(k))]
+    return table if len(keep) == table.num_rows else table.take(keep)
+
+
 def compact_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet") -> Path | None:
     """Fold many small shards into one. Crash-safe without locks: the new shard names the ones it
     replaces in its metadata (readers skip those), and only then are they deleted. Call it only
@@ -215,7 +228,7 @@ def compact_dir(directory: str | Path, name: str, pattern: str = "part-*.parquet
     # Shards an earlier, interrupted compaction already folded: they must go before the shard
     # that names them does, or they would count again.
     leftovers = [f for f in Path(directory).glob(pattern) if f not in files]
-    table = pa.concat_tables([read_table(f, name) for f in files])
+    table = _first_of_each(pa.concat_tables([read_table(f, name) for f in files]), ROW_KEYS.get(name))
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     out = write_table(Path(directory) / f"part-{stamp}-compact-{uuid.uuid4().hex[:6]}.parquet", name, table,
                       {"replaces": json.dumps([f.name for f in files])})

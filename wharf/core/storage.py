@@ -12,7 +12,8 @@ Object stores have no rename: an object appears whole when its one upload comple
 all, and a listing shows only completed objects. `push` uploads the files that mark a directory
 as whole (a manifest, index.json, adapter_config.json: `last`) after everything they describe.
 S3 is configured as S3 users expect: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY, AWS_REGION (the object calls themselves: wharf/core/objects.py).
+AWS_SECRET_ACCESS_KEY, AWS_REGION (the object calls themselves: wharf/core/objects.py; uploads,
+all or nothing and checked by Content-MD5: wharf/core/uploads.py).
 
 The bucket is the truth and a mirror only a cache of it: each transfer stamps the file it moved
 with the object's size and ETag, and a file counts as the object only while the bucket holds the
@@ -30,10 +31,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator
-from urllib.parse import urlsplit
 
-from wharf.core import objects
+from wharf.core import objects, uploads
 from wharf.core.errors import WharfError
+from wharf.core.mirror_origin import check_origin
 from wharf.core.model_store import cache_dir
 # The object API, as this module's users call it (storage.put, storage.listing, ...).
 from wharf.core.objects import (Entry, Remote, StorageError, _errors, _etag, check, get, head, listing, put, remote,  # noqa: F401
@@ -58,10 +59,11 @@ def local_path(location: str | Path) -> Path:
     """The local directory `location` is worked on in: itself, or its mirror for a URL."""
     if not is_remote(location):
         return Path(str(location).removeprefix("file://"))
-    u = urlsplit(str(location))
-    if not u.netloc:
+    scheme, bucket, key = objects.split_url(location)
+    if not bucket:
         raise StorageError(f"{location}: a storage URL needs a bucket (scheme://bucket/prefix)")
-    return mirror_root() / u.scheme / u.netloc / u.path.strip("/")
+    check_origin(mirror_root(), scheme, bucket)
+    return mirror_root() / scheme / bucket / key
 
 
 def url_of(path: str | Path) -> str | None:
@@ -73,6 +75,15 @@ def url_of(path: str | Path) -> str | None:
     if len(parts) < 2:
         return None
     return f"{parts[0]}://" + "/".join(parts[1:])
+
+
+def _mirrored(path: str | Path) -> str | None:
+    """url_of for a transfer: the URL, once its mirror is known to keep stamps (mirror_origin.py)."""
+    url = url_of(path)
+    if url is not None:
+        scheme, bucket, _ = objects.split_url(url)
+        check_origin(mirror_root(), scheme, bucket)
+    return url
 
 
 def describe(path: str | Path) -> str:
@@ -200,7 +211,7 @@ def pull(directory: str | Path, include: Iterable[str] = ("*",)) -> int:
     by size and ETag), and remove copies of objects the bucket no longer has. Files this machine
     wrote since their last transfer are kept unless the bucket's object changed meanwhile: the
     bucket is the truth. The count fetched."""
-    url = url_of(directory)
+    url = _mirrored(directory)
     if url is None:
         return 0
     root, include = Path(directory), tuple(include)
@@ -236,7 +247,7 @@ def _parallel(fn, calls: list[tuple]) -> list:
 
 def push_file(path: str | Path) -> bool:
     """Upload one file of a mirror (whole, in one upload); False for a plain local path."""
-    url = url_of(path)
+    url = _mirrored(path)
     if url is None:
         return False
     _upload(Path(path), url)
@@ -244,25 +255,11 @@ def push_file(path: str | Path) -> bool:
 
 
 def _upload(path: Path, url: str) -> None:
-    """Stream the file up (one PUT, or a multipart upload for a large one: either way the object
-    appears whole), check the bucket holds the bytes sent, and stamp it. A file still growing (a
-    log) goes up as far as it was read; its stamp then says it changed since, so the next push
-    sends it again."""
+    """Upload the file whole or not at all, checked (wharf/core/uploads.py), and stamp it. A file
+    still growing (a log) goes up as far as it was when opened; its stamp then says it changed
+    since, so the next push sends it again."""
     before = path.stat()
-    md5, sent = hashlib.md5(), 0
-    r = remote(url)
-    with _errors(url, "write"):
-        with open(path, "rb") as src, r.fs.open_output_stream(r.path) as out:
-            while chunk := src.read(CHUNK):
-                md5.update(chunk)
-                out.write(chunk)
-                sent += len(chunk)
-    obj = head(url)
-    if obj.size != sent or (obj.etag and "-" not in obj.etag and obj.etag != md5.hexdigest()):
-        raise StorageError(f"{url}: the object written is not what was sent from {path} (size {obj.size} against "
-                           f"{sent}, ETag {obj.etag} against MD5 {md5.hexdigest()}): another writer, or a damaged "
-                           "upload; push again")
-    _write_stamp(url, obj, before)
+    _write_stamp(url, uploads.upload(path, url, CHUNK), before)
 
 
 def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str] = (),
@@ -274,7 +271,7 @@ def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str]
     first: a reader meanwhile sees no marker (not done), never an old one naming new or missing
     files, and a push cut short leaves it so. Files matching `exclude` (and hidden ones) stay
     local. The count uploaded."""
-    url = url_of(directory)
+    url = _mirrored(directory)
     if url is None:
         return 0
     root, exclude, last = Path(directory), tuple(exclude), tuple(last)

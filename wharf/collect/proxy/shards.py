@@ -12,7 +12,9 @@ Protocol, so that a row is never lost nor written twice:
 
 When the shards' dir mirrors object storage (runs_dir=s3://...: wharf/core/storage.py), publishing a
 shard is its local write *and* its upload, one object in one PUT, before its WAL segments are
-retired: an upload that fails leaves the rows pending, as a failed write does. At start-up every
+retired: an upload that fails leaves the rows pending, as a failed write does, and their retry
+goes to the same key (an upload that landed before its check failed is overwritten, not
+doubled; the round's fold drops a request_id seen twice besides). At start-up every
 local shard the bucket lacks (a crash between the write and the upload) is uploaded. The WAL
 itself never leaves the node's disk.
 """
@@ -124,6 +126,7 @@ class TurnStore:
         self.flush_errors = 0
         self._lock = asyncio.Lock()
         self._flush_task: asyncio.Task | None = None
+        self._retry_name: str | None = None  # the shard a failed publish wrote: its rows' retry overwrites it
         self._timer: asyncio.Task | None = None
 
     # -- start-up ---------------------------------------------------------------------------
@@ -241,10 +244,13 @@ class TurnStore:
             rows, self.pending = self.pending, []
             nbytes, self.pending_bytes = self.pending_bytes, 0
             counts, self.pending_by_rollout = self.pending_by_rollout, {}
-            path = self.out_dir / shard_name()
+            # A retry goes to the key of the publish that failed: its upload may have landed before
+            # its check failed, and a new key would then hold the same rows twice.
+            path = self.out_dir / (self._retry_name or shard_name())
             try:
                 await asyncio.to_thread(publish_shard, path, rows)
             except Exception:
+                self._retry_name = path.name
                 # Put the rows back (ahead of newer ones) and keep their segments: nothing is lost.
                 self.flush_errors += 1
                 log.exception("writing shard %s failed; %d rows stay pending in the WAL", path, len(rows))
@@ -253,6 +259,7 @@ class TurnStore:
                 for rid, n in counts.items():
                     self.pending_by_rollout[rid] = self.pending_by_rollout.get(rid, 0) + n
                 raise
+            self._retry_name = None
             self.wal.retire(closed)
             self.n_published += len(rows)
             return [str(path)]
