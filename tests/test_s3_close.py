@@ -28,7 +28,7 @@ def _shard_rollouts(url: str) -> set[str]:
 def _rows(n: int) -> list[RolloutRow]:
     now = time.time()
     return [RolloutRow(rollout_id=f"r{i}", job_id="j", round=0, task_id="t", group_id="g", attempt=i, policy="p",
-                       reward=1.0, rewards="{}", status="ok", n_turns=1, started_at=now, ended_at=now,
+                       reward=1.0, rewards="{}", status="ok", n_turns=1, n_errors=0, started_at=now, ended_at=now,
                        trial_dir=f"harbor/r{i}", error=None) for i in range(n)]
 
 

@@ -109,7 +109,7 @@ class NodeTrials:
             rollout_id=rollout_id, job_id=job_id, round=cfg.round, task_id=p.task.task_id,
             group_id=f"{job_id[:8]}.{p.group_id}", attempt=p.attempt, policy=self.policy,
             reward=outcome.reward, rewards=json.dumps(outcome.rewards), status=outcome.status,
-            n_turns=n_turns, started_at=started, ended_at=_now(),
+            n_turns=n_turns, n_errors=n_errors, started_at=started, ended_at=_now(),
             trial_dir=str(self.paths.trial(rollout_id).relative_to(self.paths.root)), error=outcome.error,
         )
 

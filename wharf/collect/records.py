@@ -114,6 +114,7 @@ class RolloutRow:
     rewards: str  # JSON: every key the verifier wrote
     status: str  # schema.ROLLOUT_STATUSES
     n_turns: int
+    n_errors: int | None  # upstream call errors the proxy saw for it (None: a table from before v3)
     started_at: dt.datetime
     ended_at: dt.datetime
     trial_dir: str  # relative to the collect dir
