@@ -40,12 +40,14 @@ def test_a_close_whose_upload_fails_keeps_the_rollout_and_the_next_flush_publish
         a = open_rollout(p, "a")
         _call(a)
         faults.fail = lambda method, path: method == "PUT"
-        assert close_rollout(p, "a")["n_turns"] == 1  # was a 500: the trial became infra_error, its reward lost
+        closed = close_rollout(p, "a")
+        assert closed["n_turns"] == 1  # was a 500: the trial became infra_error, its reward lost
+        assert closed["published"] is False  # its rows only in the WAL: a Ray node does not count the trial done
         assert faults.failed and storage.listing(f"{s3}/collect/turns") == {}
         faults.fail = None
         b = open_rollout(p, "b")
         _call(b)
-        close_rollout(p, "b")
+        assert close_rollout(p, "b")["published"] is True  # with a's rows, at b's close
     assert _shard_rollouts(f"{s3}/collect/turns") == {"a", "b"}
 
 

@@ -72,6 +72,7 @@ class NodeActor:
             self._up = asyncio.ensure_future(self.node.__aenter__())
         await asyncio.shield(self._up)
         row = await self.node.trial(p, job_id)
+        await self.node.publish(row.rollout_id)  # rows left only in this node's WAL would be stranded here
         # In object storage the trial's logs go up from here: the driver's mirror never sees this node's disk.
         # A failed upload costs no finished, scored trial: it is retried when the node finishes.
         try:
@@ -136,7 +137,7 @@ class RayExecutor:
             self._leave_out(ray, actors, out.unstarted)
             unavailable.update(out.unstarted)
             left = {name: a for name, a in actors.items() if name not in lost}
-            # A node lost now costs nothing: each closed rollout's shard was published at its close.
+            # A node lost now costs nothing: each trial returned only once its rows were published.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
                                                             return_exceptions=True)):
                 if isinstance(err, Exception):

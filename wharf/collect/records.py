@@ -57,6 +57,7 @@ class ClosedRollout(_Json):
     rollout_id: str
     n_turns: int  # turns rows, errors included
     n_errors: int  # calls the endpoint did not complete
+    published: bool  # every row of it is in a shard in the run's storage (false: still only in the WAL)
 
 
 @dataclass(frozen=True)
