@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import tomllib
 from pathlib import Path
 
 from wharf.collect.node import NodeTrials, OnRow, node_proxy
@@ -26,6 +27,7 @@ from wharf.collect.ship import TaskCache, pack
 from wharf.collect.tasksets import PlannedRollout
 from wharf.core import storage
 from wharf.core.config import RunConfig
+from wharf.core.config_stages import CollectConfig
 
 log = logging.getLogger("wharf.collect")
 
@@ -93,6 +95,33 @@ class NodeActor:
             await asyncio.to_thread(storage.push_file, self.node._log_path)
 
 
+# Beyond the agent's and the verifier's own timeouts, what a trial may take: its sandbox's start
+# (bounded at 300 s), setup and uploads on a loaded node.
+TRIAL_SLACK_S = 600.0
+
+
+def trial_timeout_s(cc: CollectConfig, task_dirs: list[Path]) -> float:
+    """collect.ray_trial_timeout_s, else a bound no healthy trial reaches: the agent's timeout
+    (collect.agent_timeout_s, else the longest [agent] timeout_sec of the round's tasks, else an
+    hour) plus the verifier's (likewise, else harbor's 600 s) plus TRIAL_SLACK_S."""
+    if cc.ray_trial_timeout_s is not None:
+        return cc.ray_trial_timeout_s
+    agent = cc.agent_timeout_s or _longest(task_dirs, "agent") or 3600.0
+    verifier = cc.verifier_timeout_s or _longest(task_dirs, "verifier") or 600.0
+    return agent + verifier + TRIAL_SLACK_S
+
+
+def _longest(task_dirs: list[Path], section: str) -> float | None:
+    """The longest `[section] timeout_sec` of the tasks' task.toml (None: none says)."""
+    found = []
+    for d in task_dirs:
+        try:
+            found.append(tomllib.loads((Path(d) / "task.toml").read_text()).get(section, {}).get("timeout_sec"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue  # discover() checked the task dirs: a dir read badly here only loses its say
+    return max((float(t) for t in found if t), default=None)
+
+
 def trial_nodes(nodes: list[dict]) -> dict[str, str]:
     """{name: Ray node id} of the alive nodes that have a CPU for a node actor."""
     return {n["NodeID"][:12]: n["NodeID"] for n in nodes
@@ -129,10 +158,11 @@ class RayExecutor:
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
             shipped = _ship(ray, todo)
             submit = {name: _submitter(a, job_id, shipped) for name, a in actors.items()}
+            bound = trial_timeout_s(self.cfg.collect, sorted({p.task.path for p in todo}))
+            log.info("a node whose trial has not answered within %g s counts as hung", bound)
             out = await dispatch(submit, self.cfg.collect.concurrency, todo, on_row,
                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
-                                 self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,),
-                                 joining=joining, join_by=join_by)
+                                 bound, (ActorUnavailableError,), joining=joining, join_by=join_by)
             lost = out.lost
             self._leave_out(ray, actors, out.unstarted)
             unavailable.update(out.unstarted)
@@ -142,7 +172,8 @@ class RayExecutor:
                                                             return_exceptions=True)):
                 if isinstance(err, Exception):
                     log.warning("node %s: stopping its proxy failed: %s", name, err)
-            return {"nodes": sorted(nodes), "lost_nodes": lost, "unavailable_nodes": sorted(unavailable)}
+            return {"nodes": sorted(nodes), "lost_nodes": lost, "unavailable_nodes": sorted(unavailable),
+                    "given_up_tasks": out.given_up}
         finally:
             for a in actors.values():
                 ray.kill(a)
