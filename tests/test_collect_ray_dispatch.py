@@ -137,6 +137,22 @@ def test_a_node_is_retired_when_the_task_it_failed_succeeds_elsewhere():
     assert tried.count(("t1", "b")) == 1  # b's failed task went to a, not back to b
 
 
+def test_when_no_node_can_publish_the_round_stops_with_no_trial_recorded():
+    """Every node's storage refuses (NotPublished on each trial): no row is recorded, so the round
+    is not done and its resume runs every trial again (was: each row recorded at its close, its
+    turns stranded in the nodes' WALs)."""
+    from wharf.collect.node import NotPublished
+    from wharf.collect.ray_dispatch import RayExecutorError, dispatch
+
+    async def refused(p):
+        await asyncio.sleep(0.01)
+        raise NotPublished(f"the turns of rollout {p.task.task_id} could not be published from this node")
+
+    ran: list = []
+    with pytest.raises(RayExecutorError, match=r"a: failed: NotPublished: .*two different tasks failed on it"):
+        asyncio.run(dispatch({"a": refused, "b": refused}, 1, _todo(4), lambda r, n: ran.append(r), ()))
+    assert ran == []
+
 def test_a_round_smaller_than_one_nodes_slots_is_spread_over_the_nodes_that_start_with_it():
     """3 nodes, 6 trials, 8 slots a node, two nodes' actors up a moment after the first (was: the
     first node up took all 6 before the others joined)."""
