@@ -1,5 +1,7 @@
 """The driver's side of collect.executor=ray that needs no Ray: handing trials to nodes
-(`dispatch`: spread, requeue a failed node's trials, rest an unavailable one, a straggler bound)
+(`dispatch`: spread within each node's share, requeue a failed trial on another node, retire a
+node only when the failure is its own and not its task's (ray_blame.py), rest an unavailable
+node, a straggler bound)
 and the readiness probe of their actors (`first_ready`; late nodes join in `dispatch`). Pure asyncio over `submit` callables,
 so it is tested without a cluster; wharf/collect/ray_executor.py wires it to Ray's actors."""
 from __future__ import annotations

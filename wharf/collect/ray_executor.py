@@ -2,8 +2,9 @@
 
 Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
 its own harbor trials (wharf/collect/node.py) and writes its shards into the round's turns dir. The
-driver hands each node up to collect.concurrency trials at a time and records each row as it
-comes back, exactly as the local executor does. The round starts as soon as one node's actor
+driver hands each node up to collect.concurrency trials at a time (no more than its share of the
+work left) and records each row as it comes back, exactly as the local executor does; a node
+returns a row only once the rollout's turns are in the run's storage. The round starts as soon as one node's actor
 is up; a node whose actor starts later joins it, and one not started within
 collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-round (its actor
 dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
