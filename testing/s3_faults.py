@@ -133,3 +133,28 @@ class FaultyS3:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m testing.s3_faults UPSTREAM FILE PART...`: a relay to UPSTREAM whose every PUT to a
+    path holding each PART answers 503, until killed; its endpoint goes into FILE once it listens.
+    The live Ray cluster test gives one worker this endpoint: that node's shard uploads of one run fail."""
+    import argparse
+    import os
+
+    p = argparse.ArgumentParser(prog="python -m testing.s3_faults")
+    p.add_argument("upstream")
+    p.add_argument("endpoint_file")
+    p.add_argument("parts", nargs="+")
+    args = p.parse_args(argv)
+    with FaultyS3(args.upstream) as proxy:
+        proxy.fail = lambda method, path: method == "PUT" and all(part in path for part in args.parts)
+        tmp = args.endpoint_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(proxy.endpoint)
+        os.replace(tmp, args.endpoint_file)
+        threading.Event().wait()  # until killed (the test's pid namespace ends with it)
+
+
+if __name__ == "__main__":
+    main()

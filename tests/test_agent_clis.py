@@ -40,7 +40,7 @@ def run_cli(argv: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
 
 
 def check_rows(proxy, tap, rid: str, api: str, log: AgentLog) -> list[dict]:
-    assert close_rollout(proxy, rid) == {"rollout_id": rid, "n_turns": 2, "n_errors": 0}
+    assert close_rollout(proxy, rid) == {"rollout_id": rid, "n_turns": 2, "n_errors": 0, "published": True}
     got = rows(proxy)
     check_rows_match_upstream(got, tap.answers, api)  # ids, log-probs, finish: the upstream's own
     assert compare(got, log, rid) == []  # one row per call the agent logged, same answer, same prompt size

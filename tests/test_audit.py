@@ -16,7 +16,7 @@ MSG = [{"role": "user", "content": "hello"}]
 
 def rollout_row(rid: str, n_turns: int) -> dict:
     now = dt.datetime.now(dt.timezone.utc)
-    return RolloutRow(rid, "job", 0, "task", "job.task", 0, "base-model", 1.0, "{}", "ok", n_turns, now, now,
+    return RolloutRow(rid, "job", 0, "task", "job.task", 0, "base-model", 1.0, "{}", "ok", n_turns, 0, now, now,
                       f"harbor/{rid}", None).as_dict()
 
 

@@ -138,7 +138,7 @@ def test_a_failed_close_costs_the_rollout_not_the_round():
                 raise asyncio.TimeoutError()
             raise ServiceError("proxy POST /admin/rollouts/r1/close: HTTP 404: unknown rollout")
 
-    (counts, error) = asyncio.run(close_rollout(Admin(True), "r1"))
-    assert counts == (0, 0) and error.startswith("proxy close failed: TimeoutError")
-    (counts, error) = asyncio.run(close_rollout(Admin(False), "r1"))
+    (closed, error) = asyncio.run(close_rollout(Admin(True), "r1"))
+    assert closed is None and error.startswith("proxy close failed: TimeoutError")
+    (closed, error) = asyncio.run(close_rollout(Admin(False), "r1"))
     assert "HTTP 404" in error

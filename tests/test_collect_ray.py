@@ -51,6 +51,8 @@ def rounds():
         got = {name: _round(out / "runs" / name / "rounds" / "0" / "collect")
                for name in ("local", "ray", "busy", "stall", "kill")}
         got["stall"]["log"] = (out / "stall.log").read_text()
+        got["flush"] = {**_round(out / "bucket" / "s3" / "wharf" / "runs" / "flush" / "rounds" / "0" / "collect"),
+                        "log": (out / "flush.log").read_text()}
         got["held"] = json.loads((out / "held.json").read_text())
         run = out / "bucket" / "s3" / "wharf" / "runs" / "s3"  # the s3 round, as read back from the bucket
         conv = run / "rounds" / "0" / "convert"
@@ -72,6 +74,9 @@ def _round(collect: Path) -> dict:
         "rollouts": schema.read_table(collect / "rollouts.parquet", "rollouts").to_pylist(),
         "turns": schema.read_dir(collect / "turns", "turns").to_pylist(),
         "trial_dirs": sorted(p.name for p in (collect / "harbor").iterdir() if p.is_dir()),
+        # where each trial read its task dir (harbor's config.json): a node's own copy, when shipped
+        "task_paths": {p.parent.name: json.loads(p.read_text())["task"]["path"]
+                       for p in (collect / "harbor").glob("*/config.json")},
     }
 
 
@@ -118,6 +123,8 @@ def _same_round_on_both_nodes(local: dict, ray: dict) -> None:
 @pytest.mark.slow
 def test_a_ray_round_yields_the_local_rounds_rollouts_spread_over_both_nodes(rounds):
     _same_round_on_both_nodes(rounds["local"], rounds["ray"])
+    # 4 trials, 4 slots on each node: 2 and 2 (was: all 4 on the first node whose actor was up)
+    assert sorted(rounds["ray"]["manifest"]["executor"]["trials_by_node"].values()) == [2, 2]
 
 
 @pytest.mark.slow
@@ -167,6 +174,11 @@ def test_nodes_that_see_no_dataset_run_the_tasks_the_driver_ships(rounds):
     failed = [(name, r["task_id"], r["status"], r["error"]) for name in ("ray", "s3", "kill")
               for r in rounds[name]["rollouts"] if r["status"] != "ok"]
     assert failed == []
+    # each recorded trial ran from the node's unpacked copy of the shipped archive, not the driver's path
+    for name in ("ray", "s3", "kill", "stall"):
+        paths = rounds[name]["task_paths"]
+        assert len(paths) >= 4 and all("/wharf-tasks-" in paths[Path(r["trial_dir"]).name]
+                                       for r in rounds[name]["rollouts"]), (name, paths)
 
 
 @pytest.mark.slow
@@ -218,3 +230,19 @@ def test_a_node_lost_mid_round_still_yields_every_rollout_once(rounds):
     # none of its calls counts: convert reads only turns of recorded rollouts
     assert not any(t["rollout_id"] in abandoned for t in kill["turns"]) or kill["manifest"]["orphan_turns"] > 0
     assert kill["manifest"]["counts"]["by_status"] == {"ok": 4}
+
+
+@pytest.mark.slow
+def test_a_node_whose_turns_cannot_reach_the_bucket_counts_no_trial_done(rounds):
+    """Worker 2's shard uploads answer 503 in the run `flush` (tests/fixtures/ray_rounds.sh): its
+    trial's rows stay in its WAL, so the trial does not count (was: the close answered OK, the row
+    was recorded, and the round ended done with a scored rollout whose turns never reached the
+    bucket, which no resume reruns); worker 2 is retired once the task runs on worker 1."""
+    fl, w2 = rounds["flush"], rounds["held"]["node"]
+    ex = fl["manifest"]["executor"]
+    assert fl["manifest"]["state"] == "done" and ex["lost_nodes"] == [w2] and w2 in ex["nodes"]
+    assert list(ex["trials_by_node"]) == [n for n in ex["nodes"] if n != w2]
+    # every recorded rollout has all its turns in the bucket, as an empty mirror read them back
+    assert sorted(_by_key(fl)) == [("sed-add", 0), ("write-answer", 0)]
+    assert all(r["status"] == "ok" and r["n_errors"] == 0 for r in fl["rollouts"])
+    assert "could not be published from this node" in fl["log"]

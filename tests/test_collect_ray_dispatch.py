@@ -95,6 +95,94 @@ def test_a_round_starts_with_the_first_node_up_and_a_late_one_joins_or_is_left_o
     assert ready == [] and joining == {} and "did not start within 0.2 s" in out["b"]
 
 
+def test_a_task_failing_on_every_node_is_given_up_and_retires_no_node():
+    """One task whose trial fails the same way wherever it runs (was: each failure retired its
+    node, so 3 failures of one task took out all 3 nodes and the round stopped with 9 of 10 run)."""
+    from wharf.collect.ray_dispatch import dispatch
+
+    async def node(p):
+        await asyncio.sleep(0.01)
+        if p.task.task_id == "t3":
+            raise RuntimeError("ShipError: task t3: its archive did not arrive whole")
+        return p.task.task_id
+
+    ran: list[tuple[str, str]] = []
+    todo = _todo(10) + [PlannedRolloutOf("t3", 1)]
+    out = asyncio.run(dispatch({"a": node, "b": node, "c": node}, 1, todo, lambda r, n: ran.append((r, n)), ()))
+    assert out.lost == [] and list(out.given_up) == ["t3"] and "succeeded on none" in out.given_up["t3"]
+    assert sorted(r for r, _ in ran) == sorted(f"t{i}" for i in range(10) if i != 3)  # each once
+
+
+def test_a_node_is_retired_when_the_task_it_failed_succeeds_elsewhere():
+    """The same task failing on one node and running on another: the node's fault. Its trial runs
+    on the other node, never again on the failing one."""
+    from wharf.collect.ray_dispatch import dispatch
+
+    tried: list[tuple[str, str]] = []
+
+    def node(name: str, broken: bool):
+        async def submit(p):
+            tried.append((p.task.task_id, name))
+            await asyncio.sleep(0.01)
+            if broken:
+                raise RuntimeError("NotPublished: the turns could not be published from this node")
+            return p.task.task_id
+        return submit
+
+    ran: list[tuple[str, str]] = []
+    out = asyncio.run(dispatch({"a": node("a", False), "b": node("b", True)}, 1, _todo(2) * 2,
+                               lambda r, n: ran.append((r, n)), ()))
+    assert out.lost == ["b"] and out.given_up == {}
+    assert sorted(r for r, _ in ran) == ["t0", "t0", "t1", "t1"] and {n for _, n in ran} == {"a"}
+    assert tried.count(("t1", "b")) == 1  # b's failed task went to a, not back to b
+
+
+def test_when_no_node_can_publish_the_round_stops_with_no_trial_recorded():
+    """Every node's storage refuses (NotPublished on each trial): no row is recorded, so the round
+    is not done and its resume runs every trial again (was: each row recorded at its close, its
+    turns stranded in the nodes' WALs)."""
+    from wharf.collect.node import NotPublished
+    from wharf.collect.ray_dispatch import RayExecutorError, dispatch
+
+    async def refused(p):
+        await asyncio.sleep(0.01)
+        raise NotPublished(f"the turns of rollout {p.task.task_id} could not be published from this node")
+
+    ran: list = []
+    with pytest.raises(RayExecutorError, match=r"a: failed: NotPublished: .*two different tasks failed on it"):
+        asyncio.run(dispatch({"a": refused, "b": refused}, 1, _todo(4), lambda r, n: ran.append(r), ()))
+    assert ran == []
+
+def test_a_round_smaller_than_one_nodes_slots_is_spread_over_the_nodes_that_start_with_it():
+    """3 nodes, 6 trials, 8 slots a node, two nodes' actors up a moment after the first (was: the
+    first node up took all 6 before the others joined)."""
+    from wharf.collect.ray_dispatch import dispatch
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        joining = {n: loop.create_future() for n in ("b", "c")}
+        for i, fut in enumerate(joining.values()):
+            loop.call_later(0.05 * (i + 1), fut.set_result, True)
+        async def trial(p):  # longer than the nodes take to start
+            await asyncio.sleep(0.5)
+            return p.task.task_id
+
+        ran: list[tuple[str, str]] = []
+        await dispatch({n: trial for n in "abc"}, 8, _todo(6), lambda r, n: ran.append((r, n)), (),
+                       joining=joining, join_by=loop.time() + 5)
+        return ran
+
+    ran = asyncio.run(scenario())
+    assert sorted(r for r, _ in ran) == [f"t{i}" for i in range(6)]
+    assert sorted(n for _, n in ran) == ["a", "a", "b", "b", "c", "c"]
+
+
+def PlannedRolloutOf(task: str, attempt: int):
+    from wharf.collect.tasksets import PlannedRollout, Task
+
+    return PlannedRollout(Task(task, Path(".")), attempt)
+
+
 async def _slow(p):
     await asyncio.sleep(0.05)
     return p.task.task_id

@@ -58,3 +58,20 @@ def test_a_node_that_does_not_see_a_local_run_dir_refuses_naming_the_fix(tmp_pat
     cfg = load_config(None, [f"runs_dir={tmp_path / 'driver-only'}", "name=t", "endpoint.url=http://127.0.0.1:9"])
     with pytest.raises(RayExecutorError, match=r"does not see the run dir .*runs_dir=s3://"):
         NodeActor(cfg, "p", "node-a", str(tmp_path / "not-here"))
+
+
+def test_a_hung_node_is_bounded_by_default_from_the_agents_timeout(tmp_path):
+    """collect.ray_trial_timeout_s unset (was: no bound, so a hung node hung the round): the
+    agent's timeout plus the verifier's plus 600 s, from the config or else the tasks' own."""
+    from wharf.collect.ray_executor import TRIAL_SLACK_S, trial_timeout_s
+    from wharf.core.config_stages import CollectConfig
+
+    tasks = []
+    for name, agent in (("a", 600.0), ("b", 900.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "task.toml").write_text(f"[agent]\ntimeout_sec = {agent}\n[verifier]\ntimeout_sec = 120.0\n")
+        tasks.append(tmp_path / name)
+    assert trial_timeout_s(CollectConfig(), tasks) == 900 + 120 + TRIAL_SLACK_S  # the longest task's
+    assert trial_timeout_s(CollectConfig(agent_timeout_s=60, verifier_timeout_s=30), tasks) == 90 + TRIAL_SLACK_S
+    assert trial_timeout_s(CollectConfig(), [tmp_path / "none"]) == 3600 + 600 + TRIAL_SLACK_S  # no task says
+    assert trial_timeout_s(CollectConfig(ray_trial_timeout_s=20), tasks) == 20

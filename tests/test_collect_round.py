@@ -98,6 +98,8 @@ def test_failures_are_classified_and_the_round_completes(tmp_path, stub):
         assert (row["status"], row["reward"]) == (status, reward), row
         assert row["error"], row
         assert manifest["state"] == "done"
+        # the upstream call errors the proxy saw are in the row: 1 for the dead endpoint, else none
+        assert row["n_errors"] == (1 if status == "infra_error" else 0), row
         if status == "infra_error":
             # the failed call is on record, as an error row
             assert [t["status"] for t in turns] == ["error"] and turns[0]["error"]

@@ -152,11 +152,14 @@ def test_trials_left_out_are_counted_in_the_summary_and_its_lines(tmp_path):
     rows = _rollouts(0, {"a": 2, "b": 1})
     for r, status in zip(rows, ["infra_error", "infra_error", "verifier_error"]):
         r["status"], r["reward"] = status, None
+    rows[0]["n_errors"], rows[1]["n_errors"] = 3, 2  # the replica lost the policy: every later call a 404
     schema.write_table(ev.policy("base").round(0).collect.rollouts, "rollouts", rows)
     trials = read_trials(ev.policy("base"), 4)
     s = write_summary(ev, cfg, {"base": (Policy("base", "base", None, 0), trials, ev.policy("base"))})
     assert len(trials) == len(rows) - 3 and s["policies"]["base"]["unscored"] == {"infra_error": 2, "verifier_error": 1}
-    assert f"over {len(rows) - 3} trials (3 left out: infra_error 2, verifier_error 1);" in summary_lines(s)[1]
+    assert s["policies"]["base"]["upstream_errors"] == 5
+    assert (f"over {len(rows) - 3} trials (3 left out: infra_error 2, verifier_error 1); 5 upstream call errors;"
+            in summary_lines(s)[1])
 
 
 def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest) -> Path:

@@ -100,7 +100,7 @@ def test_anthropic_tool_round_trip(proxy, tap, stream):
     second, _ = anthropic_call(client, stream, model="claude-test", max_tokens=40, system=system,
                                tools=A_TOOLS, messages=msgs)
     assert second.stop_reason == "end_turn" and second.content[0].type == "text" and second.content[0].text
-    assert close_rollout(proxy, "claude") == {"rollout_id": "claude", "n_turns": 2, "n_errors": 0}
+    assert close_rollout(proxy, "claude") == {"rollout_id": "claude", "n_turns": 2, "n_errors": 0, "published": True}
 
     got = rows(proxy)
     check_rows_match_upstream(got, tap.answers, "anthropic")
@@ -161,7 +161,7 @@ def test_responses_tool_round_trip(proxy, tap, stream):
     msg = second.output[0]
     assert msg.type == "message" and msg.content[0].type == "output_text" and second.output_text
     assert second.usage.total_tokens == second.usage.input_tokens + second.usage.output_tokens
-    assert close_rollout(proxy, "codex") == {"rollout_id": "codex", "n_turns": 2, "n_errors": 0}
+    assert close_rollout(proxy, "codex") == {"rollout_id": "codex", "n_turns": 2, "n_errors": 0, "published": True}
 
     got = rows(proxy)
     check_rows_match_upstream(got, tap.answers, "responses")
@@ -249,7 +249,7 @@ def test_upstream_failures_reach_the_agent_in_its_dialect_and_are_rows(tmp_path,
         else:  # broken off mid-stream: an error event, then response.failed
             types = [e.type for e in o.responses.create(model="m", input="x", stream=True)]
             assert types[0] == "response.created" and types[-2:] == ["error", "response.failed"]
-        assert close_rollout(p, "fail") == {"rollout_id": "fail", "n_turns": 4, "n_errors": 4}
+        assert close_rollout(p, "fail") == {"rollout_id": "fail", "n_turns": 4, "n_errors": 4, "published": True}
         got = rows(p)
         assert [r["api"] for r in got] == ["anthropic", "anthropic", "responses", "responses"]
         assert all(r["status"] == "error" and r["error"] and r["completion_token_ids"] == [] for r in got)

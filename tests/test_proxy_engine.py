@@ -117,7 +117,7 @@ def test_engine_conversation_rows_match_engine_streaming_and_not(engine_url, tmp
             info = requests.post(f"{p.admin_url}/admin/rollouts", json={"rollout_id": rid}, headers=admin).json()
             run_conversation(openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0), stream)
             res = requests.post(f"{p.admin_url}/admin/rollouts/{rid}/close", headers=admin).json()
-            assert res == {"rollout_id": rid, "n_turns": 3, "n_errors": 0}
+            assert res == {"rollout_id": rid, "n_turns": 3, "n_errors": 0, "published": True}
     rows = read_dir(tmp_path / "turns", "turns").to_pylist()
     assert len(tap.answers) == 6 and len(rows) == 6
     by = {(r["rollout_id"], r["turn"]): r for r in rows}

@@ -59,7 +59,7 @@ def test_gemini_tool_round_trip(proxy, tap, stream):
         function_response=types.FunctionResponse(id=call.id, name="bash", response={"output": "a.py b.py"}))])]
     second = ask(c, stream, contents, config)
     assert second.text and not second.function_calls
-    assert close_rollout(proxy, "gem") == {"rollout_id": "gem", "n_turns": 2, "n_errors": 0}
+    assert close_rollout(proxy, "gem") == {"rollout_id": "gem", "n_turns": 2, "n_errors": 0, "published": True}
 
     got = rows(proxy)
     check_rows_match_upstream(got, tap.answers, "gemini")  # ids and log-probs: the upstream's own
@@ -130,7 +130,7 @@ def test_gemini_upstream_failure_reaches_the_sdk_and_is_a_row(tmp_path):
         assert e.value.code == 503 and e.value.status == "UNAVAILABLE"
         with pytest.raises(errors.APIError):
             list(c.models.generate_content_stream(model="m", contents="x"))
-        assert close_rollout(p, "fail") == {"rollout_id": "fail", "n_turns": 2, "n_errors": 2}
+        assert close_rollout(p, "fail") == {"rollout_id": "fail", "n_turns": 2, "n_errors": 2, "published": True}
         got = rows(p)
         assert [r["api"] for r in got] == ["gemini", "gemini"] and all(r["status"] == "error" for r in got)
         assert json.loads(got[0]["response"])["error"]["status"] == "UNAVAILABLE"

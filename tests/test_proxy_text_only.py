@@ -25,7 +25,7 @@ def test_a_teachers_calls_are_recorded_as_text(tmp_path, teacher, stream):
     with BackgroundProxy(make_cfg(tmp_path, teacher.url, "proxy.text_only=true")) as p:
         info = open_rollout(p, "t")
         answers = conversation(openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0), stream)
-        assert close_rollout(p, "t") == {"rollout_id": "t", "n_turns": 3, "n_errors": 0}
+        assert close_rollout(p, "t") == {"rollout_id": "t", "n_turns": 3, "n_errors": 0, "published": True}
         got = sorted(rows(p, "t"), key=lambda r: r["turn"])
     assert [r["status"] for r in got] == ["ok"] * 3 and all(r["text_only"] for r in got)
     assert all(r["prompt_token_ids"] == r["completion_token_ids"] == r["completion_logprobs"] == [] for r in got)

@@ -20,5 +20,5 @@ def test_turn_row_converts_to_a_turns_table():
 def test_admin_answer_round_trip_and_missing_field_named():
     opened = OpenedRollout("r", "http://x/rollout/r/v1", "wr-k", "p")
     assert OpenedRollout.from_json(opened.to_json()) == opened
-    with pytest.raises(RecordError, match=r"proxy POST /close: answer lacks \['n_errors'\]"):
+    with pytest.raises(RecordError, match=r"proxy POST /close: answer lacks \['n_errors', 'published'\]"):
         ClosedRollout.from_json({"rollout_id": "r", "n_turns": 1}, "proxy POST /close")

@@ -213,6 +213,20 @@ def test_samples_show_the_best_and_worst_of_a_group_call_by_call(tmp_path):
     assert "You are an agent." not in call1 and "README" in call1
 
 
+def test_a_sample_that_met_upstream_errors_says_how_many(tmp_path):
+    """A replica that lost the policy fails the agent's calls: the trial is an infra_error, and its
+    sample names the call errors the proxy counted (rollouts.n_errors)."""
+    layout = RunLayout(tmp_path / "run")
+    make_round(layout, 0, {"a": 1}, train=False)
+    rows = _rollouts(0, {"a": 1})
+    rows[-1].update(status="infra_error", reward=None, n_errors=3)
+    schema.write_table(layout.round(0).collect.rollouts, "rollouts", rows)
+    schema.write_table(layout.round(0).collect.turns / "part-00000.parquet", "turns", chat_turns(rows))
+    samples = write_report(layout.root).read_text().split("<section id='samples'>")[1]
+    assert "worst of group job0.a: attempt 3, reward none" in samples
+    assert "status infra_error, 3 upstream call error(s)" in samples
+
+
 def test_config_section_redacts_credentials(tmp_path):
     from wharf.core.config import load_config
     from wharf.core.configio import dump_whole

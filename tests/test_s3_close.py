@@ -28,7 +28,7 @@ def _shard_rollouts(url: str) -> set[str]:
 def _rows(n: int) -> list[RolloutRow]:
     now = time.time()
     return [RolloutRow(rollout_id=f"r{i}", job_id="j", round=0, task_id="t", group_id="g", attempt=i, policy="p",
-                       reward=1.0, rewards="{}", status="ok", n_turns=1, started_at=now, ended_at=now,
+                       reward=1.0, rewards="{}", status="ok", n_turns=1, n_errors=0, started_at=now, ended_at=now,
                        trial_dir=f"harbor/r{i}", error=None) for i in range(n)]
 
 
@@ -40,12 +40,14 @@ def test_a_close_whose_upload_fails_keeps_the_rollout_and_the_next_flush_publish
         a = open_rollout(p, "a")
         _call(a)
         faults.fail = lambda method, path: method == "PUT"
-        assert close_rollout(p, "a")["n_turns"] == 1  # was a 500: the trial became infra_error, its reward lost
+        closed = close_rollout(p, "a")
+        assert closed["n_turns"] == 1  # was a 500: the trial became infra_error, its reward lost
+        assert closed["published"] is False  # its rows only in the WAL: a Ray node does not count the trial done
         assert faults.failed and storage.listing(f"{s3}/collect/turns") == {}
         faults.fail = None
         b = open_rollout(p, "b")
         _call(b)
-        close_rollout(p, "b")
+        assert close_rollout(p, "b")["published"] is True  # with a's rows, at b's close
     assert _shard_rollouts(f"{s3}/collect/turns") == {"a", "b"}
 
 

@@ -111,4 +111,24 @@ def test_a_version_1_turns_file_reads_as_not_text_only(tmp_path):
         read_table(v1, "turns", ["nope"])
     text = write_table(tmp_path / "t.parquet", "turns", [{**turn(1), "text_only": True}])
     assert read_dir(tmp_path, "turns", "t.parquet").column("text_only").to_pylist() == [True]
-    assert pq.read_metadata(text).metadata[b"schema_version"] == b"2"
+    assert pq.read_metadata(text).metadata[b"schema_version"] == b"3"
+
+
+def test_a_version_2_rollouts_table_reads_with_its_call_errors_unrecorded(tmp_path):
+    """Schema v3 added rollouts.n_errors (the proxy's count of failed upstream calls); a table
+    written before it reads with n_errors null (not recorded), never as 0 errors."""
+    import datetime as dt
+
+    from wharf.collect.records import RolloutRow
+
+    now = dt.datetime.now(dt.timezone.utc)
+    row = RolloutRow("r0", "j", 0, "t", "j.t", 0, "p", None, "{}", "infra_error", 3, 2, now, now, "harbor/r0", "404")
+    path = write_table(tmp_path / "rollouts.parquet", "rollouts", [row.as_dict()])
+    assert read_table(path, "rollouts").column("n_errors").to_pylist() == [2]
+    v2 = tmp_path / "v2.parquet"
+    t = pq.read_table(path).drop(["n_errors"])
+    pq.write_table(t.replace_schema_metadata({b"schema_version": b"2", b"table": b"rollouts"}), v2)
+    old = read_table(v2, "rollouts")
+    assert old.column_names == read_table(path, "rollouts").column_names
+    assert old.column("n_errors").to_pylist() == [None]
+    assert RolloutRow.from_dict(old.to_pylist()[0]).n_errors is None

@@ -15,14 +15,19 @@ from typing import Callable
 import aiohttp
 
 from wharf.collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
-from wharf.collect.records import Outcome, RolloutRow
+from wharf.collect.records import ClosedRollout, Outcome, RolloutRow
 from wharf.collect.tasksets import PlannedRollout, new_rollout_id, rollout_seed
 from wharf.collect.trials import RolloutRoute, classify, trial_config
 from wharf.core.config import RunConfig
 from wharf.core.config_redact import scrub_json_files, secret_values
+from wharf.core.errors import WharfError
 from wharf.core.layout import wal_dir
 
 log = logging.getLogger("wharf.collect")
+
+class NotPublished(WharfError, RuntimeError):
+    """A closed rollout's rows could not be put in the run's storage: its trial does not count."""
+
 
 # Called in the driver for each finished trial, with the name of the node that ran it.
 OnRow = Callable[[RolloutRow, str], None]
@@ -63,6 +68,7 @@ class NodeTrials:
         self._log_path = log_path
         self._secrets = secret_values(cfg)  # what no trial's record may keep
         self._stack = contextlib.AsyncExitStack()
+        self.unpublished: set[str] = set()  # closed rollouts whose rows are still only in the WAL
 
     async def __aenter__(self) -> "NodeTrials":
         from harbor.models.job.config import RetryConfig
@@ -85,6 +91,24 @@ class NodeTrials:
         async with self.sem:
             return await self._trial(p, job_id)
 
+    async def publish(self, rollout_id: str, tries: int = 3, wait_s: float = 1.0) -> None:
+        """Return once the rows of `rollout_id` are in a shard in the run's storage (a close whose
+        upload failed left them in this node's WAL); raise NotPublished if the store keeps
+        refusing. A node's WAL is on its own disk: its rows count only once they are published."""
+        for i in range(tries):
+            if rollout_id not in self.unpublished:
+                return
+            before = set(self.unpublished)
+            try:
+                await self.admin.flush()  # publishes every row recorded before it
+                self.unpublished -= before
+            except (ServiceError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+                log.warning("publishing the rows of rollout %s failed (try %d of %d): %s", rollout_id, i + 1, tries, e)
+                await asyncio.sleep(wait_s * 2 ** i)
+        if rollout_id in self.unpublished:
+            raise NotPublished(f"the turns of rollout {rollout_id} could not be published from this node "
+                               f"({tries} tries): they stay in its WAL, the trial runs again elsewhere")
+
     async def _trial(self, p: PlannedRollout, job_id: str) -> RolloutRow:
         cfg = self.cfg
         rollout_id = new_rollout_id(job_id, p)
@@ -98,7 +122,10 @@ class NodeTrials:
         except Exception as e:  # harbor itself failed: not the policy's fault
             log.exception("trial %s crashed in harbor", rollout_id)
             result, crash = None, f"{type(e).__name__}: {e}"
-        (n_turns, n_errors), close_error = await close_rollout(self.admin, rollout_id)
+        closed, close_error = await close_rollout(self.admin, rollout_id)
+        n_turns, n_errors = (closed.n_turns, closed.n_errors) if closed else (0, 0)
+        if closed is not None and not closed.published:
+            self.unpublished.add(rollout_id)
         # the trial's own record (harbor's config.json, result.json) keeps no credential of the run
         scrub_json_files(self.paths.trial(rollout_id), [*self._secrets, opened.api_key])
         if result is None or close_error:
@@ -109,18 +136,17 @@ class NodeTrials:
             rollout_id=rollout_id, job_id=job_id, round=cfg.round, task_id=p.task.task_id,
             group_id=f"{job_id[:8]}.{p.group_id}", attempt=p.attempt, policy=self.policy,
             reward=outcome.reward, rewards=json.dumps(outcome.rewards), status=outcome.status,
-            n_turns=n_turns, started_at=started, ended_at=_now(),
+            n_turns=n_turns, n_errors=n_errors, started_at=started, ended_at=_now(),
             trial_dir=str(self.paths.trial(rollout_id).relative_to(self.paths.root)), error=outcome.error,
         )
 
 
 
-async def close_rollout(admin: ProxyAdmin, rollout_id: str) -> tuple[tuple[int, int], str | None]:
-    """(turns, upstream errors) of a closed rollout; a close that fails (e.g. a call the agent
-    gave up on still running upstream past the admin timeout) costs this rollout, not the round."""
+async def close_rollout(admin: ProxyAdmin, rollout_id: str) -> tuple[ClosedRollout | None, str | None]:
+    """The proxy's answer to a rollout's close; a close that fails (e.g. a call the agent gave up
+    on still running upstream past the admin timeout) costs this rollout, not the round."""
     try:
-        closed = await admin.close(rollout_id)
+        return await admin.close(rollout_id), None
     except (ServiceError, aiohttp.ClientError, asyncio.TimeoutError) as e:
         log.warning("closing rollout %s on the proxy failed: %s", rollout_id, e)
-        return (0, 0), f"proxy close failed: {type(e).__name__}: {e}"
-    return (closed.n_turns, closed.n_errors), None
+        return None, f"proxy close failed: {type(e).__name__}: {e}"

@@ -1,15 +1,18 @@
 """The driver's side of collect.executor=ray that needs no Ray: handing trials to nodes
-(`dispatch`: spread, requeue a failed node's trials, rest an unavailable one, a straggler bound)
+(`dispatch`: spread within each node's share, requeue a failed trial on another node, retire a
+node only when the failure is its own and not its task's (ray_blame.py), rest an unavailable
+node, a straggler bound)
 and the readiness probe of their actors (`first_ready`; late nodes join in `dispatch`). Pure asyncio over `submit` callables,
 so it is tested without a cluster; wharf/collect/ray_executor.py wires it to Ray's actors."""
 from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from wharf.collect.node import OnRow
+from wharf.collect.ray_blame import Blame
 from wharf.collect.records import RolloutRow
 from wharf.collect.tasksets import PlannedRollout
 from wharf.core.errors import WharfError
@@ -29,10 +32,14 @@ class _Nodes:
     calls in flight (with their start times, for the straggler bound) and why a node was taken out."""
 
     def __init__(self, submit: dict[str, Submit], slots: int, timeout_s: float | None, rest_s: float,
-                 joining: dict[str, asyncio.Future], join_by: float):
+                 joining: dict[str, asyncio.Future], join_by: float, spread_s: float):
         self.submit, self.slots, self.timeout_s, self.rest_s = submit, slots, timeout_s, rest_s
         self.joining = {fut: node for node, fut in joining.items()}  # actors still starting
         self.join_by = join_by  # loop time after which a node still starting is left out
+        self.loop = asyncio.get_running_loop()
+        self.spread_by = self.loop.time() + spread_s  # until then a node still starting counts in the share
+        self.blame = Blame()
+        self.failures: dict[tuple[str, str], tuple[str, str]] = {}  # (node, task) -> how it first failed there
         self.unstarted: dict[str, str] = {}
         self.free = {n: slots for n in submit if n not in joining}  # free slots per node in the round
         self.strikes = dict.fromkeys(submit, 0)  # unavailable answers in a row
@@ -40,25 +47,44 @@ class _Nodes:
         self.back_at: dict[str, float] = {}  # a resting node takes work again from then
         self.inflight: dict[asyncio.Future, tuple[str, PlannedRollout, float]] = {}
         self.why: dict[str, str] = {}
-        self.loop = asyncio.get_running_loop()
 
     def start(self, queue: list[PlannedRollout]) -> None:
-        """Hand out work, one at a time per node in turn (spread, not fill)."""
-        while queue:
-            now = self.loop.time()
-            self.back_at = {n: t for n, t in self.back_at.items() if t > now and n in self.free}
-            nodes = [n for n, f in self.free.items() if f > 0 and n not in self.back_at][:len(queue)]
-            if not nodes:
-                return
-            for node in nodes:
-                p = queue.pop(0)
+        """Hand out work to the least loaded node that may run it, each node at most its share of
+        the work left (so a round smaller than one node's slots is spread, not filled into the first
+        node up); a trial never goes to a node its task failed on."""
+        now = self.loop.time()
+        self.back_at = {n: t for n, t in self.back_at.items() if t > now and n in self.free}
+        cap = min(self.slots, -(-(len(queue) + len(self.inflight)) // max(1, self._sharing(now))))
+        for p in list(queue):
+            load = {n: self.slots - f for n, f in self.free.items()
+                    if f > 0 and n not in self.back_at and self.slots - f < cap
+                    and self.blame.may_run(p.task.task_id, n)}
+            if load:
+                node = min(load, key=load.get)
+                queue.remove(p)
                 self.inflight[asyncio.ensure_future(self.submit[node](p))] = (node, p, now)
                 self.free[node] -= 1
+
+    def _sharing(self, now: float) -> int:
+        """The nodes the work is shared among: those in the round, and for a moment (spread_s) those still starting."""
+        return len(self.free) + (len(self.joining) if now < self.spread_by else 0)
+
+    def stuck(self, queue: list[PlannedRollout]) -> list[PlannedRollout]:
+        """Queued trials no node left may run (their task failed on every one): given up."""
+        live = set(self.free)
+        if self.joining or not live:
+            return []  # a node may still join; with none left the round stops, naming why
+        out = [p for p in queue if not any(self.blame.may_run(p.task.task_id, n) for n in live)]
+        for p in out:
+            self.blame.given_up.setdefault(p.task.task_id, f"failed on every node left ({', '.join(sorted(live))})")
+        return out
 
     async def finished(self) -> list[tuple[asyncio.Future, str, PlannedRollout]]:
         """The calls that ended next, and those past the straggler bound (cancelled); none when a
         resting node is due back first."""
+        now = self.loop.time()
         due = [t for t in self.back_at.values()] + ([self.join_by] if self.joining else [])
+        due += [self.spread_by] if self.joining and now < self.spread_by else []
         if self.timeout_s is not None:
             due += [t0 + self.timeout_s for _, _, t0 in self.inflight.values()]
         wait = max(0.0, min(due) - self.loop.time()) if due else None
@@ -96,12 +122,18 @@ class _Nodes:
             self.unstarted[node] = f"its actor {why}"
         self.joining.clear()
 
-    def ok(self, node: str) -> None:
+    def ok(self, node: str, task: str) -> None:
         if node in self.free:
             self.free[node] += 1
             self.strikes[node] = 0
+        for other, why in self.blame.success(task, node).items():
+            kind, reason = self.failures[(other, task)]
+            self._retire(other, kind, reason, why)
 
-    def failed(self, node: str, e: BaseException, lost: tuple, unavailable: tuple, max_strikes: int) -> None:
+    def failed(self, node: str, task: str, e: BaseException, lost: tuple, unavailable: tuple,
+               max_strikes: int) -> None:
+        """A call to `node` for a trial of `task` failed: rest the node, retire it, or (when the
+        failure may be the task's: wharf/collect/ray_blame.py) keep it and run the trial elsewhere."""
         if node not in self.free:
             return  # taken out already
         if isinstance(e, unavailable) and self.strikes[node] < max_strikes:
@@ -116,9 +148,24 @@ class _Nodes:
                 "stalled" if isinstance(e, asyncio.CancelledError) else "failed")
         reason = (f"no answer within {self.timeout_s:g} s" if kind == "stalled" else
                   f"{max_strikes + 1} times in a row: {_first_line(e)}" if kind == "unavailable" else _first_line(e))
-        log.warning("node %s %s (%s): its unfinished trials run on the nodes left", node, kind, reason)
+        if kind in ("lost", "unavailable"):
+            self._retire(node, kind, reason)
+            return
+        self.free[node] += 1
+        self.failures.setdefault((node, task), (kind, reason))
+        blamed = self.blame.failure(task, node)
+        if blamed is None:
+            log.warning("node %s: a trial of %s %s (%s): it runs again on another node", node, task, kind, reason)
+        else:
+            self._retire(node, kind, reason, blamed)
+
+    def _retire(self, node: str, kind: str, reason: str, blamed: str = "") -> None:
+        if node not in self.free:
+            return
+        log.warning("node %s %s (%s)%s: its unfinished trials run on the nodes left", node, kind, reason,
+                    f", retired: {blamed}" if blamed else "")
         del self.free[node]
-        self.why[node] = f"{kind}: {reason}"
+        self.why[node] = f"{kind}: {reason}" + (f"; {blamed}" if blamed else "")
 
     def resting(self) -> bool:
         return any(n in self.free for n in self.back_at)
@@ -135,13 +182,14 @@ class _Nodes:
 class Dispatched:
     lost: list[str]  # the nodes taken out mid-round, in order (why: in the log)
     unstarted: dict[str, str]  # the nodes whose actor never started, and why
+    given_up: dict[str, str] = field(default_factory=dict)  # tasks whose trials failed wherever they ran, and why
 
 
 async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRollout], on_row: OnRow,
                    lost_errors: tuple[type[BaseException], ...], trial_timeout_s: float | None = None,
                    unavailable_errors: tuple[type[BaseException], ...] = (), rest_s: float = 2.0,
                    max_strikes: int = 3, joining: dict[str, asyncio.Future] | None = None,
-                   join_by: float = 0.0) -> Dispatched:
+                   join_by: float = 0.0, spread_s: float = 10.0) -> Dispatched:
     """Run every rollout of `todo` once through the nodes of `submit`, at most `slots` at a time
     on each. A call failing means its node cannot run trials (with one of `lost_errors` the node
     is gone; any other failure escaped the node's own trial handling: its proxy died, its disk is
@@ -150,12 +198,18 @@ async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRoll
     `unavailable_errors` (the node is there but did not answer this time) puts the rollout back
     and rests the node (rest_s, longer each time) instead; only `max_strikes` + 1 of them in a row
     take it out. `joining`: {node: its actor's readiness} of nodes still starting: each joins the
-    round when it answers, until loop time `join_by`. When no node is left, the error names each
-    one's failure."""
+    round when it answers, until loop time `join_by`; for its first `spread_s` seconds it counts
+    in each node's share of the work. A failure that may be its task's, not its node's, keeps the
+    node (wharf/collect/ray_blame.py); a task that failed wherever it ran is given up, its trials
+    not run (run the round again to retry them). When no node is left, the error names each one's failure."""
     queue = list(todo)
-    nodes = _Nodes(submit, slots, trial_timeout_s, rest_s, joining or {}, join_by)
+    nodes = _Nodes(submit, slots, trial_timeout_s, rest_s, joining or {}, join_by, spread_s)
     while queue or nodes.inflight:
         nodes.start(queue)
+        for p in nodes.stuck(queue):
+            queue.remove(p)
+        if not queue and not nodes.inflight:
+            break
         if not nodes.inflight and not nodes.resting() and not nodes.joining:
             raise RayExecutorError(f"every node of the cluster was lost or failed ("
                                    + "; ".join(f"{n}: {w}" for n, w in nodes.why.items())
@@ -165,14 +219,28 @@ async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRoll
             try:
                 row = fut.result()
             except (Exception, asyncio.CancelledError) as e:  # noqa: BLE001 - the node is taken out, not the round
-                queue.append(p)
-                nodes.failed(node, e, lost_errors, unavailable_errors, max_strikes)
+                nodes.failed(node, p.task.task_id, e, lost_errors, unavailable_errors, max_strikes)
+                _requeue(queue, p, nodes)
                 continue
             on_row(row, node)
-            nodes.ok(node)
+            nodes.ok(node, p.task.task_id)
     nodes.leave_out("had not started when the round's trials were done")
     nodes.unanswered()
-    return Dispatched(list(nodes.why), nodes.unstarted)
+    return Dispatched(list(nodes.why), nodes.unstarted, dict(nodes.blame.given_up))
+
+
+def _requeue(queue: list[PlannedRollout], p: PlannedRollout, nodes: _Nodes) -> None:
+    """`p` back in the queue, unless its task is given up now (then its queued trials go too)."""
+    task = p.task.task_id
+    why = nodes.blame.give_up(task, set(nodes.free))
+    if why is None:
+        queue.append(p)
+        return
+    left = [q for q in queue if q.task.task_id == task]
+    for q in left:
+        queue.remove(q)
+    log.warning("task %s %s: its %d trials left are not run this round (run it again once the task is fixed)",
+                task, why, len(left) + 1)
 
 
 def _first_line(e: BaseException) -> str:

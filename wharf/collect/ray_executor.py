@@ -2,8 +2,9 @@
 
 Each node with a CPU to give gets one actor, pinned to it, that runs its own recording proxy and
 its own harbor trials (wharf/collect/node.py) and writes its shards into the round's turns dir. The
-driver hands each node up to collect.concurrency trials at a time and records each row as it
-comes back, exactly as the local executor does. The round starts as soon as one node's actor
+driver hands each node up to collect.concurrency trials at a time (no more than its share of the
+work left) and records each row as it comes back, exactly as the local executor does; a node
+returns a row only once the rollout's turns are in the run's storage. The round starts as soon as one node's actor
 is up; a node whose actor starts later joins it, and one not started within
 collect.ray_ready_timeout_s is left out of the round and named. A node lost mid-round (its actor
 dies with it), or failing in a way its own trial handling does not catch (its proxy died): the
@@ -17,6 +18,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import tomllib
 from pathlib import Path
 
 from wharf.collect.node import NodeTrials, OnRow, node_proxy
@@ -26,6 +28,7 @@ from wharf.collect.ship import TaskCache, pack
 from wharf.collect.tasksets import PlannedRollout
 from wharf.core import storage
 from wharf.core.config import RunConfig
+from wharf.core.config_stages import CollectConfig
 
 log = logging.getLogger("wharf.collect")
 
@@ -72,6 +75,7 @@ class NodeActor:
             self._up = asyncio.ensure_future(self.node.__aenter__())
         await asyncio.shield(self._up)
         row = await self.node.trial(p, job_id)
+        await self.node.publish(row.rollout_id)  # rows left only in this node's WAL would be stranded here
         # In object storage the trial's logs go up from here: the driver's mirror never sees this node's disk.
         # A failed upload costs no finished, scored trial: it is retried when the node finishes.
         try:
@@ -90,6 +94,33 @@ class NodeActor:
             await asyncio.to_thread(storage.push, d)
         if self.node._log_path.is_file():  # the node's proxy log: the driver's mirror never sees this disk
             await asyncio.to_thread(storage.push_file, self.node._log_path)
+
+
+# Beyond the agent's and the verifier's own timeouts, what a trial may take: its sandbox's start
+# (bounded at 300 s), setup and uploads on a loaded node.
+TRIAL_SLACK_S = 600.0
+
+
+def trial_timeout_s(cc: CollectConfig, task_dirs: list[Path]) -> float:
+    """collect.ray_trial_timeout_s, else a bound no healthy trial reaches: the agent's timeout
+    (collect.agent_timeout_s, else the longest [agent] timeout_sec of the round's tasks, else an
+    hour) plus the verifier's (likewise, else harbor's 600 s) plus TRIAL_SLACK_S."""
+    if cc.ray_trial_timeout_s is not None:
+        return cc.ray_trial_timeout_s
+    agent = cc.agent_timeout_s or _longest(task_dirs, "agent") or 3600.0
+    verifier = cc.verifier_timeout_s or _longest(task_dirs, "verifier") or 600.0
+    return agent + verifier + TRIAL_SLACK_S
+
+
+def _longest(task_dirs: list[Path], section: str) -> float | None:
+    """The longest `[section] timeout_sec` of the tasks' task.toml (None: none says)."""
+    found = []
+    for d in task_dirs:
+        try:
+            found.append(tomllib.loads((Path(d) / "task.toml").read_text()).get(section, {}).get("timeout_sec"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue  # discover() checked the task dirs: a dir read badly here only loses its say
+    return max((float(t) for t in found if t), default=None)
 
 
 def trial_nodes(nodes: list[dict]) -> dict[str, str]:
@@ -128,20 +159,22 @@ class RayExecutor:
                                        + "; ".join(f"{n}: {w}" for n, w in unavailable.items()))
             shipped = _ship(ray, todo)
             submit = {name: _submitter(a, job_id, shipped) for name, a in actors.items()}
+            bound = trial_timeout_s(self.cfg.collect, sorted({p.task.path for p in todo}))
+            log.info("a node whose trial has not answered within %g s counts as hung", bound)
             out = await dispatch(submit, self.cfg.collect.concurrency, todo, on_row,
                                  (RayActorError, NodeDiedError, ActorUnschedulableError),
-                                 self.cfg.collect.ray_trial_timeout_s, (ActorUnavailableError,),
-                                 joining=joining, join_by=join_by)
+                                 bound, (ActorUnavailableError,), joining=joining, join_by=join_by)
             lost = out.lost
             self._leave_out(ray, actors, out.unstarted)
             unavailable.update(out.unstarted)
             left = {name: a for name, a in actors.items() if name not in lost}
-            # A node lost now costs nothing: each closed rollout's shard was published at its close.
+            # A node lost now costs nothing: each trial returned only once its rows were published.
             for name, err in zip(left, await asyncio.gather(*(a.finish.remote() for a in left.values()),
                                                             return_exceptions=True)):
                 if isinstance(err, Exception):
                     log.warning("node %s: stopping its proxy failed: %s", name, err)
-            return {"nodes": sorted(nodes), "lost_nodes": lost, "unavailable_nodes": sorted(unavailable)}
+            return {"nodes": sorted(nodes), "lost_nodes": lost, "unavailable_nodes": sorted(unavailable),
+                    "given_up_tasks": out.given_up}
         finally:
             for a in actors.values():
                 ray.kill(a)

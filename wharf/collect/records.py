@@ -57,6 +57,7 @@ class ClosedRollout(_Json):
     rollout_id: str
     n_turns: int  # turns rows, errors included
     n_errors: int  # calls the endpoint did not complete
+    published: bool  # every row of it is in a shard in the run's storage (false: still only in the WAL)
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,7 @@ class RolloutRow:
     rewards: str  # JSON: every key the verifier wrote
     status: str  # schema.ROLLOUT_STATUSES
     n_turns: int
+    n_errors: int | None  # upstream call errors the proxy saw for it (None: a table from before v3)
     started_at: dt.datetime
     ended_at: dt.datetime
     trial_dir: str  # relative to the collect dir

@@ -36,8 +36,9 @@ class CollectConfig:
     # others join as they start; one not started by then (its CPUs held by other Ray work) is left
     # out of the round and named. The round waits this long only when no node is up at all.
     ray_ready_timeout_s: PositiveFloat = 120.0
-    # Seconds a trial may take on a node before the node counts as hung: it is taken out and its
-    # trials run on the others (None: no bound; harbor's own agent and verifier timeouts apply).
+    # Seconds a trial may take on a node before it counts as hung: it runs again on another node,
+    # and the node is retired as a failed one is (wharf/collect/ray_blame.py). None: the agent's
+    # timeout plus the verifier's plus 600 s (wharf.collect.ray_executor.trial_timeout_s).
     ray_trial_timeout_s: PositiveFloat | None = None
 
     def __post_init__(self):

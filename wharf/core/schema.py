@@ -18,11 +18,12 @@ import pyarrow.parquet as pq
 
 from wharf.core.errors import WharfError
 
-SCHEMA_VERSION = 2
-KNOWN_VERSIONS = {1, 2}
+SCHEMA_VERSION = 3
+KNOWN_VERSIONS = {1, 2, 3}
 # Columns a version added, with the value a file of an older version reads as: v2 marks the calls
-# of a teacher without token ids, or imported from trajectory files (text_only: SFT rows only).
-ADDED_COLUMNS = {"turns": {"text_only": False}, "rollouts": {}}
+# of a teacher without token ids, or imported from trajectory files (text_only: SFT rows only);
+# v3 counts a rollout's upstream call errors (n_errors; null in an older table: not recorded).
+ADDED_COLUMNS = {"turns": {"text_only": False}, "rollouts": {"n_errors": None}}
 
 _TS = pa.timestamp("us", tz="UTC")
 
@@ -67,6 +68,7 @@ ROLLOUTS = pa.schema(
         ("rewards", pa.string()),  # JSON: every key the verifier wrote
         ("status", pa.string()),
         ("n_turns", pa.int32()),
+        ("n_errors", pa.int32()),  # calls the endpoint did not complete (the proxy's count at close)
         ("started_at", _TS),
         ("ended_at", _TS),
         ("trial_dir", pa.string()),

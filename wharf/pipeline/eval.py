@@ -165,11 +165,16 @@ def read_trials(run: RunLayout, attempts: int, families: dict[str, str] | None =
             for r in rows if r["status"] not in UNSCORED and r["attempt"] < attempts]
 
 
-def unscored(run: RunLayout, attempts: int) -> dict[str, int]:
-    """How many trials of attempts 0..attempts-1 read_trials leaves out, by status ({}: no table)."""
+def unscored(run: RunLayout, attempts: int) -> tuple[dict[str, int], int | None]:
+    """Of attempts 0..attempts-1: how many trials read_trials leaves out, by status ({}: no table),
+    and the upstream call errors the proxy counted over all of them (None: a table from before
+    rollouts.n_errors). Errors are what turns a replica that lost the policy into left-out trials."""
     path = run.round(0).collect.rollouts
-    rows = schema.read_table(path, "rollouts").to_pylist() if path.is_file() else []
-    return dict(Counter(r["status"] for r in rows if r["status"] in UNSCORED and r["attempt"] < attempts))
+    rows = [r for r in (schema.read_table(path, "rollouts").to_pylist() if path.is_file() else [])
+            if r["attempt"] < attempts]
+    counted = [r["n_errors"] for r in rows if r["n_errors"] is not None]
+    errors = sum(counted) if counted or not rows else None
+    return dict(Counter(r["status"] for r in rows if r["status"] in UNSCORED)), errors
 
 
 def task_families(dataset: str | Path) -> dict[str, str]:
@@ -257,9 +262,10 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
     for label in results:  # counted once, in the summary's entries
         left_out = summary["policies"][label]["unscored"]
         if left_out:
-            log.warning("eval %s: %s: %d trials left out, not the policy's doing (%s)", ev.root.name,
-                        results[label][0].spec, sum(left_out.values()),
-                        ", ".join(f"{s} {n}" for s, n in sorted(left_out.items())))
+            log.warning("eval %s: %s: %d trials left out, not the policy's doing (%s; %s upstream call errors)",
+                        ev.root.name, results[label][0].spec, sum(left_out.values()),
+                        ", ".join(f"{s} {n}" for s, n in sorted(left_out.items())),
+                        summary["policies"][label]["upstream_errors"])
     return summary
 
 
@@ -272,9 +278,10 @@ def _interval(iv) -> dict:
 
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout, attempts: int) -> dict:
+    dropped, errors = unscored(run, attempts)
     return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
             "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials,
-            "unscored": unscored(run, attempts), "reward": _interval(f.reward),
+            "unscored": dropped, "upstream_errors": errors, "reward": _interval(f.reward),
             "pass_at": {str(k): v for k, v in f.pass_at.items()},
             "successes": {t: list(cn) for t, cn in f.successes.items()}}
 
@@ -326,7 +333,8 @@ def summary_lines(summary: dict) -> list[str]:
         dropped = e.get("unscored") or {}  # summaries written before it was recorded have none
         left = f" ({sum(dropped.values())} left out: " + ", ".join(f"{s} {n}" for s, n in sorted(dropped.items())) + ")" \
             if dropped else ""
-        lines.append(f"  {e['spec']}: reward {_iv(e['reward'])} over {e['trials']} trials{left}; {pk}")
+        errors = f"; {e['upstream_errors']} upstream call errors" if e.get("upstream_errors") else ""
+        lines.append(f"  {e['spec']}: reward {_iv(e['reward'])} over {e['trials']} trials{left}{errors}; {pk}")
         lines.append("    successes: " + " ".join(f"{t} {c}/{n}" for t, (c, n) in e["successes"].items()))
     for key, d in summary["paired"].items():
         if d["a"] in summary["last"] and d["b"] in summary["last"]:

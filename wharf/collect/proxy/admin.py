@@ -152,7 +152,8 @@ class AdminAPI:
             # them, and a restarted proxy at start-up. The finished, scored rollout is not lost.
             log.warning("rollout %s closed; publishing its rows failed (%s): they stay in the WAL, retried on "
                         "the next flush", r.rollout_id, e)
-        return web.json_response(ClosedRollout(r.rollout_id, r.n_turns, r.n_errors).to_json())
+        published = not self.store.has_pending(r.rollout_id)
+        return web.json_response(ClosedRollout(r.rollout_id, r.n_turns, r.n_errors, published).to_json())
 
     async def admin_get(self, request: web.Request) -> web.Response:
         try:

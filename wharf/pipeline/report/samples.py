@@ -37,7 +37,7 @@ class Call:
 @dataclass(frozen=True)
 class Sample:
     which: str  # best | worst
-    rollout: dict  # its rollouts row: rollout_id, task_id, group_id, attempt, reward, status, n_turns
+    rollout: dict  # its rollouts row: rollout_id, task_id, group_id, attempt, reward, status, n_turns, n_errors
     group_rewards: list[float | None]
     calls: list[Call] = field(default_factory=list)
 
@@ -139,7 +139,7 @@ def read_samples(rnd: RoundLayout, groups: int = 2) -> list[Sample]:
 
     try:
         rows = schema.read_table(rnd.collect.rollouts, "rollouts", [
-            "rollout_id", "task_id", "group_id", "attempt", "reward", "status", "n_turns"]).to_pylist()
+            "rollout_id", "task_id", "group_id", "attempt", "reward", "status", "n_turns", "n_errors"]).to_pylist()
         chosen = pick(rows, groups)
         ids = sorted({r["rollout_id"] for _, r, _ in chosen})
         turns: dict[str, list[dict]] = {}

@@ -55,7 +55,8 @@ def _sample(s: Sample, open_: bool) -> str:
     r = s.rollout
     summary = (f"{s.which} of group {html.escape(str(r['group_id']))}: attempt {r.get('attempt')}, reward "
                f"{_reward(r['reward'])} (the group's: {', '.join(_reward(v) for v in s.group_rewards)}), "
-               f"{len(s.calls)} call(s), status {html.escape(str(r.get('status')))}")
+               f"{len(s.calls)} call(s), status {html.escape(str(r.get('status')))}"
+               + (f", {r['n_errors']} upstream call error(s)" if r.get("n_errors") else ""))
     calls = "".join(_call(c) for c in s.calls) or "<p>No model call was recorded for this rollout.</p>"
     return (f"<details class='sample'{' open' if open_ else ''}><summary>{summary}</summary>"
             f"<p>rollout {html.escape(str(r['rollout_id']))}, task {html.escape(str(r['task_id']))}</p>{calls}</details>")
