@@ -26,6 +26,7 @@ from wharf.collect.audit import orphan_turns, text_only_rollouts
 from wharf.core.bundled import carried_note
 from wharf.core.config import RunConfig, dump_config
 from wharf.core.layout import JOB_FILES, WAL_DIR, CollectPaths
+from wharf.core.round_state import require_manifest
 from wharf.core.replicas import PublishRecord, replica_urls
 from wharf.collect.executor import check_executor, make_executor
 from wharf.collect.manifest import (RoundSummary, finished_fields, load_manifest, prefix_cache_summary,
@@ -45,16 +46,25 @@ LOCAL_ONLY = (f"turns/{WAL_DIR}/*", f"turns/{WAL_DIR}-*/*", "logs/proxy.yaml", "
 
 
 def _push_round(paths: CollectPaths) -> None:
-    """Everything the round made, the manifest last (a reader that sees it done sees the rest)."""
-    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY)
+    """Everything the round made, the manifest last (a reader that sees it done sees the rest).
+    The manifest is never withdrawn: the bucket holds the `running` one this run pushed at its
+    start, so a push cut short leaves a round that says "not done" and keeps its job id."""
+    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY, withdraw=False)
+
+
+def _shards(paths: CollectPaths) -> set[str]:
+    return {p.name for p in paths.turns.glob("part-*.parquet")}
 
 
 def _fold_shards(paths: CollectPaths) -> None:
     """Fold the round's shards into few; in object storage with every node's shards first, and the
-    folded ones deleted from the bucket only after the shard that replaces them is there."""
+    folded ones deleted from the bucket only after the shard that replaces them is there. Only the
+    shards this fold read are deleted: one that lands in the bucket meanwhile stays."""
     storage.pull(paths.turns, ("part-*.parquet",))
+    read = _shards(paths)
     schema.compact_dir(paths.turns, "turns")
-    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), delete_stale=True)
+    folded = read - _shards(paths)
+    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), remove=sorted(folded))
 
 
 def save_rollouts(paths: CollectPaths, rows: list[RolloutRow]) -> bool:
@@ -168,6 +178,7 @@ class Round:
         tasks, planned, done, todo = self.plan()
         preflight(self.cfg.collect)
         prev = load_manifest(self.paths)
+        require_manifest(self.paths, self.cfg.round, bool(done) and not prev)
         job_id = prev.get("job_id") or uuid.uuid4().hex
         summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
         started = time.time()

@@ -20,7 +20,8 @@ from tqdm import tqdm
 
 from wharf.core.config import RunConfig
 from wharf.core import storage
-from wharf.core.layout import JOB_FILES, ConvertPaths, RunLayout
+from wharf.core.layout import JOB_FILES, CollectPaths, ConvertPaths, RunLayout
+from wharf.core.round_state import require_manifest
 from wharf.convert import batching
 from wharf.convert.build import Built, build
 from wharf.convert.reader import ConvertInputError, read_job
@@ -103,6 +104,8 @@ def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     log.info("reading %d job(s) -> %s", len(dirs), storage.describe(out.root))
     for d in dirs:
         storage.pull(d, JOB_FILES)
+    if not c.jobs:  # the run's own round: rows no manifest vouches for are refused
+        require_manifest(CollectPaths(dirs[0]), cfg.round)
     render = chat_renderer(student_model_dir(cfg)) if c.mode == "sft" else None
     jobs = [read_job(d, c.skip_bad, progress, render) for d in dirs]
     if c.mode == "grpo":
