@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from wharf.core import endpoint, schema, storage
+from wharf.core import endpoint, lease, schema, storage
 from wharf.collect.audit import orphan_turns, text_only_rollouts
 from wharf.core.bundled import carried_note
 from wharf.core.config import RunConfig, dump_config
@@ -254,6 +254,11 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     if note:
         log.info("%s", note)
     cfg = with_refusals(cfg)
+    with lease.held(cfg.layout.root, "wharf collect"):  # one writer per run (a loop's own collect: its lease)
+        return _run_held(cfg, progress)
+
+
+def _run_held(cfg: RunConfig, progress: bool) -> RoundSummary:
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)

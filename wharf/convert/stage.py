@@ -19,7 +19,7 @@ import orjson
 from tqdm import tqdm
 
 from wharf.core.config import RunConfig
-from wharf.core import storage
+from wharf.core import lease, storage
 from wharf.core.layout import JOB_FILES, CollectPaths, ConvertPaths, RunLayout
 from wharf.core.round_state import require_manifest
 from wharf.convert import batching
@@ -96,7 +96,15 @@ def refuse_text_only(jobs) -> None:
 
 
 def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
-    """Convert this round's collect dir (or convert.jobs) and return the stats it wrote."""
+    """Convert this round's collect dir (or convert.jobs) and return the stats it wrote; into the
+    run's own round under the run's lease (one writer per run: wharf/core/lease.py)."""
+    if cfg.convert.out_dir:
+        return _convert_round(cfg, progress)
+    with lease.held(RunLayout.of(cfg.runs_dir, cfg.name).root, "wharf convert"):
+        return _convert_round(cfg, progress)
+
+
+def _convert_round(cfg: RunConfig, progress: bool) -> dict:
     t0 = time.perf_counter()
     c = cfg.convert
     dirs = job_dirs(cfg)
