@@ -128,6 +128,13 @@ def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     return [RolloutRow.from_dict(r) for r in schema.read_table(paths.rollouts, "rollouts").to_pylist()]
 
 
+def round_job_id(paths: CollectPaths, round_index: int, prev: dict, done: list[RolloutRow]) -> str:
+    """The round's job id: its manifest's when it is resumed (every row's GRPO group carries it), a
+    new one for a new round; rows with no manifest are refused (their job id is unknown)."""
+    require_manifest(paths, round_index, bool(done) and not prev)
+    return prev.get("job_id") or uuid.uuid4().hex
+
+
 class Round:
     def __init__(self, cfg: RunConfig, config_path: Path):
         """`config_path`: where the proxy process's config file is written."""
@@ -178,8 +185,7 @@ class Round:
         tasks, planned, done, todo = self.plan()
         preflight(self.cfg.collect)
         prev = load_manifest(self.paths)
-        require_manifest(self.paths, self.cfg.round, bool(done) and not prev)
-        job_id = prev.get("job_id") or uuid.uuid4().hex
+        job_id = round_job_id(self.paths, self.cfg.round, prev, done)
         summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
         started = time.time()
         manifest = started_manifest(self.cfg, self.policy, [t.task_id for t in tasks], job_id, prev)

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -78,11 +79,15 @@ class S3Store:
         u = urlsplit(url)
         self.url, self.bucket, self.key = url, u.netloc, u.path.lstrip("/")
 
-    def _client(self):
-        import boto3
+    @functools.cached_property
+    def _s3(self):
+        import boto3  # loaded for an s3:// run only
 
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-        return boto3.client("s3", endpoint_url=endpoint)
+        return boto3.client("s3", endpoint_url=endpoint)  # thread-safe once made: made once, under the lease's lock
+
+    def _client(self):
+        return self._s3
 
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
