@@ -18,6 +18,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,8 @@ class S3Store:
     @functools.cached_property
     def _s3(self):
         import boto3  # loaded for an s3:// run only
+
+        logging.getLogger("botocore").setLevel(logging.WARNING)  # not a line per client on where keys came from
 
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
         return boto3.client("s3", endpoint_url=endpoint)  # thread-safe once made: made once, under the lease's lock
