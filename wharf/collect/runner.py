@@ -110,6 +110,8 @@ class RowsWriter:
             try:
                 save_rollouts(self.paths, rows)
                 self.writes += 1
+            except lease.LeaseLost as e:  # another driver holds the run: drain's write says so and stops
+                log.error("%s", e)
             except Exception:  # noqa: BLE001 - a disk error: the next write (or drain's) tries again
                 log.exception("writing %s failed; retried with the next finished trial", self.paths.rollouts)
 
