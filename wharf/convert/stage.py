@@ -98,6 +98,8 @@ def refuse_text_only(jobs) -> None:
 def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
     """Convert this round's collect dir (or convert.jobs) and return the stats it wrote; into the
     run's own round under the run's lease (one writer per run: wharf/core/lease.py)."""
+    for d in job_dirs(cfg):  # reads first: a missing bucket or job is named by the job's URL
+        storage.pull(d, JOB_FILES)
     if cfg.convert.out_dir:
         return _convert_round(cfg, progress)
     with lease.held(RunLayout.of(cfg.runs_dir, cfg.name).root, "wharf convert"):
@@ -110,8 +112,6 @@ def _convert_round(cfg: RunConfig, progress: bool) -> dict:
     dirs = job_dirs(cfg)
     out = out_paths(cfg)
     log.info("reading %d job(s) -> %s", len(dirs), storage.describe(out.root))
-    for d in dirs:
-        storage.pull(d, JOB_FILES)
     if not c.jobs:  # the run's own round: rows no manifest vouches for are refused
         require_manifest(CollectPaths(dirs[0]), cfg.round)
     render = chat_renderer(student_model_dir(cfg)) if c.mode == "sft" else None

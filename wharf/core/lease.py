@@ -202,8 +202,35 @@ def held(root: str | Path, command: str, take_over: bool | None = None) -> Itera
         finally:
             _HELD[location][1] -= 1
         return
-    with _hold(location, url, Path(root), command, take_over) as lease:
-        yield lease
+    if url:
+        storage.check(url)  # a missing bucket is named as every stage names it
+    made = _first_missing(Path(root)) if url is None else None
+    try:
+        with _hold(location, url, Path(root), command, take_over) as lease:
+            yield lease
+    finally:
+        _remove_if_empty(Path(root), made)
+
+
+def _first_missing(root: Path) -> Path | None:
+    """The outermost dir of `root` that does not exist yet (the lease creates it)."""
+    missing = None
+    for d in (root, *root.parents):
+        if d.exists():
+            return missing
+        missing = d
+    return missing
+
+
+def _remove_if_empty(root: Path, made: Path | None) -> None:
+    """A driver that stopped before writing leaves no run dir the lease made."""
+    if made is None:
+        return
+    for d in (root, *root.parents):
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only an empty one
+        if d == made:
+            return
 
 
 @contextlib.contextmanager
