@@ -194,7 +194,7 @@ def held(root: str | Path, command: str, take_over: bool | None = None) -> Itera
         yield None
         return
     url = storage.url_of(root)
-    location = f"{url}/{NAME}" if url else str(Path(root) / NAME)
+    location = f"{url}/{NAME}" if url else os.path.abspath(Path(root) / NAME)  # as a child process names it too
     if location in _HELD:
         _HELD[location][1] += 1
         try:
@@ -243,8 +243,7 @@ def _hold(location: str, url: str | None, root: Path, command: str, take_over: b
         take_over = os.environ.get(TAKE_OVER_ENV) == "1" if take_over is None else take_over
         lease = Lease(store, location, command, _seconds()).take(take_over)
         lease.start_renewing()
-    prefix = f"{url}/" if url else None
-    unguard = storage.guard_writes(lambda u: lease.check() if prefix and u.startswith(prefix) else None)
+    unguard = storage.guard_writes(lambda u: lease.check() if url and (u == url or u.startswith(f"{url}/")) else None)
     before = os.environ.get(JOIN_ENV)
     if isinstance(lease, Lease):
         os.environ[JOIN_ENV] = f"{location} {lease.holder.token}"  # children write under it
