@@ -16,6 +16,7 @@ from botocore.exceptions import ClientError
 
 from conftest import REPO
 from wharf.core import lease, storage
+from wharf.core.lease import may_take
 from wharf.core.lease_store import Holder, S3Store
 
 # A driver in a process of its own: holds the run, then pushes data.txt ("A <n>") every 0.2 s.
@@ -130,3 +131,14 @@ def test_a_local_run_dir_is_held_too_and_left_as_it_was(tmp_path):
     with pytest.raises(lease.LeaseHeld, match=r"runs/r/lease.json: this run is held by wharf collect on elsewhere"):
         with lease.held(root, "wharf loop"):
             pass
+
+
+def test_who_may_take_a_held_lease():
+    now, live, dead = 1000.0, (lambda pid: True), (lambda pid: False)
+    held = Holder("t", 3, "host-a", 4121, "wharf loop", now - 60, now + 60)
+    assert not may_take(held, now, "host-a", False, live)  # a live driver here
+    assert may_take(held, now, "host-a", False, dead)  # a driver of this host that is gone
+    assert not may_take(held, now, "host-b", False, dead)  # another host's pid says nothing here
+    assert may_take(held, now + 61, "host-b", False, live)  # expired
+    assert may_take(held, now, "host-b", True, live)  # WHARF_TAKE_OVER=1
+    assert may_take(None, now, "host-b", False, live)
