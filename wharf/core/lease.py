@@ -236,7 +236,7 @@ def _remove_if_empty(root: Path, made: Path | None) -> None:
 @contextlib.contextmanager
 def _hold(location: str, url: str | None, root: Path, command: str, take_over: bool | None):
     store = store_for(url, root, NAME)
-    joined_at, _, token = os.environ.get(JOIN_ENV, "").partition(" ")
+    joined_at, _, token = os.environ.get(JOIN_ENV, "").rpartition(" ")  # a path may hold spaces; a token none
     if joined_at == location and token:
         lease: Lease | Joined = Joined(store, location, token)
     else:
