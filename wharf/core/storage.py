@@ -46,15 +46,15 @@ TRANSFERS = 8  # objects moved at once by pull and push
 _WRITE_CHECKS: list[Callable[[str], None]] = []
 
 
-def guard_writes(check: Callable[[str], None]) -> Callable[[], None]:
-    """Run `check(url)` before every push from now on; returns what removes it again."""
-    _WRITE_CHECKS.append(check)
-    return lambda: _WRITE_CHECKS.remove(check)
+def guard_writes(refuse: Callable[[str], None]) -> Callable[[], None]:
+    """Run `refuse(url)` before every push from now on; returns what removes it again."""
+    _WRITE_CHECKS.append(refuse)
+    return lambda: _WRITE_CHECKS.remove(refuse)
 
 
 def _check_write(url: str) -> None:
-    for check in list(_WRITE_CHECKS):
-        check(url)
+    for refuse in list(_WRITE_CHECKS):
+        refuse(url)
 
 
 def is_remote(location: str | Path) -> bool:
