@@ -17,7 +17,8 @@ BUDGET_PAGE = Path(__file__).resolve().parents[1] / "docs/development.md"
 _GROUPS = {
     "default round": ["test_default_round"],
     "demo rounds": ["test_package", "test_api"],
-    "loop": ["test_loop", "test_fleet_live", "test_overlap_live", "test_s3_loop"],
+    "loop": ["test_loop", "test_fleet_live", "test_overlap_live", "test_s3_loop",
+             "test_s3_lease"],
     "sandboxed trials": ["test_redteam", "test_collect_round", "test_toy_tasks", "test_minimal_agent", "test_judges",
                          "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",
                          "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes", "test_tasks_check"],

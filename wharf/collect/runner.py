@@ -21,11 +21,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from wharf.core import endpoint, schema, storage
+from wharf.core import endpoint, lease, schema, storage
 from wharf.collect.audit import orphan_turns, text_only_rollouts
 from wharf.core.bundled import carried_note
 from wharf.core.config import RunConfig, dump_config
 from wharf.core.layout import JOB_FILES, WAL_DIR, CollectPaths
+from wharf.core.round_state import require_manifest
 from wharf.core.replicas import PublishRecord, replica_urls
 from wharf.collect.executor import check_executor, make_executor
 from wharf.collect.manifest import (RoundSummary, finished_fields, load_manifest, prefix_cache_summary,
@@ -45,16 +46,25 @@ LOCAL_ONLY = (f"turns/{WAL_DIR}/*", f"turns/{WAL_DIR}-*/*", "logs/proxy.yaml", "
 
 
 def _push_round(paths: CollectPaths) -> None:
-    """Everything the round made, the manifest last (a reader that sees it done sees the rest)."""
-    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY)
+    """Everything the round made, the manifest last (a reader that sees it done sees the rest).
+    The manifest is never withdrawn: the bucket holds the `running` one this run pushed at its
+    start, so a push cut short leaves a round that says "not done" and keeps its job id."""
+    storage.push(paths.root, last=(paths.manifest.name,), exclude=LOCAL_ONLY, withdraw=False)
+
+
+def _shards(paths: CollectPaths) -> set[str]:
+    return {p.name for p in paths.turns.glob("part-*.parquet")}
 
 
 def _fold_shards(paths: CollectPaths) -> None:
     """Fold the round's shards into few; in object storage with every node's shards first, and the
-    folded ones deleted from the bucket only after the shard that replaces them is there."""
+    folded ones deleted from the bucket only after the shard that replaces them is there. Only the
+    shards this fold read are deleted: one that lands in the bucket meanwhile stays."""
     storage.pull(paths.turns, ("part-*.parquet",))
+    read = _shards(paths)
     schema.compact_dir(paths.turns, "turns")
-    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), delete_stale=True)
+    folded = read - _shards(paths)
+    storage.push(paths.turns, exclude=(f"{WAL_DIR}/*", f"{WAL_DIR}-*/*"), remove=sorted(folded))
 
 
 def save_rollouts(paths: CollectPaths, rows: list[RolloutRow]) -> bool:
@@ -100,6 +110,8 @@ class RowsWriter:
             try:
                 save_rollouts(self.paths, rows)
                 self.writes += 1
+            except lease.LeaseLost as e:  # another driver holds the run: drain's write says so and stops
+                log.error("%s", e)
             except Exception:  # noqa: BLE001 - a disk error: the next write (or drain's) tries again
                 log.exception("writing %s failed; retried with the next finished trial", self.paths.rollouts)
 
@@ -116,6 +128,13 @@ def _load_done(paths: CollectPaths) -> list[RolloutRow]:
     if not paths.rollouts.exists():
         return []
     return [RolloutRow.from_dict(r) for r in schema.read_table(paths.rollouts, "rollouts").to_pylist()]
+
+
+def round_job_id(paths: CollectPaths, round_index: int, prev: dict, done: list[RolloutRow]) -> str:
+    """The round's job id: its manifest's when it is resumed (every row's GRPO group carries it), a
+    new one for a new round; rows with no manifest are refused (their job id is unknown)."""
+    require_manifest(paths, round_index, bool(done) and not prev)
+    return prev.get("job_id") or uuid.uuid4().hex
 
 
 class Round:
@@ -168,7 +187,7 @@ class Round:
         tasks, planned, done, todo = self.plan()
         preflight(self.cfg.collect)
         prev = load_manifest(self.paths)
-        job_id = prev.get("job_id") or uuid.uuid4().hex
+        job_id = round_job_id(self.paths, self.cfg.round, prev, done)
         summary = RoundSummary(job_id=job_id, planned=len(planned), rows=list(done), resumed=len(done))
         started = time.time()
         manifest = started_manifest(self.cfg, self.policy, [t.task_id for t in tasks], job_id, prev)
@@ -243,6 +262,11 @@ def run(cfg: RunConfig, progress: bool = True) -> RoundSummary:
     if note:
         log.info("%s", note)
     cfg = with_refusals(cfg)
+    with lease.held(cfg.layout.root, "wharf collect"):  # one writer per run (a loop's own collect: its lease)
+        return _run_held(cfg, progress)
+
+
+def _run_held(cfg: RunConfig, progress: bool) -> RoundSummary:
     paths = cfg.round_layout.collect
     paths.root.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, paths.config)

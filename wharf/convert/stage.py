@@ -19,8 +19,9 @@ import orjson
 from tqdm import tqdm
 
 from wharf.core.config import RunConfig
-from wharf.core import storage
-from wharf.core.layout import JOB_FILES, ConvertPaths, RunLayout
+from wharf.core import lease, storage
+from wharf.core.layout import JOB_FILES, CollectPaths, ConvertPaths, RunLayout
+from wharf.core.round_state import require_manifest
 from wharf.convert import batching
 from wharf.convert.build import Built, build
 from wharf.convert.reader import ConvertInputError, read_job
@@ -95,14 +96,24 @@ def refuse_text_only(jobs) -> None:
 
 
 def convert_round(cfg: RunConfig, progress: bool = True) -> dict:
-    """Convert this round's collect dir (or convert.jobs) and return the stats it wrote."""
+    """Convert this round's collect dir (or convert.jobs) and return the stats it wrote; into the
+    run's own round under the run's lease (one writer per run: wharf/core/lease.py)."""
+    for d in job_dirs(cfg):  # reads first: a missing bucket or job is named by the job's URL
+        storage.pull(d, JOB_FILES)
+    if cfg.convert.out_dir:
+        return _convert_round(cfg, progress)
+    with lease.held(RunLayout.of(cfg.runs_dir, cfg.name).root, "wharf convert"):
+        return _convert_round(cfg, progress)
+
+
+def _convert_round(cfg: RunConfig, progress: bool) -> dict:
     t0 = time.perf_counter()
     c = cfg.convert
     dirs = job_dirs(cfg)
     out = out_paths(cfg)
     log.info("reading %d job(s) -> %s", len(dirs), storage.describe(out.root))
-    for d in dirs:
-        storage.pull(d, JOB_FILES)
+    if not c.jobs:  # the run's own round: rows no manifest vouches for are refused
+        require_manifest(CollectPaths(dirs[0]), cfg.round)
     render = chat_renderer(student_model_dir(cfg)) if c.mode == "sft" else None
     jobs = [read_job(d, c.skip_bad, progress, render) for d in dirs]
     if c.mode == "grpo":

@@ -30,7 +30,7 @@ import re
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from wharf.core import objects, uploads
 from wharf.core.errors import WharfError
@@ -42,6 +42,20 @@ from wharf.core.objects import (Entry, Remote, StorageError, _errors, _etag, che
 
 
 TRANSFERS = 8  # objects moved at once by pull and push
+# Checks run before every push: each raises to refuse a write (wharf/core/lease.py: a driver that
+# no longer holds its run's lease writes nothing more).
+_WRITE_CHECKS: list[Callable[[str], None]] = []
+
+
+def guard_writes(refuse: Callable[[str], None]) -> Callable[[], None]:
+    """Run `refuse(url)` before every push from now on; returns what removes it again."""
+    _WRITE_CHECKS.append(refuse)
+    return lambda: _WRITE_CHECKS.remove(refuse)
+
+
+def _check_write(url: str) -> None:
+    for refuse in list(_WRITE_CHECKS):
+        refuse(url)
 
 
 def is_remote(location: str | Path) -> bool:
@@ -250,6 +264,7 @@ def push_file(path: str | Path) -> bool:
     url = _mirrored(path)
     if url is None:
         return False
+    _check_write(url)
     _upload(Path(path), url)
     return True
 
@@ -263,17 +278,20 @@ def _upload(path: Path, url: str) -> None:
 
 
 def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str] = (),
-         delete_stale: bool = False) -> int:
+         delete_stale: bool = False, remove: Iterable[str] = (), withdraw: bool = True) -> int:
     """Upload a mirror dir's files that are new or changed since their last upload, the `last`
     ones (relative names: markers) after all others, so a reader that sees them sees the rest;
-    with `delete_stale`, objects with no local file (a replaced convert, compacted shards) go
-    before `last` does. When anything is rewritten, the markers the bucket holds are withdrawn
-    first: a reader meanwhile sees no marker (not done), never an old one naming new or missing
-    files, and a push cut short leaves it so. Files matching `exclude` (and hidden ones) stay
-    local. The count uploaded."""
+    with `delete_stale`, objects with no local file (a replaced convert) go before `last` does;
+    `remove` names objects to delete then (only those: compacted shards, not one that landed
+    since). When anything is rewritten, the markers the bucket holds are withdrawn first (unless
+    `withdraw` is False: the marker there already says "not done", e.g. a `running` manifest, and
+    is replaced in place, last): a reader meanwhile sees no marker (not done), never an old one
+    naming new or missing files, and a push cut short leaves it so. Files matching `exclude` (and
+    hidden ones) stay local. The count uploaded."""
     url = _mirrored(directory)
     if url is None:
         return 0
+    _check_write(url)
     root, exclude, last = Path(directory), tuple(exclude), tuple(last)
     there = listing(url)
     local = _local_files(root, exclude=exclude)
@@ -282,9 +300,11 @@ def push(directory: str | Path, last: Iterable[str] = (), exclude: Iterable[str]
         _drop_stamp(f"{url}/{rel}")
     changed = [rel for rel, p in local.items() if _changed(p, f"{url}/{rel}", there.get(rel))]
     stale = [rel for rel in there if delete_stale and rel not in local and not _matches(rel, exclude)]
+    stale += [rel for rel in remove if rel in there and rel not in local and rel not in stale]
     body = [rel for rel in changed if rel not in last]
     markers = [rel for rel in last if rel in local and (rel in changed or body or stale)]
-    _parallel(delete, [(f"{url}/{rel}",) for rel in markers if rel in there])
+    if withdraw:
+        _parallel(delete, [(f"{url}/{rel}",) for rel in markers if rel in there])
     _parallel(_upload, [(local[rel], f"{url}/{rel}") for rel in body])
     _parallel(delete, [(f"{url}/{rel}",) for rel in stale])
     for rel in markers:  # in the order given, after everything else

@@ -30,7 +30,7 @@ from wharf.train.model import base_model_dir
 from wharf.train.publish import publish
 from wharf.train.shift import measure, write
 from wharf.train.stage import convert_dir
-from wharf.core import storage
+from wharf.core import lease, storage
 from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
@@ -260,6 +260,11 @@ def run_loop(cfg: RunConfig) -> list[int]:
     """Run (or resume) rounds 0..cfg.rounds-1; returns the rounds that were completed."""
     trained = check_loop(cfg)  # cheapest first, the endpoint last: nothing written or started before
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
+    with lease.held(layout.root, "wharf loop"):  # one writer per run: a second driver is refused here
+        return _run_held(cfg, layout, trained)
+
+
+def _run_held(cfg: RunConfig, layout: RunLayout, trained) -> list[int]:
     layout.root.mkdir(parents=True, exist_ok=True)
     # A run in object storage resumed on another machine: where each round stands (each stage pulls its own inputs).
     storage.pull(layout.root, ("rounds/*/done/*.json", "rounds/*/health.json", "rounds/*/train/shift.json"))

@@ -16,7 +16,7 @@ from typing import Callable
 
 from wharf.core.batches import BatchFormatError, load_micro_batch, read_index
 from wharf.core.config import RunConfig, to_dict
-from wharf.core import storage, tracking
+from wharf.core import lease, storage, tracking
 from wharf.core.model_identity import trained_model
 from wharf.core.layout import ConvertPaths, RunLayout, adapter_config, has_adapter, init_adapter_dir, policy_name
 
@@ -127,6 +127,11 @@ def push_outputs(paths) -> None:
 
 def train_round(cfg: RunConfig, progress: bool = True, convert: Callable | None = None) -> TrainResult:
     tracking.check(cfg.train.log_with)  # before anything is pulled, converted or loaded
+    with lease.held(RunLayout.of(cfg.runs_dir, cfg.name).root, "wharf train"):  # one writer per run
+        return _train_round(cfg, progress, convert)
+
+
+def _train_round(cfg: RunConfig, progress: bool, convert: Callable | None) -> TrainResult:
     paths = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train
     pull_inputs(cfg, paths)
     if paths.result.is_file() and has_adapter(paths.adapter):
