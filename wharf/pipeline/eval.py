@@ -37,7 +37,8 @@ from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
 from wharf.core.replicas import replica_urls
-from wharf.core.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name
+from wharf.core.layout import EvalLayout, RunLayout, has_adapter, policy_name
+from wharf.core.names import weights_digest
 
 from .eval_stats import PolicyFigures, Trial, figures, paired_difference
 
@@ -55,16 +56,31 @@ class Policy:
     label: str  # its folder under the eval dir
     adapter: Path | None  # None: the base model
     round: int | None = None  # k of a run round's policy-v<k> (0: base)
+    sha256: str | None = None  # of the adapter's weights, taken once when resolved (None: not yet)
 
     @property
     def digest(self) -> str:
         """The adapter's weights' sha256 prefix: what tells two adapters apart."""
-        return hashlib.sha256(adapter_weights(self.adapter).read_bytes()).hexdigest()[:12]
+        return (self.sha256 or weights_digest(self.adapter) or "")[:12]
 
-    def served_name(self, base: str) -> str:
-        """The model name to sample: the base's, or one named by the adapter's weights (the same
-        weights are loaded once, a different adapter never reuses a name)."""
-        return base if self.adapter is None else f"eval-{self.digest}"
+    def served_name(self, base: str, owner: str = "") -> str:
+        """The model name to sample: the base's, or `eval-<weights>-<owner>`: named by the adapter's
+        weights (a different adapter never reuses a name) and by the eval job that loads it
+        (`owner`): each eval unloads only what it loaded, never a copy another eval samples."""
+        return base if self.adapter is None else "-".join(filter(None, ("eval", self.digest, owner)))
+
+
+def served_digest(name: str | None) -> str | None:
+    """The weights prefix of an eval's served name (`eval-<12 hex>[-<owner>]`, as a job's manifest
+    records it): what a stored job was sampled with."""
+    m = re.fullmatch(r"eval-([0-9a-f]{12})(?:-.*)?", name or "")
+    return m.group(1) if m else None
+
+
+def owner_of(job: RunLayout) -> str:
+    """6 hex naming an eval job by where it lives (its URL in object storage): the owner of the
+    served names its serving() loads."""
+    return hashlib.sha256((storage.url_of(job.root) or str(job.root.resolve())).encode()).hexdigest()[:6]
 
 
 def _slug(text: str) -> str:
@@ -86,12 +102,13 @@ def resolve(spec: str, key: str = "eval.policies") -> Policy:
         if not has_adapter(adapter):
             raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
                             f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
-        return Policy(spec, _slug(f"{run.name}-{policy_name(k)}"), adapter, k)
+        sha = weights_digest(adapter) or ""  # in the label: another run's or a retrained round's trials never match
+        return Policy(spec, _slug(f"{run.name}-{policy_name(k)}-{sha[:8]}"), adapter, k, sha)
     adapter = Path(spec)
     if not has_adapter(adapter):
         raise EvalError(f"{key}: {spec!r} is neither base nor <run dir>:<k>, and {adapter} holds no adapter "
                         "(no adapter_config.json)")
-    named = Policy(spec, "", adapter)  # two adapter dirs of one name (.../train/adapter) differ by weights
+    named = Policy(spec, "", adapter, None, weights_digest(adapter))  # two dirs of one name differ by weights
     return dataclasses.replace(named, label=_slug(f"adapter-{adapter.resolve().name}-{named.digest[:6]}"))
 
 
@@ -123,12 +140,12 @@ def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refuse
 
 
 @contextmanager
-def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[tuple[str, list[str]]]:
+def serving(ep: Endpoint, cfg: RunConfig, p: Policy, owner: str = "") -> Iterator[tuple[str, list[str]]]:
     """`p` served for the block on every replica the proxy routes to (endpoint.url and
     proxy.upstreams: a load reaches only the server that receives it): its adapter loaded under its
     weights' name where it is not (unloaded after: adapter slots are few). Yields the name and the
     replicas that refused it, which the round's proxy routes none of its calls; all refusing is an error."""
-    name = p.served_name(cfg.endpoint.model)
+    name = p.served_name(cfg.endpoint.model, owner)
     loaded: list[Endpoint] = []
     refused: dict[str, str] = {}
     replicas = replica_urls(ep.url, cfg.proxy.upstreams) if p.adapter is not None else []
@@ -202,39 +219,52 @@ def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
 
 
 def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
-    """A run round's policy whose trials were already run: this eval's own finished job (as the
-    bucket has it: a re-run on another machine loads no adapter for it), or one the run's own loop
-    ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has an unfinished job
-    of its own for the policy (it resumes that one), or no such job is found."""
+    """A run round's policy whose trials were already run with these very weights: this eval's own
+    finished job (as the bucket has it: a re-run on another machine loads no adapter for it), or one
+    the run's own loop ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has
+    an unfinished job of its own for the policy (it resumes that one), or no such job is found.
+    A job's weights are the ones its manifest's served name carries (served_digest): a job under a
+    label from before labels carried the weights is read only when they match."""
     if p.round is None or p.adapter is None:
         return None
-    own = cfg.layout.eval(eval_name(cfg)).policy(p.label)
+    ev = cfg.layout.eval(eval_name(cfg))
+    own = ev.policy(p.label)
     storage.pull(own.round(0).collect.root, ("manifest.json", "rollouts.parquet"))
     if own.round(0).collect.manifest.is_file():
-        return own if _finished(own, cfg) else None
+        return own if _finished(own, cfg, p) else None
     evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
-    job = f"*/{p.label}/rounds/0/collect"
-    storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
-    for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
-        if _finished(RunLayout(d), cfg):
-            return RunLayout(d)
+    for label in (p.label, legacy_label(p)):
+        job = f"*/{label}/rounds/0/collect"
+        storage.pull(ev.root, (f"{label}/rounds/0/collect/manifest.json", f"{label}/rounds/0/collect/rollouts.parquet"))
+        storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
+        found = [ev.policy(label).root] + (sorted(evals.glob(f"*/{label}")) if evals.is_dir() else [])
+        for d in found:
+            if _finished(RunLayout(d), cfg, p):
+                return RunLayout(d)
     return None
+
+
+def legacy_label(p: Policy) -> str:
+    """A run round's label before labels carried its weights (`<run>-policy-v<k>`)."""
+    return p.label.rpartition("-")[0] if p.round else p.label
 
 
 def stored_note(ev: EvalLayout, p: Policy, run: RunLayout) -> str:
     """The log line of a policy whose trials are read, not run: this eval's own finished job, or
     the one its run's loop ran (stored_trials)."""
-    if run.root == ev.policy(p.label).root:
+    if run.root.parent == ev.root:
         return f"eval {ev.root.name}: {p.spec}: its trials are already in this eval, {run.root}: not run again"
     return f"eval {ev.root.name}: {p.spec}: reading the trials its run's loop already ran, {run.root}"
 
 
-def _finished(run: RunLayout, cfg: RunConfig) -> bool:
-    """Whether a policy's collect job there is done, with the trials this eval would run."""
+def _finished(run: RunLayout, cfg: RunConfig, p: Policy) -> bool:
+    """Whether a policy's collect job there is done, with the trials this eval would run, sampled
+    from p's weights."""
     try:
-        return _same_trials(cfg, json.loads(run.round(0).collect.manifest.read_text()))
+        manifest = json.loads(run.round(0).collect.manifest.read_text())
     except (OSError, ValueError):
         return False
+    return served_digest(manifest.get("policy")) == p.digest and _same_trials(cfg, manifest)
 
 
 def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:
@@ -249,7 +279,7 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
             log.info(stored_note(ev, p, run))
         else:
             run = ev.policy(p.label)
-            with serving(ep, cfg, p) as (served, refused):
+            with serving(ep, cfg, p, owner_of(run)) as (served, refused):
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
                 collect_round(policy_config(cfg, ev, p, served, refused))
         results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
@@ -273,7 +303,7 @@ def _interval(iv) -> dict:
 
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout, attempts: int) -> dict:
     return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
-            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials,
+            "sha256": p.sha256, "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials,
             "unscored": unscored(run, attempts), "reward": _interval(f.reward),
             "pass_at": {str(k): v for k, v in f.pass_at.items()},
             "successes": {t: list(cn) for t, cn in f.successes.items()}}

@@ -18,7 +18,7 @@ from pathlib import Path
 from wharf.core import schema
 from wharf.core.config import HealthConfig
 from wharf.core.errors import WharfError
-from wharf.core.layout import RoundLayout, RunLayout, policy_name
+from wharf.core.layout import RoundLayout, RunLayout
 from wharf.core.replicas import PublishRecord
 
 from .health_checks import HealthCheck, RoundFacts, run_checks
@@ -97,16 +97,24 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
     return f
 
 
+def published_name(rnd: RoundLayout) -> str:
+    """The name round k's policy was published under: its publish marker's (a run from before
+    per-run names: `policy-v<k+1>`), else the run's (wharf/core/names.py)."""
+    name = (_json(rnd.marker("publish")) or {}).get("policy")
+    return name if isinstance(name, str) and name else RunLayout(rnd.root.parents[1]).policy(rnd.k + 1)
+
+
 def _published(f: RoundFacts, rnd: RoundLayout, live: dict[str, str] | None) -> None:
-    path = RunLayout(rnd.root.parents[1]).published(policy_name(rnd.k + 1))
+    name = published_name(rnd)
+    path = RunLayout(rnd.root.parents[1]).published(name)
     f.files["published"] = str(path)
     try:
         record = PublishRecord.read(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        f.published, f.refused = policy_name(rnd.k + 1), {"?": f"unreadable record: {e}"}
+        f.published, f.refused = name, {"?": f"unreadable record: {e}"}
         return
     if live is not None:  # what the replicas serve now wins over what publish once recorded
-        f.published, f.refused = policy_name(rnd.k + 1), dict(live)
+        f.published, f.refused = name, dict(live)
         f.files["published"] = f"GET /v1/models on every replica; {path}"
         for url, why in (record.refused if record else {}).items():
             if url in f.refused:

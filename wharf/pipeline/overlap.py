@@ -44,15 +44,16 @@ class StaleRowsError(WharfError, RuntimeError):
     """A round holds rows sampled by a policy more than loop.max_staleness versions behind."""
 
 
-def allowed_policies(k: int, s: int, base: str) -> tuple[str, ...]:
-    """The policies that may sample round k: policy-v<k> and the s before it (v0: the base)."""
-    return tuple(base if v == 0 else policy_name(v) for v in range(max(0, k - s), k + 1))
+def allowed_policies(k: int, s: int, base: str, tag: str | None = None) -> tuple[str, ...]:
+    """The policies that may sample round k: policy-v<k> and the s before it (v0: the base), named
+    with the run's `tag` (wharf/core/names.py)."""
+    return tuple(base if v == 0 else policy_name(v, tag) for v in range(max(0, k - s), k + 1))
 
 
-def lags(policies: Counter, k: int, base: str) -> dict[str, int | None]:
+def lags(policies: Counter, k: int, base: str, tag: str | None = None) -> dict[str, int | None]:
     """Each policy that sampled round k's rows -> how many versions it is behind policy-v<k> (the
-    one round k trains from); None for a name that is no version of this run."""
-    return {p: None if (v := policy_version(p, base)) is None else k - v for p in policies}
+    one round k trains from); None for a name that is no version of this run (of tag `tag`)."""
+    return {p: None if (v := policy_version(p, base, tag)) is None else k - v for p in policies}
 
 
 def _outside(lag: int | None, s: int) -> bool:
@@ -65,14 +66,14 @@ def _behind(lag: int | None) -> str:
     return "not a policy of this run" if lag is None else f"{lag} behind"
 
 
-def check_lag(policies: Counter, k: int, s: int, base: str, source: str) -> dict[str, int]:
+def check_lag(policies: Counter, k: int, s: int, base: str, source: str, tag: str | None = None) -> dict[str, int]:
     """Round k's lag per policy; raises naming the rows sampled more than `s` versions behind."""
-    lag = lags(policies, k, base)
+    lag = lags(policies, k, base, tag)
     bad = {p: n for p, n in policies.items() if _outside(lag[p], s)}
     if bad:
         what = "; ".join(f"{n} rollouts by {p} ({_behind(lag[p])})" for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
         raise StaleRowsError(
-            f"round {k} trains from {policy_name(k) if k else base} on rows at most {s} policies behind "
+            f"round {k} trains from {policy_name(k, tag) if k else base} on rows at most {s} policies behind "
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
             f"or raise loop.max_staleness")
     return {p: int(v) for p, v in lag.items()}
@@ -171,9 +172,10 @@ class Collector:
 
     def _collect(self, j: int) -> Collected | None:
         rnd, base, s = self.cfg.layout.round(j), self.cfg.start_policy, self.cfg.loop.max_staleness
+        tag = self.cfg.layout.tag
         marker = read_marker(rnd, "collect")
         if marker is not None:
-            lag = j - (policy_version(marker.get("policy"), base) or 0)
+            lag = j - (policy_version(marker.get("policy"), base, tag) or 0)
             return Collected(marker.get("policy") or base, marker.get("lag", lag), marker.get("waited_s", 0.0))
         policy, waited = _manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
         if policy is None:
@@ -181,8 +183,8 @@ class Collector:
             if self._stop.is_set():
                 return None
             v = self.published.version
-            policy = base if v == 0 else policy_name(v)
-        lag = lags(Counter({policy: 1}), j, base)[policy]
+            policy = base if v == 0 else policy_name(v, tag)
+        lag = lags(Counter({policy: 1}), j, base, tag)[policy]
         if _outside(lag, s):
             raise StaleRowsError(f"round {j}'s collect was started from {policy} ({rnd.collect.manifest}), "
                                  f"{_behind(lag)}{'' if lag is None else f' policy-v{j}'}; "

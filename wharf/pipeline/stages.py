@@ -22,7 +22,7 @@ from wharf.train.stage import convert_dir, push_outputs, train_round
 from wharf.core import storage, tracking
 from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
-from wharf.core.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir, policy_name
+from wharf.core.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir
 
 log = logging.getLogger("wharf.loop")
 
@@ -107,8 +107,8 @@ def carry_policy(cfg: RunConfig) -> dict:
     os.replace(tmp, dst)
     push_outputs(layout.round(cfg.round).train)
     log.warning("round %d: no group with signal; %s carries %s unchanged", cfg.round,
-                policy_name(cfg.round + 1), policy_name(cfg.round))
-    return {"policy": policy_name(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": policy_name(cfg.round)}
+                cfg.policy(cfg.round + 1), cfg.policy(cfg.round))
+    return {"policy": cfg.policy(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": cfg.policy(cfg.round)}
 
 
 def train_stage(cfg: RunConfig) -> dict:
