@@ -45,7 +45,7 @@ from .health import check_round, enforce, published_name
 from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
 from .overlap import Collector, allowed_policies, check_lag
 from .report.data import gather_round, round_line
-from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, track_round,
+from .stages import (LoopError, convert_stage, forget_old_weights, read_marker, round_index, run_stage, track_round,
                      train_stage, write_report)
 
 log = logging.getLogger("wharf.loop")
@@ -203,10 +203,7 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
     waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
     if run_stage(rnd, "train", lambda: train_checked(cfg)):
-        # a round trained again has new weights: published (and checked) again, and its held-out
-        # figures, which are the old weights', are measured again
-        drop_marker(rnd, "publish")
-        drop_marker(rnd, "eval")
+        forget_old_weights(rnd)
     measure_shift(cfg)
     release_memory()  # the models train and the measurement loaded, before the loop samples again
     return run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))

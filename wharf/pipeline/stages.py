@@ -59,6 +59,14 @@ def drop_marker(rnd: RoundLayout, stage: str) -> None:
         storage.delete(url)
 
 
+def forget_old_weights(rnd: RoundLayout) -> None:
+    """A round trained again has new weights in the same dir: it is published (and checked) again,
+    and its held-out figures, which are the old weights', are measured again (the eval's trials of
+    the old weights stay, under their own label: wharf/pipeline/eval.py)."""
+    for stage in ("publish", "eval"):
+        drop_marker(rnd, stage)
+
+
 def run_stage(rnd: RoundLayout, stage: str, fn: Callable[[], dict | None]) -> bool:
     """Run `fn` unless the stage's marker says it is done; True when it ran."""
     if read_marker(rnd, stage) is not None:
