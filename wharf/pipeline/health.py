@@ -18,7 +18,7 @@ from pathlib import Path
 from wharf.core import schema
 from wharf.core.config import HealthConfig
 from wharf.core.errors import WharfError
-from wharf.core.layout import RoundLayout, RunLayout
+from wharf.core.layout import RoundLayout, RunLayout, policy_name
 from wharf.core.replicas import PublishRecord
 
 from .health_checks import HealthCheck, RoundFacts, run_checks
@@ -101,7 +101,12 @@ def published_name(rnd: RoundLayout) -> str:
     """The name round k's policy was published under: its publish marker's (a run from before
     per-run names: `policy-v<k+1>`), else the run's (wharf/core/names.py)."""
     name = (_json(rnd.marker("publish")) or {}).get("policy")
-    return name if isinstance(name, str) and name else RunLayout(rnd.root.parents[1]).policy(rnd.k + 1)
+    if isinstance(name, str) and name:
+        return name
+    run = RunLayout(rnd.root.parents[1])
+    old = policy_name(rnd.k + 1)
+    return old if run.published(old).is_file() and not run.published(run.policy(rnd.k + 1)).is_file() \
+        else run.policy(rnd.k + 1)
 
 
 def _published(f: RoundFacts, rnd: RoundLayout, live: dict[str, str] | None) -> None:

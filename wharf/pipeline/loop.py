@@ -35,7 +35,7 @@ from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir
-from wharf.core.names import policy_version
+from wharf.core.names import policy_name, policy_version
 from wharf.core.model_identity import check_served
 from wharf.core.model_store import release_memory
 from wharf.core.replicas import not_serving, replica_urls
@@ -43,7 +43,7 @@ from wharf.core.replicas import not_serving, replica_urls
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce, published_name
 from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
-from .overlap import Collector, allowed_policies, check_lag
+from .overlap import Collector, allowed_policies, check_lag, round_manifest
 from .report.data import gather_round, round_line
 from .stages import (LoopError, convert_stage, forget_old_weights, read_marker, round_index, run_stage, track_round,
                      train_stage, write_report)
@@ -54,9 +54,17 @@ log = logging.getLogger("wharf.loop")
 def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig:
     """Round k's config: sample from `policy`, by default policy-v<k> (round 0: the base model);
     the loop publishes."""
-    policy = policy or (cfg.start_policy if k == 0 else cfg.policy(k))
+    policy = policy or recorded_policy(cfg, k) or (cfg.start_policy if k == 0 else cfg.policy(k))
     train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=k, collect=dataclasses.replace(cfg.collect, policy=policy), train=train)
+
+
+def recorded_policy(cfg: RunConfig, k: int) -> str | None:
+    """The name round k's collect sampled policy-v<k> under when it started (its marker or manifest):
+    a round from before per-run names keeps `policy-v<k>`; None when it has not started."""
+    rnd = cfg.layout.round(k)
+    name = (read_marker(rnd, "collect") or round_manifest(rnd)).get("policy")
+    return name if policy_version(name, cfg.start_policy, cfg.layout.tag) == k else None
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
@@ -178,7 +186,7 @@ def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
     ref, new = (summary["policies"][label] for label in summary["last"])
     diff = summary["paired"][f"{new['label']} - {ref['label']}"]
     keep = ("mean", "low", "high", "tasks")
-    return {"policy": cfg.policy(k), "sha256": new.get("sha256"), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
+    return {"policy": policy_name(k), "sha256": new.get("sha256"), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
             **{key: new["reward"][key] for key in keep}, "start": start,
             "base": {key: ref["reward"][key] for key in keep},  # policy-v0's: the base, or the init adapter
             "diff": {key: diff[key] for key in keep}}

@@ -109,7 +109,7 @@ class Collected:
     waited_s: float  # the collect waited this long for its policy to be published
 
 
-def _manifest(rnd: RoundLayout) -> dict:
+def round_manifest(rnd: RoundLayout) -> dict:
     """Round rnd's collect manifest ({} before the collect wrote one); in a run in object storage
     the bucket's (a loop resumed on another machine: its collect's policy is there)."""
     storage.pull_file(rnd.collect.manifest)
@@ -177,7 +177,7 @@ class Collector:
         if marker is not None:
             lag = j - (policy_version(marker.get("policy"), base, tag) or 0)
             return Collected(marker.get("policy") or base, marker.get("lag", lag), marker.get("waited_s", 0.0))
-        policy, waited = _manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
+        policy, waited = round_manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
         if policy is None:
             waited = self.published.wait(j - s, self._stop)
             if self._stop.is_set():
@@ -197,7 +197,7 @@ class Collector:
         t0 = time.monotonic()
         if not self._child_collect(rcfg):
             return None
-        m = _manifest(rnd)
+        m = round_manifest(rnd)
         info = {"rollouts": (m.get("counts") or {}).get("finished"), "mean_reward": m.get("mean_reward")}
         log.info("round %d: collected %s rollouts in %.0f s, mean reward %s", j, info.get("rollouts"),
                  time.monotonic() - t0, info.get("mean_reward"))
