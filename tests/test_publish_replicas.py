@@ -161,9 +161,9 @@ def test_two_runs_of_one_name_share_the_replicas_each_sampling_its_own(tmp_path,
     names = {run: cfg.policy(1) for run, cfg in cfgs.items()}
     a3 = cfgs["expA"].policy(3)
     try:
-        assert len(set(names.values())) == 2 and all(n.startswith("seed1-") for n in names.values())
         for run, cfg in cfgs.items():
             assert publish(cfg, adapters[run], names[run]).serving == replicas
+        assert len(set(names.values())) == 2 and all(n.startswith("seed1-") for n in names.values())
         for run in cfgs:
             assert not_serving(replicas, names[run], adapters[run]) == {}  # each name: its own run's adapter
         lp = {run: [_first_logprob(url, names[run]) for url in replicas] for run in cfgs}
