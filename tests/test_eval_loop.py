@@ -109,7 +109,6 @@ def test_a_warm_started_loop_is_measured_against_its_init_adapter(tmp_path, monk
         return write_summary(ev, ecfg, {p.label: (p, _trials(scores[p.label]), ev.policy(p.label)) for p in policies})
     monkeypatch.setattr(loop, "evaluate", evaluate)
     make_round(cfg.layout, 0, {"a": 1, "b": 2})
-    rnd.marker("train").unlink(missing_ok=True)  # the way to train a round again
     (cfg.layout.round(0).train.adapter / "adapter_config.json").parent.mkdir(parents=True, exist_ok=True)
     (cfg.layout.round(0).train.adapter / "adapter_config.json").write_text("{}")
     assert run_stage(cfg.layout.round(0), "eval", lambda: loop.eval_stage(loop.round_config(cfg, 0), ep=None))
