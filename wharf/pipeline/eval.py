@@ -17,111 +17,31 @@ run again: GRPO and its control evaluated by their loops compare with no new tri
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import re
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import schema, storage
-from wharf.core.config import ConfigError, RunConfig, check_policy_spec, cli_config
+from wharf.core.config import ConfigError, RunConfig, cli_config
 from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
 from wharf.core.replicas import replica_urls
-from wharf.core.layout import EvalLayout, RunLayout, has_adapter, policy_name
-from wharf.core.names import weights_digest
+from wharf.core.layout import EvalLayout, RunLayout
 
+from .eval_policy import EvalError, Policy, dataset_of, eval_name, owner_of, resolve, served_digest  # noqa: F401
 from .eval_stats import PolicyFigures, Trial, figures, paired_difference
+from .eval_stored import legacy_label, stored_note, stored_trials  # noqa: F401  (their old home: eval.py)
 
 log = logging.getLogger("wharf.eval")
 UNSCORED = ("infra_error", "verifier_error")  # not the policy's doing: left out, as convert leaves them out
-
-
-class EvalError(WharfError, RuntimeError):
-    """A policy that cannot be resolved or served; the message names the key and the path."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    spec: str  # as written in eval.policies
-    label: str  # its folder under the eval dir
-    adapter: Path | None  # None: the base model
-    round: int | None = None  # k of a run round's policy-v<k> (0: base)
-    sha256: str | None = None  # of the adapter's weights, taken once when resolved (None: not yet)
-
-    @property
-    def digest(self) -> str:
-        """The adapter's weights' sha256 prefix: what tells two adapters apart."""
-        return (self.sha256 or weights_digest(self.adapter) or "")[:12]
-
-    def served_name(self, base: str, owner: str = "") -> str:
-        """The model name to sample: the base's, or `eval-<weights>-<owner>`: named by the adapter's
-        weights (a different adapter never reuses a name) and by the eval job that loads it
-        (`owner`): each eval unloads only what it loaded, never a copy another eval samples."""
-        return base if self.adapter is None else "-".join(filter(None, ("eval", self.digest, owner)))
-
-
-def served_digest(name: str | None) -> str | None:
-    """The weights prefix of an eval's served name (`eval-<12 hex>[-<owner>]`, as a job's manifest
-    records it): what a stored job was sampled with."""
-    m = re.fullmatch(r"eval-([0-9a-f]{12})(?:-.*)?", name or "")
-    return m.group(1) if m else None
-
-
-def owner_of(job: RunLayout) -> str:
-    """6 hex naming an eval job by where it lives (its URL in object storage): the owner of the
-    served names its serving() loads."""
-    return hashlib.sha256((storage.url_of(job.root) or str(job.root.resolve())).encode()).hexdigest()[:6]
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
-
-
-def resolve(spec: str, key: str = "eval.policies") -> Policy:
-    """A policy spec -> the weights it names; a missing run round or adapter names the path."""
-    check_policy_spec(spec, key)
-    if spec == "base":
-        return Policy(spec, "base", None, 0)
-    head, sep, tail = spec.rpartition(":")
-    if sep:
-        run, k = storage.local_path(head), int(tail)  # a run dir, or a run in object storage (its mirror)
-        if k == 0:
-            return Policy(spec, "base", None, 0)
-        adapter = RunLayout(run).round(k - 1).train.adapter
-        storage.pull(adapter)  # in object storage: the bucket's (a loop's eval resumed on another machine)
-        if not has_adapter(adapter):
-            raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
-                            f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
-        sha = weights_digest(adapter) or ""  # in the label: another run's or a retrained round's trials never match
-        return Policy(spec, _slug(f"{run.name}-{policy_name(k)}-{sha[:8]}"), adapter, k, sha)
-    adapter = Path(spec)
-    if not has_adapter(adapter):
-        raise EvalError(f"{key}: {spec!r} is neither base nor <run dir>:<k>, and {adapter} holds no adapter "
-                        "(no adapter_config.json)")
-    named = Policy(spec, "", adapter, None, weights_digest(adapter))  # two dirs of one name differ by weights
-    return dataclasses.replace(named, label=_slug(f"adapter-{adapter.resolve().name}-{named.digest[:6]}"))
-
-
-def eval_name(cfg: RunConfig) -> str:
-    """eval.name, else the dataset's last two path parts (datasets/multiturn/heldout -> multiturn-heldout)."""
-    if cfg.eval.name:
-        return cfg.eval.name
-    parts = [p for p in Path(dataset_of(cfg)).resolve().parts[-2:] if p != "datasets"]
-    return _slug("-".join(parts))
-
-
-def dataset_of(cfg: RunConfig) -> str:
-    return cfg.eval.dataset or cfg.collect.dataset
 
 
 def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
@@ -203,68 +123,6 @@ def task_families(dataset: str | Path) -> dict[str, str]:
         if isinstance(family, str) and family:
             out[t.task_id] = family
     return out
-
-
-def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
-    """Whether a finished job ran the trials this eval would: the same tasks, agent, sandbox,
-    sampling and seed, and at least as many attempts."""
-    s, seed = manifest.get("sampling") or {}, 0 if cfg.sampling.seed is None else cfg.sampling.seed
-    try:
-        same_set = Path(manifest.get("dataset", "")).resolve() == Path(dataset_of(cfg)).resolve()
-    except OSError:
-        return False
-    return (same_set and manifest.get("state") == "done" and (manifest.get("attempts") or 0) >= cfg.eval.attempts
-            and (manifest.get("agent"), manifest.get("environment")) == (cfg.collect.agent, cfg.collect.environment)
-            and (s.get("temperature"), s.get("top_p"), s.get("seed")) == (cfg.sampling.temperature, cfg.sampling.top_p, seed))
-
-
-def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
-    """A run round's policy whose trials were already run with these very weights: this eval's own
-    finished job (as the bucket has it: a re-run on another machine loads no adapter for it), or one
-    the run's own loop ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has
-    an unfinished job of its own for the policy (it resumes that one), or no such job is found.
-    A job's weights are the ones its manifest's served name carries (served_digest): a job under a
-    label from before labels carried the weights is read only when they match."""
-    if p.round is None or p.adapter is None:
-        return None
-    ev = cfg.layout.eval(eval_name(cfg))
-    own = ev.policy(p.label)
-    storage.pull(own.round(0).collect.root, ("manifest.json", "rollouts.parquet"))
-    if own.round(0).collect.manifest.is_file():
-        return own if _finished(own, cfg, p) else None
-    evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
-    for label in (p.label, legacy_label(p)):
-        job = f"*/{label}/rounds/0/collect"
-        storage.pull(ev.root, (f"{label}/rounds/0/collect/manifest.json", f"{label}/rounds/0/collect/rollouts.parquet"))
-        storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
-        found = [ev.policy(label).root] + (sorted(evals.glob(f"*/{label}")) if evals.is_dir() else [])
-        for d in found:
-            if _finished(RunLayout(d), cfg, p):
-                return RunLayout(d)
-    return None
-
-
-def legacy_label(p: Policy) -> str:
-    """A run round's label before labels carried its weights (`<run>-policy-v<k>`)."""
-    return p.label.rpartition("-")[0] if p.round else p.label
-
-
-def stored_note(ev: EvalLayout, p: Policy, run: RunLayout) -> str:
-    """The log line of a policy whose trials are read, not run: this eval's own finished job, or
-    the one its run's loop ran (stored_trials)."""
-    if run.root.parent == ev.root:
-        return f"eval {ev.root.name}: {p.spec}: its trials are already in this eval, {run.root}: not run again"
-    return f"eval {ev.root.name}: {p.spec}: reading the trials its run's loop already ran, {run.root}"
-
-
-def _finished(run: RunLayout, cfg: RunConfig, p: Policy) -> bool:
-    """Whether a policy's collect job there is done, with the trials this eval would run, sampled
-    from p's weights."""
-    try:
-        manifest = json.loads(run.round(0).collect.manifest.read_text())
-    except (OSError, ValueError):
-        return False
-    return served_digest(manifest.get("policy")) == p.digest and _same_trials(cfg, manifest)
 
 
 def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:

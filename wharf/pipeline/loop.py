@@ -35,7 +35,7 @@ from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir
-from wharf.core.names import policy_name, policy_version
+from wharf.core.names import policy_name
 from wharf.core.model_identity import check_served
 from wharf.core.model_store import release_memory
 from wharf.core.replicas import not_serving, replica_urls
@@ -43,7 +43,7 @@ from wharf.core.replicas import not_serving, replica_urls
 from .eval import eval_name, evaluate, resolve
 from .health import check_round, enforce, published_name
 from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
-from .overlap import Collector, allowed_policies, check_lag, round_manifest
+from .overlap import Collector, allowed_policies, check_lag, recorded_policy, served_name
 from .report.data import gather_round, round_line
 from .stages import (LoopError, convert_stage, forget_old_weights, read_marker, round_index, run_stage, track_round,
                      train_stage, write_report)
@@ -57,14 +57,6 @@ def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig
     policy = policy or recorded_policy(cfg, k) or (cfg.start_policy if k == 0 else cfg.policy(k))
     train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=k, collect=dataclasses.replace(cfg.collect, policy=policy), train=train)
-
-
-def recorded_policy(cfg: RunConfig, k: int) -> str | None:
-    """The name round k's collect sampled policy-v<k> under when it started (its marker or manifest):
-    a round from before per-run names keeps `policy-v<k>`; None when it has not started."""
-    rnd = cfg.layout.round(k)
-    name = (read_marker(rnd, "collect") or round_manifest(rnd)).get("policy")
-    return name if policy_version(name, cfg.start_policy, cfg.layout.tag) == k else None
 
 
 def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
@@ -91,13 +83,6 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
                         f"{layout.round(k - 1).marker('train')} to train round {k - 1} again")
     log.info("%s do(es) not serve %s from %s (restarted?): loading it", ", ".join(missing), name, adapter)
     publish(cfg, adapter, name, resume=True)
-
-
-def served_name(cfg: RunConfig, k: int) -> str:
-    """The name round k samples policy-v<k> under: the round's own (a round started before per-run
-    names resumes with `policy-v<k>`), else the run's (cfg.policy)."""
-    asked = cfg.collect.policy
-    return asked if asked and policy_version(asked, None, cfg.layout.tag) == k else cfg.policy(k)
 
 
 def collect_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
@@ -186,7 +171,8 @@ def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
     ref, new = (summary["policies"][label] for label in summary["last"])
     diff = summary["paired"][f"{new['label']} - {ref['label']}"]
     keep = ("mean", "low", "high", "tasks")
-    return {"policy": policy_name(k), "sha256": new.get("sha256"), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
+    return {"policy": policy_name(k), "sha256": new.get("sha256"), "k": k, "eval": eval_name(ecfg),
+            "trials": new["trials"],
             **{key: new["reward"][key] for key in keep}, "start": start,
             "base": {key: ref["reward"][key] for key in keep},  # policy-v0's: the base, or the init adapter
             "diff": {key: diff[key] for key in keep}}

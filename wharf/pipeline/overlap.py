@@ -66,7 +66,8 @@ def _behind(lag: int | None) -> str:
     return "not a policy of this run" if lag is None else f"{lag} behind"
 
 
-def check_lag(policies: Counter, k: int, s: int, base: str, source: str, tag: str | None = None) -> dict[str, int]:
+def check_lag(policies: Counter, k: int, s: int, base: str, source: str,
+              tag: str | None = None) -> dict[str, int]:
     """Round k's lag per policy; raises naming the rows sampled more than `s` versions behind."""
     lag = lags(policies, k, base, tag)
     bad = {p: n for p, n in policies.items() if _outside(lag[p], s)}
@@ -77,6 +78,21 @@ def check_lag(policies: Counter, k: int, s: int, base: str, source: str, tag: st
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
             f"or raise loop.max_staleness")
     return {p: int(v) for p, v in lag.items()}
+
+
+def recorded_policy(cfg: RunConfig, k: int) -> str | None:
+    """The name round k's collect sampled policy-v<k> under when it started (its marker or manifest):
+    a round from before per-run names keeps `policy-v<k>`; None when it has not started."""
+    rnd = cfg.layout.round(k)
+    name = (read_marker(rnd, "collect") or round_manifest(rnd)).get("policy")
+    return name if policy_version(name, cfg.start_policy, cfg.layout.tag) == k else None
+
+
+def served_name(cfg: RunConfig, k: int) -> str:
+    """The name round k samples policy-v<k> under: the round's own (a round started before per-run
+    names resumes with `policy-v<k>`), else the run's (cfg.policy)."""
+    asked = cfg.collect.policy
+    return asked if asked and policy_version(asked, None, cfg.layout.tag) == k else cfg.policy(k)
 
 
 class Published:
