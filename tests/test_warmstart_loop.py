@@ -52,7 +52,7 @@ def test_round_0_samples_the_init_adapter_as_policy_v0(tmp_path, monkeypatch):
         assert published == [(start, v0)] * 2
     # round 0's rows by policy-v0 are on-policy; the base model's would be another policy's
     assert allowed_policies(0, 0, cfg.start_policy) == (v0,)
-    check_lag({v0: 3}, 0, 0, cfg.start_policy, "index.json", cfg.layout.tag)
+    check_lag({v0: 3}, 0, 0, cfg.start_policy, "index.json")
     with pytest.raises(Exception, match="base-model"):
         check_lag({"base-model": 3}, 0, 0, cfg.start_policy, "index.json")
 

@@ -33,13 +33,15 @@ def policy_name(k: int, tag: str | None = None) -> str:
 
 
 def policy_version(name: str | None, base: str | None = None, tag: str | None = None) -> int | None:
-    """k of a policy name of this run (policy_name's inverse, with `tag` or with none: a run stored
-    before per-run names); 0 for the base model's name `base`; None for any other name (another
-    run's policy)."""
+    """k of a policy name (policy_name's inverse: `<tag>-policy-v<k>`, or `policy-v<k>` from before
+    per-run names); 0 for the base model's name `base`; None for any other name. With `tag`, only
+    that run's names count (publish never unloads another run's); without, any run's: a run's own
+    rows keep the names they were sampled under, which a run dir moved elsewhere (another tag) or
+    resumed from before per-run names still reads as its versions."""
     if base is not None and name == base:
         return 0
     m = re.fullmatch(r"(?:(.+)-)?policy-v(\d+)", name or "")
-    if m is None or (m.group(1) is not None and m.group(1) != tag):
+    if m is None or (tag is not None and m.group(1) not in (None, tag)):
         return None
     return int(m.group(2))
 

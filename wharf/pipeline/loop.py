@@ -185,7 +185,7 @@ def train_checked(cfg: RunConfig) -> dict:
         index = round_index(cfg)
         policies = Counter(r.get("policy") for r in index.rollouts)
         check_lag(policies, cfg.round, cfg.loop.max_staleness, cfg.start_policy,
-                  str(ConvertPaths(convert_dir(cfg)).index), cfg.layout.tag)
+                  str(ConvertPaths(convert_dir(cfg)).index))
     return train_stage(cfg)
 
 

@@ -50,10 +50,11 @@ def allowed_policies(k: int, s: int, base: str, tag: str | None = None) -> tuple
     return tuple(base if v == 0 else policy_name(v, tag) for v in range(max(0, k - s), k + 1))
 
 
-def lags(policies: Counter, k: int, base: str, tag: str | None = None) -> dict[str, int | None]:
+def lags(policies: Counter, k: int, base: str) -> dict[str, int | None]:
     """Each policy that sampled round k's rows -> how many versions it is behind policy-v<k> (the
-    one round k trains from); None for a name that is no version of this run (of tag `tag`)."""
-    return {p: None if (v := policy_version(p, base, tag)) is None else k - v for p in policies}
+    one round k trains from); None for a name that is no policy version (the rows are the run's own:
+    any run tag counts, wharf/core/names.py)."""
+    return {p: None if (v := policy_version(p, base)) is None else k - v for p in policies}
 
 
 def _outside(lag: int | None, s: int) -> bool:
@@ -66,15 +67,14 @@ def _behind(lag: int | None) -> str:
     return "not a policy of this run" if lag is None else f"{lag} behind"
 
 
-def check_lag(policies: Counter, k: int, s: int, base: str, source: str,
-              tag: str | None = None) -> dict[str, int]:
+def check_lag(policies: Counter, k: int, s: int, base: str, source: str) -> dict[str, int]:
     """Round k's lag per policy; raises naming the rows sampled more than `s` versions behind."""
-    lag = lags(policies, k, base, tag)
+    lag = lags(policies, k, base)
     bad = {p: n for p, n in policies.items() if _outside(lag[p], s)}
     if bad:
         what = "; ".join(f"{n} rollouts by {p} ({_behind(lag[p])})" for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
         raise StaleRowsError(
-            f"round {k} trains from {policy_name(k, tag) if k else base} on rows at most {s} policies behind "
+            f"round {k} trains from {f'policy-v{k}' if k else base} on rows at most {s} policies behind "
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
             f"or raise loop.max_staleness")
     return {p: int(v) for p, v in lag.items()}
@@ -85,14 +85,14 @@ def recorded_policy(cfg: RunConfig, k: int) -> str | None:
     a round from before per-run names keeps `policy-v<k>`; None when it has not started."""
     rnd = cfg.layout.round(k)
     name = (read_marker(rnd, "collect") or round_manifest(rnd)).get("policy")
-    return name if policy_version(name, cfg.start_policy, cfg.layout.tag) == k else None
+    return name if policy_version(name, cfg.start_policy) == k else None
 
 
 def served_name(cfg: RunConfig, k: int) -> str:
     """The name round k samples policy-v<k> under: the round's own (a round started before per-run
     names resumes with `policy-v<k>`), else the run's (cfg.policy)."""
     asked = cfg.collect.policy
-    return asked if asked and policy_version(asked, None, cfg.layout.tag) == k else cfg.policy(k)
+    return asked if asked and policy_version(asked) == k else cfg.policy(k)
 
 
 class Published:
@@ -191,7 +191,7 @@ class Collector:
         tag = self.cfg.layout.tag
         marker = read_marker(rnd, "collect")
         if marker is not None:
-            lag = j - (policy_version(marker.get("policy"), base, tag) or 0)
+            lag = j - (policy_version(marker.get("policy"), base) or 0)
             return Collected(marker.get("policy") or base, marker.get("lag", lag), marker.get("waited_s", 0.0))
         policy, waited = round_manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
         if policy is None:
@@ -200,7 +200,7 @@ class Collector:
                 return None
             v = self.published.version
             policy = base if v == 0 else policy_name(v, tag)
-        lag = lags(Counter({policy: 1}), j, base, tag)[policy]
+        lag = lags(Counter({policy: 1}), j, base)[policy]
         if _outside(lag, s):
             raise StaleRowsError(f"round {j}'s collect was started from {policy} ({rnd.collect.manifest}), "
                                  f"{_behind(lag)}{'' if lag is None else f' policy-v{j}'}; "
