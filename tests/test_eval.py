@@ -18,7 +18,8 @@ from wharf.core.config import load_config
 from wharf.core.configio import ConfigError
 from wharf.core.endpoint import Endpoint
 from wharf.core.layout import RunLayout
-from wharf.pipeline.eval import EvalError, Policy, eval_name, resolve, serving
+from wharf.core.names import weights_digest
+from wharf.pipeline.eval import EvalError, Policy, eval_name, resolve, served_digest, serving
 
 MSGS = [{"role": "user", "content": "Name a colour."}]
 
@@ -47,7 +48,7 @@ def test_specs_resolve_to_their_weights_or_name_the_missing_path(adapters):
     assert resolve("base") == Policy("base", "base", None, 0)
     assert resolve(f"{run.root}:0").adapter is None  # policy-v0 is the base model
     p = resolve(f"{run.root}:3")
-    assert (p.adapter, p.round, p.label) == (run.round(2).train.adapter, 3, "R-policy-v3")
+    assert (p.adapter, p.round, p.label) == (run.round(2).train.adapter, 3, f"R-policy-v3-{p.sha256[:8]}")
     q = resolve(str(adapter))
     assert q.adapter == adapter and q.label == f"adapter-my-adapter-{q.digest[:6]}"
     assert p.served_name("m") != q.served_name("m") and p.served_name("m") == resolve(f"{run.root}:3").served_name("x")
@@ -117,8 +118,9 @@ def test_eval_cli_base_and_adapter_end_to_end(adapters, engine_url, tmp_path):
         turns = schema.read_dir(collect.turns, "turns").to_pylist()
         seeds[label] = sorted((r["rollout_id"].split(".")[2], r["turn"], json.loads(r["sampling"])["seed"]) for r in turns
                               if r["turn"] == 0)
-        assert {r["policy"] for r in turns} == {"smollm2-135m" if label == "base" else Policy(
-            "", "", adapter).served_name("")}
+        served = {r["policy"] for r in turns}
+        assert served == {"smollm2-135m"} if label == "base" else {served_digest(s) for s in served} == {
+            Policy("", "", adapter).digest}
     assert seeds["base"] == seeds[label]  # the same seed for the same (task, attempt): paired
     again = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)  # finished: nothing re-run
     assert again.returncode == 0 and again.stdout.splitlines()[1] == out.stdout.splitlines()[1]
@@ -165,12 +167,19 @@ def test_trials_left_out_are_counted_in_the_summary_and_its_lines(tmp_path):
 def _loop_eval_job(run: RunLayout, k: int, successes: dict[str, int], **manifest) -> Path:
     """What a loop with loop.eval_every leaves for policy-v<k> of `run`: a finished collect job
     under runs/<run>/evals/learn-heldout/<run>-policy-v<k>/ (rewards: successes of 4 attempts per task)."""
+    return _eval_job(run.evals / "learn-heldout" / f"{run.root.name}-policy-v{k}", run.round(k - 1).train.adapter,
+                     successes, **manifest)
+
+
+def _eval_job(folder: Path, adapter: Path, successes: dict[str, int], **manifest) -> Path:
+    """A finished eval job of `adapter`'s weights in `folder` (its manifest names the weights as
+    eval's served name does: eval-<sha256 prefix>)."""
     from test_report import _rollouts
 
-    job = RunLayout(run.evals / "learn-heldout" / f"{run.root.name}-policy-v{k}").round(0).collect
+    job = RunLayout(folder).round(0).collect
     schema.write_table(job.rollouts, "rollouts", _rollouts(0, successes))
     job.manifest.write_text(json.dumps({
-        "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "wharf.collect.agents.minimal:MinimalAgent",
+        "state": "done", "policy": f"eval-{weights_digest(adapter)[:12]}", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "wharf.collect.agents.minimal:MinimalAgent",
         "environment": "wharf.collect.sandbox.bwrap:BwrapEnvironment",
         "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}, **manifest}))
     return job.root
@@ -202,3 +211,29 @@ def test_policies_their_loops_evaluated_are_read_not_run_again(tmp_path, capsys)
     _loop_eval_job(runs["grpo"][0], 2, {"a": 4, "b": 3}, sampling={"temperature": 0.7, "top_p": 1.0, "seed": 4})
     assert main([*args[:-1], "name=cmp2", f"eval.policies=[{runs['grpo'][0].root}:2]"]) == 1
     assert "nothing answers" in capsys.readouterr().err
+
+
+def test_stored_trials_are_read_only_for_the_same_weights(tmp_path, capsys):
+    """expA/seed1 and expB/seed1: one label scheme (seed1-policy-v2), other weights. An eval holding
+    expA's trials (its own job, as an eval from before weight-keyed labels left it) reads expB's
+    own loop job for expB, never expA's; with no job of expB's weights anywhere it must sample."""
+    from wharf.pipeline.eval import main
+
+    a, b = RunLayout(tmp_path / "expA" / "seed1"), RunLayout(tmp_path / "expB" / "seed1")
+    make_adapter(a.round(1).train.adapter, seed=5)
+    make_adapter(b.round(1).train.adapter, seed=6)
+    own = tmp_path / "cmp/evals/learn-heldout/seed1-policy-v2"
+    _eval_job(own, a.round(1).train.adapter, {"a": 4, "b": 4})  # expA's trials: reward 1.0
+    args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={tmp_path}", "name=cmp",
+            "eval.dataset=datasets/learn/heldout", "eval.attempts=4", "sampling.seed=3", "endpoint.launch=false",
+            f"endpoint.url=http://127.0.0.1:{free_port()}"]
+    assert main([*args, f"eval.policies=[{b.root}:2]"]) == 1  # nothing of expB's weights: to be sampled
+    assert "nothing answers" in capsys.readouterr().err
+    b_job = _loop_eval_job(b, 2, {"a": 1, "b": 0})
+    assert main([*args, f"eval.policies=[{b.root}:2]"]) == 0
+    assert "reward 0.125" in capsys.readouterr().out  # expB's: a 1/4, b 0/4
+    entry = json.loads((tmp_path / "cmp/evals/learn-heldout/summary.json").read_text())["policies"]
+    label = resolve(f"{b.root}:2").label
+    assert entry[label]["collect"] == str(b_job) and entry[label]["sha256"] == weights_digest(b.round(1).train.adapter)
+    assert main([*args, f"eval.policies=[{a.root}:2]"]) == 0  # expA's own stored job is still read for expA
+    assert "reward 1.000" in capsys.readouterr().out

@@ -156,3 +156,27 @@ def test_the_table_of_warm_started_runs_reads_rounds_eval_and_families(tmp_path,
     assert capsys.readouterr().out == ""
     assert report_main(["--table", str(tmp_path / "nothing")]) != 0
     assert "nothing: not a run dir with rounds" in capsys.readouterr().err
+
+
+def test_a_round_trained_again_drops_the_held_out_figures_of_its_old_weights(tmp_path, monkeypatch):
+    """Round 0 evaluated, then trained again (its train marker removed): the eval marker, whose
+    figures are the old weights', goes with the publish marker, so neither the round's line nor the
+    report shows them as the new weights'; the loop evaluates the new weights again."""
+    from wharf.pipeline.report.data import gather_round
+    from wharf.pipeline.stages import read_marker, write_marker
+
+    cfg = load_config(None, [f"runs_dir={tmp_path}", "name=r", "round=0"])
+    rnd = cfg.layout.round(0)
+    make_round(cfg.layout, 0, {"a": 1, "b": 2})
+    rnd.marker("train").unlink(missing_ok=True)  # the way to train a round again
+    for stage in ("collect", "convert", "publish"):
+        write_marker(rnd, stage, 1.0)
+    write_marker(rnd, "eval", 1.0, policy="policy-v1", k=1, mean=0.9, low=0.8, high=1.0, tasks=4,
+                 base={"mean": 0.1, "low": 0.0, "high": 0.2, "tasks": 4}, diff={"mean": 0.8, "low": 0.7, "high": 0.9, "tasks": 4})
+    assert gather_round(cfg.layout, 0).heldout  # the old weights' figures, shown while they hold
+    monkeypatch.setattr(loop, "train_checked", lambda c: {"steps": 1})
+    monkeypatch.setattr(loop, "measure_shift", lambda c: None)
+    monkeypatch.setattr(loop, "publish_stage", lambda c, ep: {"published": True})
+    loop.learn_round(cfg, None)
+    assert read_marker(rnd, "eval") is None and not gather_round(cfg.layout, 0).heldout
+    assert "held-out" not in round_line(gather_round(cfg.layout, 0))

@@ -75,10 +75,11 @@ def test_a_round_reloads_its_policy_on_a_replica_that_restarted(fleet, tmp_path)
     adapter = RunLayout.of(str(tmp_path), "r").round(0).train.adapter
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text("{}")
-    a.stub.adapters["policy-v1"] = str(adapter)  # b restarted: it lost policy-v1, a still serves it
+    v1 = cfg.policy(1)  # the run's own name for its policy-v1
+    a.stub.adapters[v1] = str(adapter)  # b restarted: it lost policy-v1, a still serves it
     ensure_served(Endpoint(a.url, model="stub-model"), cfg, 1)
-    assert b.stub.adapters == {"policy-v1": str(adapter.resolve())} and a.stub.adapters["policy-v1"] == str(adapter)
-    record = PublishRecord.read(cfg.layout.published("policy-v1"))
+    assert b.stub.adapters == {v1: str(adapter.resolve())} and a.stub.adapters[v1] == str(adapter)
+    record = PublishRecord.read(cfg.layout.published(v1))
     assert record is not None and record.serving == [a.url, b.url] and record.refused == {}
 
 
@@ -92,8 +93,9 @@ def _adapter(root, run: str, k: int):
 
 
 def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, tmp_path):
-    """An arm and its control share the replicas: each policy-v<k> is checked by its root (the
-    adapter dir /v1/models gives), so run B neither samples nor unloads run A's policy-v1."""
+    """An arm and its control share the replicas: each samples its policy-v1 under its own name;
+    a name is still checked by its root (the adapter dir /v1/models gives), so run B neither
+    samples nor unloads run A's adapter, even under a name both used before per-run names."""
     from wharf.pipeline.loop import ensure_served
     from wharf.train.publish import PublishError, publish
     from wharf.core.replicas import PublishRecord
@@ -105,8 +107,8 @@ def test_two_runs_on_one_fleet_never_serve_or_unload_each_others_policy(fleet, t
     theirs = _adapter(tmp_path, "control", 1)
     with pytest.raises(PublishError, match="another run"):
         publish(run_b, theirs, "policy-v1")
-    with pytest.raises(PublishError, match="another run"):  # the loop's check asks by root, not by name
-        ensure_served(Endpoint(a.url, model="stub-model"), run_b, 1)
+    ensure_served(Endpoint(a.url, model="stub-model"), run_b, 1)  # the loop: B's own name, served beside A's
+    assert {s.stub.adapters[run_b.policy(1)] for s in (a, b)} == {str(theirs.resolve())}
     record = PublishRecord.read(run_b.layout.published("policy-v1"))
     assert sorted(record.refused) == sorted([a.url, b.url]) and record.serving == []
     assert {s.stub.adapters["policy-v1"] for s in (a, b)} == {str(mine.resolve())}  # A's, untouched

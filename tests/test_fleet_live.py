@@ -18,7 +18,7 @@ from wharf.core.config import load_config
 from wharf.core.endpoint import Endpoint
 from wharf.core.layout import RunLayout
 from conftest import REPO, free_port
-from wharf.pipeline.eval import UNSCORED, main as eval_main, resolve
+from wharf.pipeline.eval import UNSCORED, main as eval_main, owner_of, resolve
 from wharf.pipeline.loop import run_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
@@ -76,11 +76,11 @@ def _eval_on_both(fleet: list[str], tmp_path: Path, *replicas: str, caplog) -> N
         (evalset / task).symlink_to(REPO / "datasets/learn" / task)
     newest = resolve(f"{tmp_path / 'fleet'}:2")
     base = load_config(CONFIG, []).endpoint.model
-    served = {"base": base, newest.label: newest.served_name(base)}
+    ev = RunLayout(tmp_path / "fleet").eval("fleet")
+    served = {"base": base, newest.label: newest.served_name(base, owner_of(ev.policy(newest.label)))}  # this eval's own
     caplog.set_level(logging.INFO, logger="wharf.eval")
     assert eval_main(["--config", str(CONFIG), *fleet, f"eval.dataset={evalset}", "eval.name=fleet", "eval.attempts=1",
                       f"eval.policies=[base,{newest.spec}]"]) == 0
-    ev = RunLayout(tmp_path / "fleet").eval("fleet")
     summary = json.loads(ev.summary.read_text())
     for label, name in served.items():
         job = ev.policy(label).round(0).collect

@@ -68,7 +68,7 @@ def write_round(rnd: RoundLayout, policy: str, rewards: dict[str, int], *, turn_
             rnd.train.shift.write_text(json.dumps(shift))
     for stage in ("collect", "convert", "train", "publish"):
         info = {"carried": "policy-v0"} if stage == "train" and not trainable else {}
-        write_marker(rnd, stage, 1.0, **info)
+        write_marker(rnd, stage, 1.0, **info, **({"policy": policy} if stage == "collect" else {}))  # as the loop's
 
 
 def failed(checks) -> dict:

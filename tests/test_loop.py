@@ -68,12 +68,12 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         assert read_marker(run.round(1), "convert") and read_marker(run.round(1), "train") is None
 
         assert run_loop(load_config(REPO / "configs/learn.yaml", args)) == [0, 1]  # resumes in round 1's train
-        for k, policy in ((0, "smollm2-135m"), (1, "policy-v1")):
+        for k, policy in ((0, "smollm2-135m"), (1, run.policy(1))):  # the run's own names on the fleet
             turns = schema.read_dir(run.round(k).collect.turns, "turns").to_pylist()
             assert turns and {t["policy"] for t in turns} == {policy}
             assert json.loads(run.round(k).collect.manifest.read_text())["policy"] == policy
-        assert read_marker(run.round(1), "publish")["policy"] == "policy-v2"
-        assert {"policy-v1", "policy-v2"} <= set(Endpoint(f"http://127.0.0.1:{port}").models())
+        assert read_marker(run.round(1), "publish")["policy"] == run.policy(2)
+        assert {run.policy(1), run.policy(2)} <= set(Endpoint(f"http://127.0.0.1:{port}").models())
 
         # policy-v1 scores the same prompt and token differently than the base model did
         first = {}
@@ -90,7 +90,7 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
         shutil.rmtree(again.round(1).train.root)
         for stage in ("train", "publish"):
             again.round(1).marker(stage).unlink()
-        for name in ("policy-v1", "policy-v2"):  # the copy is another run: the engine must serve its adapters, not loop's
+        for name in (run.policy(1), run.policy(2)):  # the copy is another run: the engine must serve its adapters, not loop's
             Endpoint(f"http://127.0.0.1:{port}").unload_adapter(name)  # (walked again, its finished round 0 keeps its publish record)
         run_loop(load_config(REPO / "configs/learn.yaml", _overrides(tmp_path, "again", port)))
         a, b = _adapter(run, 1), _adapter(again, 1)
@@ -102,9 +102,9 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
     # a restarted endpoint has forgotten the adapters: the finished loop loads the latest again
     engine = _engine(port, tmp_path / "engine2.log")
     try:
-        assert "policy-v2" not in Endpoint(f"http://127.0.0.1:{port}").models()
+        assert run.policy(2) not in Endpoint(f"http://127.0.0.1:{port}").models()
         run_loop(load_config(REPO / "configs/learn.yaml", _overrides(tmp_path, "loop", port)))
-        assert "policy-v2" in Endpoint(f"http://127.0.0.1:{port}").models()
+        assert run.policy(2) in Endpoint(f"http://127.0.0.1:{port}").models()
         assert (run.report).is_file()
     finally:
         procs.stop(engine)
@@ -119,6 +119,6 @@ def test_loop_two_rounds_killed_in_train_resumes_to_the_same_adapter(tmp_path):
     assert (out.round(0).train.adapter / "adapter_config.json").is_file()
     off = {j["policies"]: j for j in json.loads((out.round(0).train.root / "offpolicy.json").read_text())["jobs"]}
     assert off["smollm2-135m"]["mismatch_mean"] < 1e-3  # the base model's own samples: on-policy
-    assert off["policy-v1"]["mismatch_mean"] > 10 * off["smollm2-135m"]["mismatch_mean"]
+    assert off[run.policy(1)]["mismatch_mean"] > 10 * off["smollm2-135m"]["mismatch_mean"]
     page = out.report.read_text()
     assert "report/offpolicy.png" in page and (out.root / "report/offpolicy.png").is_file()

@@ -125,3 +125,78 @@ def test_publish_fails_when_every_replica_refuses(tmp_path, refusing, adapter):
     with pytest.raises(PublishError, match=f"failed on every replica .*{refusing}: .*out of LoRA slots"):
         publish(cfg, adapter, "policy-v1")
     assert PublishRecord.read(cfg.layout.published("policy-v1")).refused  # recorded all the same
+
+
+def _adapter(path: Path, seed: int) -> Path:
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    base, _ = model_store.load_model(model_store.embedded_model_dir(), "cpu", "float32")
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                    init_lora_weights=False)).save_pretrained(path)
+    return path
+
+
+def _first_logprob(url: str, model: str) -> float:
+    r = Endpoint(url)._json("POST", "/v1/completions", {"model": model, "prompt": "Name a colour.", "max_tokens": 1,
+                                                        "temperature": 0, "logprobs": 1})
+    return r["choices"][0]["logprobs"]["token_logprobs"][0]
+
+
+def _unload(urls: list[str], names) -> None:
+    for url in urls:  # the session's engine is shared with other tests
+        for name in set(names) & set(Endpoint(url).models()):
+            Endpoint(url).unload_adapter(name)
+
+
+def test_two_runs_of_one_name_share_the_replicas_each_sampling_its_own(tmp_path, engine_url, second_engine):
+    """expA/seed1 and expB/seed1 publish their policy-v1 on the same two replicas: each under its
+    run's own name (was: both `policy-v1`, the second refused everywhere), each answering with its
+    own weights; a later publish of expA unloads only expA's old policy, never expB's."""
+    replicas = [engine_url, second_engine]
+    cfgs = {run: load_config(REPO / "configs/default.yaml", [
+        f"runs_dir={tmp_path / run}", "name=seed1", f"endpoint.url={engine_url}", f"proxy.upstreams=[{second_engine}]"])
+        for run in ("expA", "expB")}
+    adapters = {run: _adapter(cfg.layout.round(0).train.adapter, seed) for (run, cfg), seed in zip(cfgs.items(), (1, 2))}
+    names = {run: cfg.policy(1) for run, cfg in cfgs.items()}
+    a3 = cfgs["expA"].policy(3)
+    try:
+        for run, cfg in cfgs.items():
+            assert publish(cfg, adapters[run], names[run]).serving == replicas
+        assert len(set(names.values())) == 2 and all(n.startswith("seed1-") for n in names.values())
+        for run in cfgs:
+            assert not_serving(replicas, names[run], adapters[run]) == {}  # each name: its own run's adapter
+        lp = {run: [_first_logprob(url, names[run]) for url in replicas] for run in cfgs}
+        assert abs(lp["expA"][0] - lp["expB"][0]) > 1e-4 and abs(lp["expA"][0] - lp["expA"][1]) < 1e-4
+        publish(cfgs["expA"], _adapter(cfgs["expA"].layout.round(2).train.adapter, 3), a3)  # keeps 1 before v3
+        for url in replicas:
+            assert {names["expB"], a3} <= set(Endpoint(url).models()) and names["expA"] not in Endpoint(url).models()
+    finally:
+        _unload(replicas, [*names.values(), a3])
+
+
+def test_two_evals_of_the_same_weights_keep_each_others_adapter(tmp_path, engine_url, second_engine, adapter):
+    """Two evals sample the same adapter on the same replicas; the first to finish unloads only
+    what it loaded (was: one name per weights, the first loader unloaded it under the other)."""
+    from contextlib import ExitStack
+
+    from wharf.pipeline.eval import owner_of, resolve, serving
+
+    replicas = [engine_url, second_engine]
+    cfg = load_config(REPO / "configs/default.yaml", [f"endpoint.url={engine_url}", f"proxy.upstreams=[{second_engine}]"])
+    p, ep = resolve(str(adapter)), Endpoint(engine_url, model="smollm2-135m")
+    owners = [owner_of(load_config(None, [f"runs_dir={tmp_path}", f"name={run}"]).layout.eval("e").policy(p.label))
+              for run in ("arm", "control")]
+    names = [p.served_name("smollm2-135m", o) for o in owners]
+    try:
+        first, second = ExitStack(), ExitStack()
+        name_a, _ = first.enter_context(serving(ep, cfg, p, owners[0]))
+        name_b, _ = second.enter_context(serving(ep, cfg, p, owners[1]))
+        first.close()  # the first eval is done; the second still samples
+        for url in replicas:
+            assert name_b in Endpoint(url).models() and name_a not in Endpoint(url).models()
+            assert Endpoint(url).request("POST", "/v1/completions", {"model": name_b, "prompt": "Hi", "max_tokens": 1})[0] == 200
+        second.close()
+        assert all(name_b not in Endpoint(url).models() for url in replicas)
+    finally:
+        _unload(replicas, names)

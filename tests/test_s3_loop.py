@@ -22,6 +22,7 @@ import pytest
 
 from conftest import REPO, free_port, kill_when
 from wharf.collect.proxy.forward import call_seed
+from wharf.core.layout import RunLayout
 from wharf.collect.tasksets import PlannedRollout, discover, rollout_seed
 from wharf.pipeline.health_checks import CHECKS
 from testing.vllm_stub import StubServer
@@ -77,8 +78,9 @@ def _resumed_elsewhere(run: str, args: list[str], stub: StubServer, monkeypatch,
         checks = json.loads(storage.get(f"{run}/rounds/{k}/health.json"))
         assert len(checks) == len(CHECKS) and all(c["ok"] for c in checks), (k, checks)
         assert json.loads(storage.get(f"{run}/rounds/{k}/done/train.json"))["steps"] > 0, k  # both rounds trained
-    assert json.loads(storage.get(f"{run}/rounds/1/done/publish.json"))["policy"] == "policy-v2"
-    assert "policy-v2" in stub.stub.adapters  # left serving the newest policy
+    name = RunLayout.of(run.rpartition("/")[0], run.rpartition("/")[2]).policy(2)  # the run's own name, from its URL
+    assert json.loads(storage.get(f"{run}/rounds/1/done/publish.json"))["policy"] == name
+    assert name in stub.stub.adapters  # left serving the newest policy
 
 
 def _turn_policies(run: str) -> set:
@@ -115,8 +117,9 @@ def test_an_s3_loop_killed_after_round_0_trained_finishes_on_another_machine(s3,
                       "metrics": storage.get(f"{run}/rounds/0/train/metrics.jsonl")}
     assert _digest(f"{run}/rounds/1/train/adapter/adapter_model.safetensors") != before["adapter"]
     manifest = json.loads(storage.get(f"{run}/rounds/1/collect/manifest.json"))
-    assert manifest["policy"] == "policy-v1" and manifest["state"] == "done"
-    assert _turn_policies(run) == {"policy-v1"}
+    v1 = RunLayout.of(run.rpartition("/")[0], run.rpartition("/")[2]).policy(1)
+    assert manifest["policy"] == v1 and manifest["state"] == "done"
+    assert _turn_policies(run) == {v1}
     assert not _secrets_in_bucket(run)
 
 

@@ -82,14 +82,14 @@ def test_a_run_in_the_bucket_is_evaluated_from_an_empty_mirror(s3, monkeypatch, 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second"))
     mirrored = RunLayout.of(f"{s3}/runs", "grpo")
     p = resolve(f"{mirrored.root}:2")  # as the loop names its own run: its mirror's path
-    assert (p.adapter, p.digest, p.label) == (mirrored.round(1).train.adapter, digest, "grpo-policy-v2")
+    assert (p.adapter, p.digest, p.label) == (mirrored.round(1).train.adapter, digest, f"grpo-policy-v2-{p.sha256[:8]}")
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "third"))
     args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={s3}/runs", "name=cmp", "eval.attempts=4",
             "eval.dataset=datasets/learn/heldout", "sampling.seed=3", "endpoint.launch=false",
             f"endpoint.url=http://127.0.0.1:{free_port()}", f"eval.policies=[{s3}/runs/grpo:2]"]
     assert main(args) == 0  # nothing answers at the endpoint: the loop's stored trials were read
     assert "reward 0.875" in capsys.readouterr().out
-    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
+    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"][p.label]
     assert entry["collect"] == f"{s3}/runs/grpo/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
     assert entry["adapter"] == f"{s3}/runs/grpo/rounds/1/train/adapter"
 
@@ -99,7 +99,8 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     bucket: the trials are read from there, with no adapter loaded (nothing answers at the
     endpoint; was: the local mirror alone was checked, and the adapter was loaded first)."""
     from conftest import REPO, free_port
-    from wharf.pipeline.eval import main
+    from wharf.core.names import weights_digest
+    from wharf.pipeline.eval import main, resolve
     from test_report import _rollouts
 
     run = RunLayout.of(f"{s3}/runs", "grpo")
@@ -112,8 +113,10 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     schema.write_table(job.rollouts, "rollouts", _rollouts(0, {"a": 2, "b": 1}))
     job.manifest.write_text(json.dumps({
         "state": "done", "dataset": "datasets/learn/heldout", "attempts": 4, "agent": "wharf.collect.agents.minimal:MinimalAgent",
-        "environment": "wharf.collect.sandbox.bwrap:BwrapEnvironment", "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3}}))
+        "environment": "wharf.collect.sandbox.bwrap:BwrapEnvironment", "sampling": {"temperature": 0.7, "top_p": 1.0, "seed": 3},
+        "policy": f"eval-{weights_digest(adapter)[:12]}"}))  # an eval from before labels carried the weights
     storage.push(job.root)
+    label = resolve(f"{run.root}:2").label
 
     monkeypatch.setenv("WHARF_MIRROR", str(tmp_path / "second"))
     args = ["--config", str(REPO / "configs/learn.yaml"), f"runs_dir={s3}/runs", "name=cmp", "eval.attempts=4",
@@ -123,7 +126,7 @@ def test_an_evals_own_finished_job_in_the_bucket_is_read_on_another_machine(s3, 
     assert main(args) == 0
     assert "reward 0.375" in capsys.readouterr().out
     assert "grpo:2: its trials are already in this eval" in caplog.text  # its own job, not its run's loop's
-    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"]["grpo-policy-v2"]
+    entry = json.loads(storage.get(f"{s3}/runs/cmp/evals/learn-heldout/summary.json"))["policies"][label]
     assert entry["collect"] == f"{s3}/runs/cmp/evals/learn-heldout/grpo-policy-v2/rounds/0/collect"
 
 

@@ -31,18 +31,18 @@ def test_train_publishes_policy_v1_to_the_engine(tmp_path, engine_url, capsys):
     result = train_round(cfg, progress=False)
     assert result.published, result.publish_message
     ep = Endpoint(engine_url)
-    assert "policy-v1" in ep.models()
-    base, tuned = logprobs(ep, cfg.endpoint.model), logprobs(ep, "policy-v1")
+    assert result.policy == cfg.policy(1) and cfg.policy(1) in ep.models()
+    base, tuned = logprobs(ep, cfg.endpoint.model), logprobs(ep, cfg.policy(1))
     assert max(abs(a - b) for a, b in zip(base, tuned)) > 1e-3, (base, tuned)
     # `make publish` again: a name is never reloaded in place; the adapter stays on disk.
     config = tmp_path / "run.yaml"
     dump_config(cfg, config)
     assert publish_mod.main(["--config", str(config)]) == 1
-    assert "already serves 'policy-v1'" in capsys.readouterr().err
+    assert f"already serves '{cfg.policy(1)}'" in capsys.readouterr().err
     assert Path(result.adapter, "adapter_model.safetensors").is_file()
     with pytest.raises(PublishError, match="no adapter to publish"):
         publish_mod.publish(cfg, tmp_path / "missing", "policy-v9")
-    ep.unload_adapter("policy-v1")  # the engine is shared by the session's other tests
+    ep.unload_adapter(cfg.policy(1))  # the engine is shared by the session's other tests
 
 
 @pytest.mark.gpu
@@ -66,6 +66,6 @@ def test_train_publishes_policy_v1_to_vllm(tmp_path):
     with launch(cfg, log_dir=tmp_path) as ep:
         result = train_round(with_key(cfg, ep), progress=False)  # publish sends the key vLLM was given
         assert result.published, result.publish_message
-        assert "policy-v1" in ep.models()
-        base, tuned = logprobs(ep, model), logprobs(ep, "policy-v1")
+        assert cfg.policy(1) in ep.models()
+        base, tuned = logprobs(ep, model), logprobs(ep, cfg.policy(1))
         assert max(abs(a - b) for a, b in zip(base, tuned)) > 1e-3, (base, tuned)

@@ -78,7 +78,7 @@ def sft_run(tmp_path_factory):
 
 def test_a_tiny_sft_round_lowers_the_nll_of_its_rows(sft_run):
     _, rows, result = sft_run
-    assert result.steps == 2 and result.skipped_steps == 0 and result.policy == "policy-v1"
+    assert result.steps == 2 and result.skipped_steps == 0 and result.policy.endswith("-policy-v1")
     assert result.mismatch_mean is None  # no behaviour policy to compare with
     metrics = [json.loads(x) for x in (Path(result.adapter) / ".." / "metrics.jsonl").resolve().read_text().splitlines()]
     assert all(math.isfinite(m["nll"]) and m["nll"] > 0 and m["loss"] == pytest.approx(m["nll"], rel=1e-5)
@@ -98,7 +98,7 @@ def test_a_warm_started_round_0_continues_the_init_adapter(sft_run):
     tmp, rows, sft = sft_run
     # GRPO round 0 of another run, from the SFT run's policy-v1, with a step too small to move it
     cfg = run_config(tmp, "name=grpo", f"loop.init_adapter={tmp / 'sft'}:1", "train.lr=1e-9")
-    assert cfg.start_policy == "policy-v0"
+    assert cfg.start_policy == cfg.policy(0) == f"{cfg.layout.tag}-policy-v0"
     write_round(convert_path(cfg), rows, [1.0, -1.0, 1.0, -1.0], 1.0)
     result = train_round(cfg, progress=False)
     start, end = lora_b(sft.adapter), lora_b(result.adapter)

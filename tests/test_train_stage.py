@@ -53,7 +53,7 @@ def test_one_step_raises_positive_and_lowers_negative_completions(tmp_path, rows
     write_round(convert_path(cfg), rows, ADV, 1.0)
     result = train_round(cfg, progress=False)
     paths = train_dir(cfg)
-    assert result.steps == 1 and result.skipped_steps == 0 and result.policy == "policy-v1"
+    assert result.steps == 1 and result.skipped_steps == 0 and result.policy == cfg.policy(1)
     assert not result.published and "not published" in result.publish_message
     # On-policy data: the trainer's recomputation equals what was stored.
     assert result.mismatch_mean < 1e-4 and result.mismatch_max < 1e-3

@@ -45,11 +45,11 @@ def test_a_warm_started_round_samples_the_init_adapter_and_continues_it(tmp_path
         assert run_loop(cfg) == [0]
         run = RunLayout(tmp_path / "warm")
         turns = schema.read_dir(run.round(0).collect.turns, "turns").to_pylist()
-        assert turns and {t["policy"] for t in turns} == {"policy-v0"}
+        assert turns and {t["policy"] for t in turns} == {run.policy(0)}
         # policy-v0 on the engine is the init adapter's weights, not the base model's
-        assert max(abs(a - b) for a, b in zip(first_logprobs(ep, "policy-v0"),
+        assert max(abs(a - b) for a, b in zip(first_logprobs(ep, run.policy(0)),
                                               first_logprobs(ep, cfg.endpoint.model))) > 1e-3
-        assert read_marker(run.round(0), "publish")["policy"] == "policy-v1"
+        assert read_marker(run.round(0), "publish")["policy"] == run.policy(1)
         before, after = adapter_tensors(init), adapter_tensors(run.round(0).train.adapter)
         assert before.keys() == after.keys()
         moved = sum((after[k] - before[k]).norm() ** 2 for k in before) ** 0.5
@@ -61,6 +61,6 @@ def test_a_warm_started_round_samples_the_init_adapter_and_continues_it(tmp_path
         # these tasks give round 0 mixed rewards: it trains (a round without signal would carry the init on)
         assert trained["steps"] > 0 and moved > 0, trained
     finally:
-        for name in ("policy-v0", "policy-v1"):  # the engine is shared by the session's other tests
+        for name in (cfg.policy(0), cfg.policy(1)):  # the engine is shared by the session's other tests
             if name in ep.models():
                 ep.unload_adapter(name)

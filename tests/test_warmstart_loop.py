@@ -35,23 +35,24 @@ def adapter(d: Path) -> Path:
 def test_round_0_samples_the_init_adapter_as_policy_v0(tmp_path, monkeypatch):
     start = adapter(tmp_path / "sft-run/rounds/2/train/adapter")
     cfg = cfg_with(tmp_path, f"loop.init_adapter={tmp_path / 'sft-run'}:3")
-    assert loop.round_config(cfg, 0).collect.policy == "policy-v0"
-    assert loop.round_config(cfg, 1).collect.policy == "policy-v1"
+    v0 = cfg.policy(0)  # the run's own name for it on a shared fleet
+    assert v0 == f"{cfg.layout.tag}-policy-v0" and loop.round_config(cfg, 0).collect.policy == v0
+    assert loop.round_config(cfg, 1).collect.policy == cfg.policy(1) == f"{cfg.layout.tag}-policy-v1"
     published = []
     monkeypatch.setattr(loop, "publish", lambda c, path, name, resume: published.append((path, name)))
     with StubServer(loras=True) as replica:  # one replica, asked what it serves (/v1/models)
         ep = Endpoint(replica.url, model="base-model")
         loop.ensure_served(ep, cfg, 0)
-        assert published == [(start, "policy-v0")]
-        replica.stub.adapters["policy-v0"] = str(start)
+        assert published == [(start, v0)]
+        replica.stub.adapters[v0] = str(start)
         loop.ensure_served(ep, cfg, 0)  # served already: not again
         assert len(published) == 1
-        replica.stub.adapters["policy-v0"] = "/other-run/adapter"  # another run's policy-v0
+        replica.stub.adapters[v0] = "/other-run/adapter"  # another run serving this name
         loop.ensure_served(ep, cfg, 0)
-        assert published == [(start, "policy-v0")] * 2
+        assert published == [(start, v0)] * 2
     # round 0's rows by policy-v0 are on-policy; the base model's would be another policy's
-    assert allowed_policies(0, 0, cfg.start_policy) == ("policy-v0",)
-    check_lag({"policy-v0": 3}, 0, 0, cfg.start_policy, "index.json")
+    assert allowed_policies(0, 0, cfg.start_policy) == (v0,)
+    check_lag({v0: 3}, 0, 0, cfg.start_policy, "index.json")
     with pytest.raises(Exception, match="base-model"):
         check_lag({"base-model": 3}, 0, 0, cfg.start_policy, "index.json")
 
@@ -69,7 +70,7 @@ def test_a_round_0_without_signal_carries_the_init_adapter(tmp_path):
     start = adapter(tmp_path / "sft")
     cfg = loop.round_config(cfg_with(tmp_path, f"loop.init_adapter={start}"), 0)
     out = carry_policy(cfg)
-    assert out["policy"] == "policy-v1" and (Path(out["adapter"]) / "adapter_config.json").read_text() == \
+    assert out["policy"] == cfg.policy(1) and (Path(out["adapter"]) / "adapter_config.json").read_text() == \
         (start / "adapter_config.json").read_text()
 
 

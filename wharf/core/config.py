@@ -22,7 +22,7 @@ from wharf.core.config_serving import EndpointConfig, EngineConfig, ProxyConfig,
 from wharf.core.config_stages import CollectConfig, ConvertConfig, SftConvertConfig, TrainConfig  # noqa: F401
 from wharf.core.config_types import NonNegative, Positive
 from wharf.core.configio import ConfigError, parse_override  # noqa: F401  (the loader's public names)
-from wharf.core.layout import RoundLayout, RunLayout, policy_name
+from wharf.core.layout import RoundLayout, RunLayout
 
 
 @dataclass
@@ -98,7 +98,11 @@ class RunConfig:
     @property
     def start_policy(self) -> str:
         """The name round 0 samples from: the endpoint's model, or policy-v0 (loop.init_adapter)."""
-        return policy_name(0) if self.loop.init_adapter else self.endpoint.model
+        return self.policy(0) if self.loop.init_adapter else self.endpoint.model
+
+    def policy(self, k: int) -> str:
+        """policy-v<k> of this run as its replicas serve it (`<run>-<h>-policy-v<k>`: per run on a shared fleet)."""
+        return self.layout.policy(k)
 
     @property
     def layout(self) -> RunLayout:

@@ -21,25 +21,11 @@ is laid out the same under its local mirror (wharf/core/storage.py): the stages 
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from wharf.core import storage
-
-
-def policy_name(k: int) -> str:
-    """The adapter trained on round k-1's data, which samples round k (`policy-v<k>`)."""
-    return f"policy-v{k}"
-
-
-def policy_version(name: str | None, base: str | None = None) -> int | None:
-    """k of `policy-v<k>` (policy_name's inverse); 0 for the base model's name `base`; None for
-    any other name."""
-    if base is not None and name == base:
-        return 0
-    m = re.fullmatch(r"policy-v(\d+)", name or "")
-    return int(m.group(1)) if m else None
+from wharf.core.names import policy_name, policy_version, run_tag  # noqa: F401  (their old home)
 
 
 def init_adapter_dir(spec: str | None) -> Path | None:
@@ -252,6 +238,15 @@ class RunLayout:
 
     def round(self, k: int) -> RoundLayout:
         return RoundLayout(self.root / "rounds" / str(k), k)
+
+    @property
+    def tag(self) -> str:
+        """The prefix of this run's policy names on a fleet (wharf/core/names.py)."""
+        return run_tag(self.root)
+
+    def policy(self, k: int) -> str:
+        """policy-v<k> of this run as replicas serve it: `<tag>-policy-v<k>`."""
+        return policy_name(k, self.tag)
 
     def published(self, policy: str) -> Path:
         """Which replicas took `policy` when it was published (wharf/core/replicas.py)."""

@@ -17,94 +17,31 @@ run again: GRPO and its control evaluated by their loops compare with no new tri
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
-import re
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
 from wharf.core import schema, storage
-from wharf.core.config import ConfigError, RunConfig, check_policy_spec, cli_config
+from wharf.core.config import ConfigError, RunConfig, cli_config
 from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
 from wharf.core.replicas import replica_urls
-from wharf.core.layout import EvalLayout, RunLayout, adapter_weights, has_adapter, policy_name
+from wharf.core.layout import EvalLayout, RunLayout
 
+from .eval_policy import EvalError, Policy, dataset_of, eval_name, owner_of, resolve, served_digest  # noqa: F401
 from .eval_stats import PolicyFigures, Trial, figures, paired_difference
+from .eval_stored import legacy_label, stored_note, stored_trials  # noqa: F401  (their old home: eval.py)
 
 log = logging.getLogger("wharf.eval")
 UNSCORED = ("infra_error", "verifier_error")  # not the policy's doing: left out, as convert leaves them out
-
-
-class EvalError(WharfError, RuntimeError):
-    """A policy that cannot be resolved or served; the message names the key and the path."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    spec: str  # as written in eval.policies
-    label: str  # its folder under the eval dir
-    adapter: Path | None  # None: the base model
-    round: int | None = None  # k of a run round's policy-v<k> (0: base)
-
-    @property
-    def digest(self) -> str:
-        """The adapter's weights' sha256 prefix: what tells two adapters apart."""
-        return hashlib.sha256(adapter_weights(self.adapter).read_bytes()).hexdigest()[:12]
-
-    def served_name(self, base: str) -> str:
-        """The model name to sample: the base's, or one named by the adapter's weights (the same
-        weights are loaded once, a different adapter never reuses a name)."""
-        return base if self.adapter is None else f"eval-{self.digest}"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
-
-
-def resolve(spec: str, key: str = "eval.policies") -> Policy:
-    """A policy spec -> the weights it names; a missing run round or adapter names the path."""
-    check_policy_spec(spec, key)
-    if spec == "base":
-        return Policy(spec, "base", None, 0)
-    head, sep, tail = spec.rpartition(":")
-    if sep:
-        run, k = storage.local_path(head), int(tail)  # a run dir, or a run in object storage (its mirror)
-        if k == 0:
-            return Policy(spec, "base", None, 0)
-        adapter = RunLayout(run).round(k - 1).train.adapter
-        storage.pull(adapter)  # in object storage: the bucket's (a loop's eval resumed on another machine)
-        if not has_adapter(adapter):
-            raise EvalError(f"{key}: {spec!r} is {policy_name(k)} of {run}, trained by round {k - 1}, but {adapter} "
-                            f"holds no adapter (rounds on disk: {RunLayout(run).rounds() or 'none'})")
-        return Policy(spec, _slug(f"{run.name}-{policy_name(k)}"), adapter, k)
-    adapter = Path(spec)
-    if not has_adapter(adapter):
-        raise EvalError(f"{key}: {spec!r} is neither base nor <run dir>:<k>, and {adapter} holds no adapter "
-                        "(no adapter_config.json)")
-    named = Policy(spec, "", adapter)  # two adapter dirs of one name (.../train/adapter) differ by weights
-    return dataclasses.replace(named, label=_slug(f"adapter-{adapter.resolve().name}-{named.digest[:6]}"))
-
-
-def eval_name(cfg: RunConfig) -> str:
-    """eval.name, else the dataset's last two path parts (datasets/multiturn/heldout -> multiturn-heldout)."""
-    if cfg.eval.name:
-        return cfg.eval.name
-    parts = [p for p in Path(dataset_of(cfg)).resolve().parts[-2:] if p != "datasets"]
-    return _slug("-".join(parts))
-
-
-def dataset_of(cfg: RunConfig) -> str:
-    return cfg.eval.dataset or cfg.collect.dataset
 
 
 def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refused: list[str] = ()) -> RunConfig:
@@ -123,12 +60,12 @@ def policy_config(cfg: RunConfig, ev: EvalLayout, p: Policy, served: str, refuse
 
 
 @contextmanager
-def serving(ep: Endpoint, cfg: RunConfig, p: Policy) -> Iterator[tuple[str, list[str]]]:
+def serving(ep: Endpoint, cfg: RunConfig, p: Policy, owner: str = "") -> Iterator[tuple[str, list[str]]]:
     """`p` served for the block on every replica the proxy routes to (endpoint.url and
     proxy.upstreams: a load reaches only the server that receives it): its adapter loaded under its
     weights' name where it is not (unloaded after: adapter slots are few). Yields the name and the
     replicas that refused it, which the round's proxy routes none of its calls; all refusing is an error."""
-    name = p.served_name(cfg.endpoint.model)
+    name = p.served_name(cfg.endpoint.model, owner)
     loaded: list[Endpoint] = []
     refused: dict[str, str] = {}
     replicas = replica_urls(ep.url, cfg.proxy.upstreams) if p.adapter is not None else []
@@ -193,55 +130,6 @@ def task_families(dataset: str | Path) -> dict[str, str]:
     return out
 
 
-def _same_trials(cfg: RunConfig, manifest: dict) -> bool:
-    """Whether a finished job ran the trials this eval would: the same tasks, agent, sandbox,
-    sampling and seed, and at least as many attempts."""
-    s, seed = manifest.get("sampling") or {}, 0 if cfg.sampling.seed is None else cfg.sampling.seed
-    try:
-        same_set = Path(manifest.get("dataset", "")).resolve() == Path(dataset_of(cfg)).resolve()
-    except OSError:
-        return False
-    return (same_set and manifest.get("state") == "done" and (manifest.get("attempts") or 0) >= cfg.eval.attempts
-            and (manifest.get("agent"), manifest.get("environment")) == (cfg.collect.agent, cfg.collect.environment)
-            and (s.get("temperature"), s.get("top_p"), s.get("seed")) == (cfg.sampling.temperature, cfg.sampling.top_p, seed))
-
-
-def stored_trials(cfg: RunConfig, p: Policy) -> RunLayout | None:
-    """A run round's policy whose trials were already run: this eval's own finished job (as the
-    bucket has it: a re-run on another machine loads no adapter for it), or one the run's own loop
-    ran with the same trials (runs/<run>/evals/*/<label>). None when this eval has an unfinished job
-    of its own for the policy (it resumes that one), or no such job is found."""
-    if p.round is None or p.adapter is None:
-        return None
-    own = cfg.layout.eval(eval_name(cfg)).policy(p.label)
-    storage.pull(own.round(0).collect.root, ("manifest.json", "rollouts.parquet"))
-    if own.round(0).collect.manifest.is_file():
-        return own if _finished(own, cfg) else None
-    evals = RunLayout(storage.local_path(p.spec.rpartition(":")[0])).evals
-    job = f"*/{p.label}/rounds/0/collect"
-    storage.pull(evals, (f"{job}/manifest.json", f"{job}/rollouts.parquet"))  # what is read of them: the bucket's
-    for d in sorted(evals.glob(f"*/{p.label}")) if evals.is_dir() else []:
-        if _finished(RunLayout(d), cfg):
-            return RunLayout(d)
-    return None
-
-
-def stored_note(ev: EvalLayout, p: Policy, run: RunLayout) -> str:
-    """The log line of a policy whose trials are read, not run: this eval's own finished job, or
-    the one its run's loop ran (stored_trials)."""
-    if run.root == ev.policy(p.label).root:
-        return f"eval {ev.root.name}: {p.spec}: its trials are already in this eval, {run.root}: not run again"
-    return f"eval {ev.root.name}: {p.spec}: reading the trials its run's loop already ran, {run.root}"
-
-
-def _finished(run: RunLayout, cfg: RunConfig) -> bool:
-    """Whether a policy's collect job there is done, with the trials this eval would run."""
-    try:
-        return _same_trials(cfg, json.loads(run.round(0).collect.manifest.read_text()))
-    except (OSError, ValueError):
-        return False
-
-
 def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dict:
     """Run every policy's trials (skipping finished jobs, and reading those the policy's run already
     ran: stored_trials) and write the eval's summary.json. `ep` may be None when every policy is stored."""
@@ -254,7 +142,7 @@ def evaluate(cfg: RunConfig, policies: list[Policy], ep: Endpoint | None) -> dic
             log.info(stored_note(ev, p, run))
         else:
             run = ev.policy(p.label)
-            with serving(ep, cfg, p) as (served, refused):
+            with serving(ep, cfg, p, owner_of(run)) as (served, refused):
                 log.info("eval %s: %s (%s) on %s", ev.root.name, p.spec, served, dataset_of(cfg))
                 collect_round(policy_config(cfg, ev, p, served, refused))
         results[p.label] = (p, read_trials(run, cfg.eval.attempts, families), run)
@@ -280,8 +168,8 @@ def _interval(iv) -> dict:
 def _policy_entry(p: Policy, f: PolicyFigures, run: RunLayout, attempts: int) -> dict:
     dropped, errors = unscored(run, attempts)
     return {"spec": p.spec, "label": p.label, "adapter": storage.describe(p.adapter) if p.adapter else None,
-            "round": p.round, "collect": storage.describe(run.round(0).collect.root), "trials": f.trials,
-            "unscored": dropped, "upstream_errors": errors, "reward": _interval(f.reward),
+            "sha256": p.sha256, "round": p.round, "collect": storage.describe(run.round(0).collect.root),
+            "trials": f.trials, "unscored": dropped, "upstream_errors": errors, "reward": _interval(f.reward),
             "pass_at": {str(k): v for k, v in f.pass_at.items()},
             "successes": {t: list(cn) for t, cn in f.successes.items()}}
 

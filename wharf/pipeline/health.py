@@ -97,16 +97,29 @@ def gather(rnd: RoundLayout, policy: str, allowed: tuple[str, ...] = (),
     return f
 
 
+def published_name(rnd: RoundLayout) -> str:
+    """The name round k's policy was published under: its publish marker's (a run from before
+    per-run names: `policy-v<k+1>`), else the run's (wharf/core/names.py)."""
+    name = (_json(rnd.marker("publish")) or {}).get("policy")
+    if isinstance(name, str) and name:
+        return name
+    run = RunLayout(rnd.root.parents[1])
+    old = policy_name(rnd.k + 1)
+    return old if run.published(old).is_file() and not run.published(run.policy(rnd.k + 1)).is_file() \
+        else run.policy(rnd.k + 1)
+
+
 def _published(f: RoundFacts, rnd: RoundLayout, live: dict[str, str] | None) -> None:
-    path = RunLayout(rnd.root.parents[1]).published(policy_name(rnd.k + 1))
+    name = published_name(rnd)
+    path = RunLayout(rnd.root.parents[1]).published(name)
     f.files["published"] = str(path)
     try:
         record = PublishRecord.read(path)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        f.published, f.refused = policy_name(rnd.k + 1), {"?": f"unreadable record: {e}"}
+        f.published, f.refused = name, {"?": f"unreadable record: {e}"}
         return
     if live is not None:  # what the replicas serve now wins over what publish once recorded
-        f.published, f.refused = policy_name(rnd.k + 1), dict(live)
+        f.published, f.refused = name, dict(live)
         f.files["published"] = f"GET /v1/models on every replica; {path}"
         for url, why in (record.refused if record else {}).items():
             if url in f.refused:

@@ -34,17 +34,18 @@ from wharf.core import lease, storage
 from wharf.core.config import RunConfig, cli_config, dump_config
 from wharf.core.endpoint import Endpoint, with_key
 from wharf.core.entry import guarded
-from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir, policy_name
+from wharf.core.layout import ConvertPaths, RunLayout, has_adapter, init_adapter_dir
+from wharf.core.names import policy_name
 from wharf.core.model_identity import check_served
 from wharf.core.model_store import release_memory
 from wharf.core.replicas import not_serving, replica_urls
 
 from .eval import eval_name, evaluate, resolve
-from .health import check_round, enforce
+from .health import check_round, enforce, published_name
 from .loop_checks import check_init_adapter, check_loop  # noqa: F401  (check_init_adapter: its old home)
-from .overlap import Collector, allowed_policies, check_lag
+from .overlap import Collector, allowed_policies, check_lag, recorded_policy, served_name
 from .report.data import gather_round, round_line
-from .stages import (LoopError, convert_stage, drop_marker, read_marker, round_index, run_stage, track_round,
+from .stages import (LoopError, convert_stage, forget_old_weights, read_marker, round_index, run_stage, track_round,
                      train_stage, write_report)
 
 log = logging.getLogger("wharf.loop")
@@ -53,7 +54,7 @@ log = logging.getLogger("wharf.loop")
 def round_config(cfg: RunConfig, k: int, policy: str | None = None) -> RunConfig:
     """Round k's config: sample from `policy`, by default policy-v<k> (round 0: the base model);
     the loop publishes."""
-    policy = policy or (cfg.start_policy if k == 0 else policy_name(k))
+    policy = policy or recorded_policy(cfg, k) or (cfg.start_policy if k == 0 else cfg.policy(k))
     train = dataclasses.replace(cfg.train, publish=False)
     return dataclasses.replace(cfg, round=k, collect=dataclasses.replace(cfg.collect, policy=policy), train=train)
 
@@ -66,7 +67,7 @@ def ensure_served(ep: Endpoint | None, cfg: RunConfig, k: int) -> None:
     start = init_adapter_dir(cfg.loop.init_adapter)
     if (k == 0 and start is None) or ep is None:
         return
-    name = policy_name(k)
+    name = served_name(cfg, k)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
     adapter = start if k == 0 else layout.round(k - 1).train.adapter
     missing = list(not_serving(replica_urls(ep.url, cfg.proxy.upstreams), name, adapter, ep.api_key))
@@ -129,10 +130,10 @@ def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
     rnd = layout.round(cfg.round)
     for k in {0, cfg.round}:  # round 0: the reference of answers_ended and agents_in_time
         storage.pull(layout.round(k).root, health_inputs(layout.round(k)))
-    allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy)
+    allowed = allowed_policies(cfg.round, cfg.loop.max_staleness, cfg.start_policy, cfg.layout.tag)
     live = None
     if ep is not None and (read_marker(rnd, "publish") or {}).get("published"):
-        live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), policy_name(cfg.round + 1),
+        live = not_serving(replica_urls(ep.url, cfg.proxy.upstreams), published_name(rnd),
                            rnd.train.adapter, ep.api_key)
     checks = check_round(rnd, cfg.collect.policy or cfg.endpoint.model, cfg.loop.health, allowed, live)
     for c in checks:
@@ -142,7 +143,7 @@ def check_health(cfg: RunConfig, ep: Endpoint | None = None) -> list:
 
 
 def publish_stage(cfg: RunConfig, ep: Endpoint | None) -> dict:
-    name = policy_name(cfg.round + 1)
+    name = cfg.policy(cfg.round + 1)
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
     if ep is None:
         return {"policy": name, "published": False}
@@ -170,7 +171,8 @@ def eval_stage(cfg: RunConfig, ep: Endpoint) -> dict:
     ref, new = (summary["policies"][label] for label in summary["last"])
     diff = summary["paired"][f"{new['label']} - {ref['label']}"]
     keep = ("mean", "low", "high", "tasks")
-    return {"policy": policy_name(k), "k": k, "eval": eval_name(ecfg), "trials": new["trials"],
+    return {"policy": policy_name(k), "sha256": new.get("sha256"), "k": k, "eval": eval_name(ecfg),
+            "trials": new["trials"],
             **{key: new["reward"][key] for key in keep}, "start": start,
             "base": {key: ref["reward"][key] for key in keep},  # policy-v0's: the base, or the init adapter
             "diff": {key: diff[key] for key in keep}}
@@ -195,7 +197,7 @@ def learn_round(cfg: RunConfig, ep: Endpoint | None, waited_s: float | None = No
     waited = {} if waited_s is None else {"waited_for_collect_s": round(waited_s, 1)}
     run_stage(rnd, "convert", lambda: {**convert_stage(cfg), **waited})
     if run_stage(rnd, "train", lambda: train_checked(cfg)):
-        drop_marker(rnd, "publish")  # a round trained again has new weights: published (and checked) again
+        forget_old_weights(rnd)
     measure_shift(cfg)
     release_memory()  # the models train and the measurement loaded, before the loop samples again
     return run_stage(rnd, "publish", lambda: publish_stage(cfg, ep))
@@ -219,7 +221,7 @@ def close_round(cfg: RunConfig, t0: float, ep: Endpoint | None = None) -> None:
     write_report(layout.root)  # before stopping: the report's table shows what failed
     enforce(checks)
     log.info("round %d done (%.0f s this run); %s serves next", cfg.round, time.monotonic() - t0,
-             policy_name(cfg.round + 1))
+             cfg.policy(cfg.round + 1))
 
 
 def sync_rounds(cfg: RunConfig, ep: Endpoint | None) -> list[int]:
@@ -287,6 +289,6 @@ def main(argv: list[str] | None = None, prog: str = "wharf loop") -> int:
 def _loop(cfg: RunConfig) -> int:
     done = run_loop(cfg)
     layout = RunLayout.of(cfg.runs_dir, cfg.name)
-    print(f"loop: rounds {done[0]}..{done[-1]} done; {policy_name(done[-1] + 1)} in "
+    print(f"loop: rounds {done[0]}..{done[-1]} done; {cfg.policy(done[-1] + 1)} in "
           f"{layout.round(done[-1]).train.adapter}; report: {layout.report}")
     return 0

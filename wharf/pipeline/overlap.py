@@ -44,14 +44,16 @@ class StaleRowsError(WharfError, RuntimeError):
     """A round holds rows sampled by a policy more than loop.max_staleness versions behind."""
 
 
-def allowed_policies(k: int, s: int, base: str) -> tuple[str, ...]:
-    """The policies that may sample round k: policy-v<k> and the s before it (v0: the base)."""
-    return tuple(base if v == 0 else policy_name(v) for v in range(max(0, k - s), k + 1))
+def allowed_policies(k: int, s: int, base: str, tag: str | None = None) -> tuple[str, ...]:
+    """The policies that may sample round k: policy-v<k> and the s before it (v0: the base), named
+    with the run's `tag` (wharf/core/names.py)."""
+    return tuple(base if v == 0 else policy_name(v, tag) for v in range(max(0, k - s), k + 1))
 
 
 def lags(policies: Counter, k: int, base: str) -> dict[str, int | None]:
     """Each policy that sampled round k's rows -> how many versions it is behind policy-v<k> (the
-    one round k trains from); None for a name that is no version of this run."""
+    one round k trains from); None for a name that is no policy version (the rows are the run's own:
+    any run tag counts, wharf/core/names.py)."""
     return {p: None if (v := policy_version(p, base)) is None else k - v for p in policies}
 
 
@@ -72,10 +74,25 @@ def check_lag(policies: Counter, k: int, s: int, base: str, source: str) -> dict
     if bad:
         what = "; ".join(f"{n} rollouts by {p} ({_behind(lag[p])})" for p, n in sorted(bad.items(), key=lambda pn: str(pn[0])))
         raise StaleRowsError(
-            f"round {k} trains from {policy_name(k) if k else base} on rows at most {s} policies behind "
+            f"round {k} trains from {f'policy-v{k}' if k else base} on rows at most {s} policies behind "
             f"(loop.max_staleness={s}), but {source} holds {what}. Delete rounds/{k}/ to collect it again, "
             f"or raise loop.max_staleness")
     return {p: int(v) for p, v in lag.items()}
+
+
+def recorded_policy(cfg: RunConfig, k: int) -> str | None:
+    """The name round k's collect sampled policy-v<k> under when it started (its marker or manifest):
+    a round from before per-run names keeps `policy-v<k>`; None when it has not started."""
+    rnd = cfg.layout.round(k)
+    name = (read_marker(rnd, "collect") or round_manifest(rnd)).get("policy")
+    return name if policy_version(name, cfg.start_policy) == k else None
+
+
+def served_name(cfg: RunConfig, k: int) -> str:
+    """The name round k samples policy-v<k> under: the round's own (a round started before per-run
+    names resumes with `policy-v<k>`), else the run's (cfg.policy)."""
+    asked = cfg.collect.policy
+    return asked if asked and policy_version(asked) == k else cfg.policy(k)
 
 
 class Published:
@@ -108,7 +125,7 @@ class Collected:
     waited_s: float  # the collect waited this long for its policy to be published
 
 
-def _manifest(rnd: RoundLayout) -> dict:
+def round_manifest(rnd: RoundLayout) -> dict:
     """Round rnd's collect manifest ({} before the collect wrote one); in a run in object storage
     the bucket's (a loop resumed on another machine: its collect's policy is there)."""
     storage.pull_file(rnd.collect.manifest)
@@ -171,17 +188,18 @@ class Collector:
 
     def _collect(self, j: int) -> Collected | None:
         rnd, base, s = self.cfg.layout.round(j), self.cfg.start_policy, self.cfg.loop.max_staleness
+        tag = self.cfg.layout.tag
         marker = read_marker(rnd, "collect")
         if marker is not None:
             lag = j - (policy_version(marker.get("policy"), base) or 0)
             return Collected(marker.get("policy") or base, marker.get("lag", lag), marker.get("waited_s", 0.0))
-        policy, waited = _manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
+        policy, waited = round_manifest(rnd).get("policy"), 0.0  # a killed collect resumes with its policy
         if policy is None:
             waited = self.published.wait(j - s, self._stop)
             if self._stop.is_set():
                 return None
             v = self.published.version
-            policy = base if v == 0 else policy_name(v)
+            policy = base if v == 0 else policy_name(v, tag)
         lag = lags(Counter({policy: 1}), j, base)[policy]
         if _outside(lag, s):
             raise StaleRowsError(f"round {j}'s collect was started from {policy} ({rnd.collect.manifest}), "
@@ -195,7 +213,7 @@ class Collector:
         t0 = time.monotonic()
         if not self._child_collect(rcfg):
             return None
-        m = _manifest(rnd)
+        m = round_manifest(rnd)
         info = {"rollouts": (m.get("counts") or {}).get("finished"), "mean_reward": m.get("mean_reward")}
         log.info("round %d: collected %s rollouts in %.0f s, mean reward %s", j, info.get("rollouts"),
                  time.monotonic() - t0, info.get("mean_reward"))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from wharf.collect.manifest import RoundSummary
-from wharf.core.layout import CollectPaths, RunLayout, policy_name
+from wharf.core.layout import CollectPaths, RunLayout
 from wharf.train.records import TrainResult  # noqa: F401  (the API's training result)
 
 
@@ -79,7 +79,7 @@ class LoopResult:
     @classmethod
     def of(cls, layout: RunLayout, rounds: list[int]) -> "LoopResult":
         last = rounds[-1]
-        return cls(run_dir=layout.root, rounds=rounds, policy=policy_name(last + 1),
+        return cls(run_dir=layout.root, rounds=rounds, policy=layout.policy(last + 1),
                    adapter=layout.round(last).train.adapter, report=layout.report)
 
 

@@ -22,7 +22,7 @@ from wharf.train.stage import convert_dir, push_outputs, train_round
 from wharf.core import storage, tracking
 from wharf.core.config import RunConfig
 from wharf.core.errors import WharfError
-from wharf.core.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir, policy_name
+from wharf.core.layout import ConvertPaths, RoundLayout, RunLayout, init_adapter_dir
 
 log = logging.getLogger("wharf.loop")
 
@@ -57,6 +57,14 @@ def drop_marker(rnd: RoundLayout, stage: str) -> None:
     path.unlink(missing_ok=True)
     if (url := storage.url_of(path)) is not None:
         storage.delete(url)
+
+
+def forget_old_weights(rnd: RoundLayout) -> None:
+    """A round trained again has new weights in the same dir: it is published (and checked) again,
+    and its held-out figures, which are the old weights', are measured again (the eval's trials of
+    the old weights stay, under their own label: wharf/pipeline/eval.py)."""
+    for stage in ("publish", "eval"):
+        drop_marker(rnd, stage)
 
 
 def run_stage(rnd: RoundLayout, stage: str, fn: Callable[[], dict | None]) -> bool:
@@ -107,8 +115,8 @@ def carry_policy(cfg: RunConfig) -> dict:
     os.replace(tmp, dst)
     push_outputs(layout.round(cfg.round).train)
     log.warning("round %d: no group with signal; %s carries %s unchanged", cfg.round,
-                policy_name(cfg.round + 1), policy_name(cfg.round))
-    return {"policy": policy_name(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": policy_name(cfg.round)}
+                cfg.policy(cfg.round + 1), cfg.policy(cfg.round))
+    return {"policy": cfg.policy(cfg.round + 1), "adapter": str(dst), "steps": 0, "carried": cfg.policy(cfg.round)}
 
 
 def train_stage(cfg: RunConfig) -> dict:

@@ -1,4 +1,5 @@
-"""Hand a trained adapter to every replica as policy-v<k+1>, and check that the name serves.
+"""Hand a trained adapter to every replica as the run's policy-v<k+1> (`<run>-<h>-policy-v<k+1>`:
+per run, wharf/core/names.py), and check that the name serves.
 
 `POST /v1/load_lora_adapter` with a new name and a new directory every round (never a reload in
 place: vLLM can reuse stale prefix-cache blocks under an old name). The same API on vLLM and
@@ -8,7 +9,6 @@ the local engine. A failed publish leaves the adapter on disk; `make publish` tr
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +19,8 @@ from wharf.core.config import RunConfig, cli_config
 from wharf.core.endpoint import Endpoint, EndpointError
 from wharf.core.entry import guarded
 from wharf.core.errors import WharfError
-from wharf.core.layout import RunLayout, adapter_weights, has_adapter, init_adapter_dir, policy_name, policy_version
+from wharf.core.layout import RunLayout, has_adapter, init_adapter_dir
+from wharf.core.names import policy_version, weights_digest
 from wharf.core.replicas import PublishRecord, ReplicaResult, replica_urls, same_adapter, serves_ours
 
 log = logging.getLogger("wharf.train")
@@ -42,6 +43,7 @@ class _Publish:
     ours: Callable[[str | None], bool]
     weights: str | None
     loaded: dict[str, str | None]
+    tag: str | None = None  # the run's policy-name prefix: only its own versions are ever unloaded
 
 
 def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) -> PublishRecord:
@@ -56,8 +58,8 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     mine = [layout.root, *filter(None, [init_adapter_dir(cfg.loop.init_adapter)])]
     before = PublishRecord.read(layout.published(name)) if resume else None
     job = _Publish(Path(adapter_dir), name, resume, max(1, cfg.loop.max_staleness),
-                   lambda root: root is not None and any(_under(root, d) for d in mine), _digest(adapter_dir),
-                   {r.url: r.weights for r in (before.replicas if before else [])})
+                   lambda root: root is not None and any(_under(root, d) for d in mine), weights_digest(adapter_dir),
+                   {r.url: r.weights for r in (before.replicas if before else [])}, layout.tag)
     record = PublishRecord(name, str(adapter_dir), [
         _publish_one(Endpoint(url, cfg.endpoint.api_key, cfg.endpoint.model), job)
         for url in replica_urls(cfg.endpoint.url, cfg.proxy.upstreams)])
@@ -71,17 +73,6 @@ def publish(cfg: RunConfig, adapter_dir: Path, name: str, resume: bool = False) 
     return record
 
 
-def _digest(adapter_dir: Path) -> str | None:
-    path = adapter_weights(Path(adapter_dir))
-    if not path.is_file():
-        return None
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _publish_one(ep: Endpoint, job: _Publish) -> ReplicaResult:
     try:
         served = ep.roots()
@@ -89,9 +80,10 @@ def _publish_one(ep: Endpoint, job: _Publish) -> ReplicaResult:
             _check_same(ep.url, job, served[job.name])
             verify(ep, job.name)
             return ReplicaResult(ep.url, True, weights=job.loaded.get(ep.url) or job.weights)
-        oldest = policy_version(job.name) - job.keep  # the policies that may still be sampling stay
+        # the policies that may still be sampling stay
+        oldest = (policy_version(job.name, None, job.tag) or 0) - job.keep
         for old, root in served.items():
-            v = policy_version(old)
+            v = policy_version(old, None, job.tag)
             if v is not None and v < oldest and job.ours(root):
                 try:
                     ep.unload_adapter(old)
@@ -169,7 +161,7 @@ def main(argv: list[str] | None = None, prog: str = "wharf publish") -> int:
 def _publish(cfg: RunConfig) -> int:
     adapter = RunLayout.of(cfg.runs_dir, cfg.name).round(cfg.round).train.adapter
     storage.pull(adapter)  # a run in object storage: the adapter into this machine's mirror
-    name = policy_name(cfg.round + 1)
+    name = cfg.policy(cfg.round + 1)
     record = publish(cfg, adapter, name)
     print(f"published {adapter} as {name} on {', '.join(record.serving)}")
     for url, why in record.refused.items():

@@ -164,7 +164,7 @@ def _train(cfg: RunConfig, paths, index, batches, progress: bool) -> TrainResult
     fingerprint = {"train": to_dict(cfg.train), "files": [f.file for f in index.files], "steps": len(steps)}
     summary = run_steps(setup, steps, paths, fingerprint, progress)
     update = setup.trainer.shift_sums()  # every process: it reduces over them
-    result = TrainResult(round=cfg.round, policy=policy_name(cfg.round + 1), adapter=storage.describe(paths.adapter),
+    result = TrainResult(round=cfg.round, policy=cfg.policy(cfg.round + 1), adapter=storage.describe(paths.adapter),
                          steps=len(steps), skipped_steps=summary["skipped"], loss_tokens=index.loss_tokens,
                          mismatch_mean=summary.get("mismatch_mean"), mismatch_max=summary.get("mismatch_max"),
                          wall_s=round(summary["wall_s"], 1))
