@@ -31,13 +31,14 @@ pytestmark = [
 CONFIG = REPO / "configs" / "real.yaml"
 
 
-def make_tasks(tmp_path: Path, cache: Path, monkeypatch) -> list[Path]:
-    monkeypatch.setenv("WHARF_CACHE", str(cache))
+def make_tasks(tmp_path: Path, cache: Path) -> list[Path]:
+    """Two tasks, their sdist and env in a cache of their own (the model stays in the usual one)."""
     _sdist(cache, FIXTURE, "tinycalc")
     _offline_env(cache, "tinycalc-0.1")
     out = tmp_path / "tasks"
-    assert cli.main(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"]) == 0
-    monkeypatch.delenv("WHARF_CACHE")  # the model and its kernels stay in the usual cache
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WHARF_CACHE", str(cache))
+        assert cli.main(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"]) == 0
     return sorted(p for p in out.iterdir() if (p / "task.toml").is_file())
 
 
@@ -52,9 +53,9 @@ def collect(tmp_path: Path, cache: Path, tasks: Path, engine_url: str) -> subpro
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_mini_swe_agent_round_on_made_tasks_is_judged_then_trains(tmp_path, engine_url, monkeypatch):
+def test_mini_swe_agent_round_on_made_tasks_is_judged_then_trains(tmp_path, engine_url):
     cache = tmp_path / "cache"
-    made = make_tasks(tmp_path, cache, monkeypatch)
+    made = make_tasks(tmp_path, cache)
     assert len(made) == 2
     r = collect(tmp_path, cache, tmp_path / "tasks", engine_url)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
