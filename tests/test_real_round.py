@@ -43,8 +43,9 @@ def make_tasks(tmp_path: Path, cache: Path) -> list[Path]:
 
 
 def collect(tmp_path: Path, cache: Path, tasks: Path, engine_url: str) -> subprocess.CompletedProcess:
-    """configs/real.yaml's round on the made tasks, one call a trial and a short answer (a train row is ~1k tokens of mini's prompt); the collect sees
-    the tasks' cache (its envs are what the sandbox shows the judge)."""
+    """configs/real.yaml's round on the made tasks: one call a trial and a short answer (a train row
+    is still ~1k tokens of mini's prompt); the collect sees the tasks' cache (its envs are what the
+    sandbox shows the judge)."""
     cmd = [sys.executable, "-m", "wharf.collect", "--config", str(CONFIG), f"runs_dir={tmp_path}", "name=t",
            f"collect.dataset={tasks}", "collect.tasks=[]", "collect.attempts=1",
            "collect.agent_kwargs={step_limit: 1}", "sampling.max_tokens=48",
