@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,38 @@ from wharf.core import schema
 from wharf.core.batches import load_micro_batch, read_index
 from wharf.core.config import load_config
 from wharf.tasks.factory import cli
+from wharf.tasks.factory.package import Package
+from wharf.tasks.factory.taskdir import task_id
 from wharf.train.stage import train_round
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed"),
-]
 CONFIG = REPO / "configs" / "real.yaml"
+
+
+def test_the_sample_names_tasks_the_committed_manifests_make():
+    made = set()
+    for path in (REPO / "datasets" / "real" / "manifests").glob("*.json"):
+        m = json.loads(path.read_text())
+        pkg = Package(m["package"], m["version"], Path("."), m["pyroot"], m["test_paths"])
+        made |= {task_id(pkg, bug) for bug in m["bugs"]}
+    sample = load_config(CONFIG).collect.tasks
+    assert len(sample) == 8 and set(sample) <= made, sorted(set(sample) - made)
+
+
+def test_make_real_makes_the_set_then_collects_converts_and_trains_the_sample():
+    out = subprocess.run(["make", "-n", "--no-print-directory", "real", "TASKS_OUT=somewhere"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "MAKEFLAGS": ""})
+    assert out.returncode == 0, out.stderr
+    lines = [shlex.split(line[line.index("bin/wharf "):]) for line in out.stdout.splitlines() if "bin/wharf " in line]
+    assert [w[1] for w in lines] == ["tasks", "collect", "convert", "train"]
+    assert lines[0][lines[0].index("--out") + 1] == "somewhere" and "--no-check" in lines[0]
+    cfgs = {w[1]: load_config(REPO / w[3], [a for a in w[4:] if "=" in a]) for w in lines[1:]}
+    assert cfgs["collect"].collect.dataset == "somewhere" and cfgs["collect"].collect.tasks
+    assert "mini_swe" in cfgs["collect"].collect.agent and cfgs["collect"].engine.max_model_len == 8192
+    for stage in ("convert", "train"):  # every reward is 0 with SmolLM2: one supervised step
+        assert cfgs[stage].convert.mode == "sft" and cfgs[stage].train.objective == "sft"
+
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
 
 def make_tasks(tmp_path: Path, cache: Path) -> list[Path]:
@@ -54,6 +80,8 @@ def collect(tmp_path: Path, cache: Path, tasks: Path, engine_url: str) -> subpro
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
+@needs_bwrap
 def test_mini_swe_agent_round_on_made_tasks_is_judged_then_trains(tmp_path, engine_url):
     cache = tmp_path / "cache"
     made = make_tasks(tmp_path, cache)
