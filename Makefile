@@ -23,7 +23,7 @@ NODE_DIR := wharf/collect/agents/node
 # variable whose name has a dot goes to the stage as key=value, before ARGS.
 DOTTED := $(strip $(foreach v,$(.VARIABLES),$(if $(findstring .,$(v)),$(if $(filter command line,$(origin $(v))),'$(v)=$($(v))'))))
 
-.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report tasks test test-fast bench clean \
+.PHONY: setup agents agents-py agents-check demo chat serve proxy collect convert audit train publish loop eval replay report tasks real test test-fast bench clean \
 	experiment-multiturn experiment-multiturn-figure experiment-mini mini-sft experiment-mini-table
 
 setup: $(VENV)/.installed wharf/tasks/tools/.seal-built
@@ -242,6 +242,20 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist l
 TASKS_OUT ?= runs/tasks/real
 tasks: setup
 	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) $(ARGS)
+
+# Train on real-repository tasks (docs/tasks-factory.md#train-on-real-repository-tasks): the task
+# dirs made from datasets/real's manifests into TASKS_OUT (no hunt; --no-check: each manifest's bugs
+# were checked when they were hunted), then one round of configs/real.yaml on its sample (8
+# packages, mini-swe-agent on the local engine): collect, convert, train. REAL_TRAIN: the embedded
+# SmolLM2 fixes none of these bugs, so no group has signal for GRPO and the round's own rollouts
+# train one supervised step (the path, not learning); REAL_TRAIN= trains GRPO, for a model that
+# fixes some. The whole set: ARGS="collect.tasks=[]".
+REAL_TRAIN ?= convert.mode=sft convert.sft.min_reward=0 train.objective=sft
+real: setup
+	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) --no-check
+	$(WHARF) collect --config configs/real.yaml collect.dataset=$(TASKS_OUT) $(DOTTED) $(ARGS)
+	$(WHARF) convert --config configs/real.yaml $(REAL_TRAIN) $(DOTTED) $(ARGS)
+	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(WHARF) train --config configs/real.yaml $(REAL_TRAIN) $(DOTTED) $(ARGS)
 
 test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(XDIST) $(ARGS)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import sysconfig
@@ -97,7 +98,8 @@ def _offline_env(cache: Path, key: str) -> None:
     env = cache / "tasks" / "envs" / key
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(env)], check=True)
     site = next((env / "lib").glob("python3*/site-packages"))
-    (site / "wharf_host.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # its real path: a sandbox shows the venv at its real path only (.venv may be a link)
+    (site / "wharf_host.pth").write_text(os.path.realpath(sysconfig.get_paths()["purelib"]) + "\n")
     env.chmod(0o755)
 
 
