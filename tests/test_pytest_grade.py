@@ -491,3 +491,49 @@ def test_unittest_testcases_are_graded_like_functions(tmp_path):
         grading = json.loads((out / "grading.json").read_text())
         got[name] = (grading["reward"], grading.get("problems"))
     assert got == {"fix": (1.0, []), "bug": (0.0, [])}, got
+
+
+def _judge(tmp: Path, python: str, mathutil: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """pytest_grade.py, the judge's own entry point as a made task's test.sh calls it: the tests run
+    by `python` (a task's package env), the judge itself by this venv's."""
+    work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
+    shutil.copytree(TASK / "environment", work)
+    shutil.copytree(TASK / "tests", tests)
+    if mathutil is not None:
+        (work / "mathutil.py").write_text(mathutil)
+    cmd = [sys.executable, "-I", str(TOOLS / "pytest_grade.py"), "--spec", str(tests / "spec.json"), "--out", str(out),
+           "--timeout", "60", "--python", python, "--workdir", str(work), "--tests-dir", str(tests),
+           "--test-file", "test_task.py", "--", "-rA", "--noconftest", "-c", "/dev/null"]
+    env = {"PATH": os.defpath, "HOME": str(tmp)}
+    return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=180), out
+
+
+@pytest.mark.parametrize("env", ["no-pytest", "no-interpreter"])
+def test_a_test_env_that_cannot_start_pytest_is_a_verifier_error_not_a_zero(tmp_path, env):
+    """The package env lacks pytest (a venv of the bare interpreter) or is not there at all (not
+    bound into the sandbox): the tests never ran, so no reward.json (the trial is a verifier error,
+    left out of training) and one line saying what did not start and where to look."""
+    python = tmp_path / "env" / "bin" / "python"
+    if env == "no-pytest":
+        subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True,
+                       timeout=60)
+    p, out = _judge(tmp_path, str(python))
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert not (out / "reward.json").exists()
+    detail = json.loads((out / "grading.json").read_text())
+    assert detail["verifier_error"] is True and detail["reward"] is None
+    line = next(x for x in p.stdout.splitlines() if "verifier error" in x)
+    assert "the tests never started" in line and str(python) in line and "test_output.log" in line
+    assert ("No module named 'pytest'" if env == "no-pytest" else "python") in line
+
+
+@pytest.mark.parametrize("mathutil", ["raise ImportError('broken by the agent')\n",
+                                      "import os, shutil\nshutil.rmtree(os.getcwd())\nos.kill(os.getpid(), 9)\n"])
+def test_code_that_breaks_its_own_import_or_the_run_still_earns_0_not_a_verifier_error(tmp_path, mathutil):
+    """The code under test runs only after pytest_report.py said READY: whatever it does to the
+    run (exit at import, an import error, delete the tree and kill pytest) is a wrong answer."""
+    p, out = _judge(tmp_path, sys.executable, mathutil)
+    assert p.returncode == 0, p.stdout + p.stderr
+    reward = json.loads((out / "reward.json").read_text())
+    assert (reward["reward"], reward["resolved"], reward["f2p_passed"]) == (0.0, 0, 0), reward
+    assert "verifier error" not in p.stdout and "verifier_error" not in (out / "grading.json").read_text()

@@ -56,6 +56,7 @@ import report_records  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_RECORDS = 64 << 20  # bytes of records kept; more is an attack, not a test suite
+MAX_HEAD = 64 << 10  # bytes of output searched for READY (pytest_report.py writes it first)
 
 
 def _records_fd(w: int) -> int:
@@ -92,8 +93,14 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
     root = copy if jail.unavailable() else tree["workdir"]  # where the copy appears to the tests
     argv = [python, "-I", os.path.join(HERE, "pytest_report.py"), *options, "--rootdir", root, "-p", "no:cacheprovider",
             *tree["tests"]]
-    run = jail.start(argv, tree["workdir"], python, pass_fds=(fd,), source=copy, read_only=tuple(tree["tests"]),
-                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        run = jail.start(argv, tree["workdir"], python, pass_fds=(fd,), source=copy, read_only=tuple(tree["tests"]),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    except OSError as e:  # no such interpreter (unconfined: bwrap itself reports it on the output)
+        os.close(fd)
+        os.close(r)
+        return {"code": None, "timed_out": False, "records": b"", "survivors": None, "confined": False,
+                "ready": False, "start_error": f"{type(e).__name__}: {e}"}
     proc, survivors = run.proc, None
     os.close(fd)
     try:
@@ -105,6 +112,7 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
     sel.register(proc.stdout, selectors.EVENT_READ, "out")
     sel.register(r, selectors.EVENT_READ, "rec")
     records, deadline, timed_out, reaped = bytearray(), time.monotonic() + timeout, False, False
+    head = bytearray()  # the output's start, where pytest_report.py says READY
     while sel.get_map():
         if not reaped and (proc.poll() is not None or time.monotonic() > deadline):
             timed_out = proc.returncode is None
@@ -115,6 +123,8 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
             if not chunk:
                 sel.unregister(sk.fileobj)
             elif sk.data == "out":
+                if len(head) < MAX_HEAD:
+                    head += chunk[:MAX_HEAD]
                 log.write(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.buffer.flush()
@@ -129,8 +139,22 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
         survivors = jail.end(run)
     os.close(r)
     proc.stdout.close()
+    lines = bytes(head).decode("utf-8", "replace").splitlines()
     return {"code": proc.returncode, "timed_out": timed_out, "records": bytes(records), "survivors": survivors,
-            "confined": run.confined}
+            "confined": run.confined, "ready": report_records.READY.encode() in head,
+            "last_line": next((x.strip() for x in reversed(lines) if x.strip()), "")}
+
+
+class NotStarted(Exception):
+    """The test process never got pytest loaded: the judge could not judge (a verifier error)."""
+
+
+def started(run: dict, python: str, log_path: str) -> dict:
+    """`run`, when the test process said READY; else NotStarted with the reason."""
+    why = report_records.not_started(run, python, log_path)
+    if why is not None:
+        raise NotStarted(why)
+    return run
 
 
 def run_problems(run: dict, checked: dict, status_map: dict[str, str]) -> list[str]:
@@ -183,8 +207,9 @@ def recheck(args, spec: dict, result: dict, options: list[str], tree: dict) -> d
     if not result["resolved"] or not args.test_file:
         return result
     key = secrets.token_bytes(32)
-    with open(os.path.join(args.out, "recheck_output.log"), "wb") as log:
-        run = run_tests(args.python, options, key, log, args.timeout, tree)
+    log_path = os.path.join(args.out, "recheck_output.log")
+    with open(log_path, "wb") as log:
+        run = started(run_tests(args.python, options, key, log, args.timeout, tree), args.python, log_path)
     checked = report_records.verify(run["records"], key)
     status = report_records.statuses(checked["records"])
     problems = run_problems(run, checked, status)
@@ -252,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
             log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
             if run["timed_out"]:
                 log.write(b">>>>> Tests Timed Out\n")
-        result = recheck(args, spec, grade(spec, run, key, log_path), pytest_args, tree)
+        result = recheck(args, spec, grade(spec, started(run, args.python, log_path), key, log_path), pytest_args, tree)
+    except NotStarted as e:  # the environment's failure, not the code's: no reward, the trial is a verifier error
+        print(f"pytest_grade.py: {spec['instance_id']}: {e}", flush=True)
+        print(f"pytest_grade.py: {e}", file=sys.stderr)
+        judge_io.remove(reward_path)
+        grading._write_json(detail_path, {"error": str(e), "reward": None, "verifier_error": True})
+        return 2
     except (grading.GradingError, pytest_tree.TreeError) as e:  # swebench missing, a workspace that cannot
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)  # be copied: an infrastructure fault, no reward
         judge_io.remove(reward_path)

@@ -15,6 +15,10 @@ import hashlib
 import hmac
 
 MAGIC = "wharf-report-1"  # the channel line pytest_report.py reads: MAGIC KEY_HEX FD
+# pytest_report.py's first line on its stdout, written once pytest is imported and the sealer
+# installed, before pytest.main: before any code of the workspace can run. Its absence is the
+# environment's failure (no interpreter, no pytest, no report channel), never the code's.
+READY = MAGIC + " ready"
 KINDS = {"start": 2, "test": 4, "collect": 1, "tamper": 1, "finish": 1}  # kind -> number of fields
 MAX_PROBLEMS = 20
 
@@ -128,3 +132,21 @@ def disagreements(code: int | None, checked: dict, status_map: dict[str, str]) -
         out.append(f"pytest's exit status {status} does not match the statuses recorded "
                    f"({'some' if failed else 'no'} test failed)")
     return out
+
+
+def not_started(run: dict, python: str, log_path: str) -> str | None:
+    """None when the test process got as far as READY; else the one line that says what did not
+    start and where to look (a verifier error: no code of the workspace had run yet, so the
+    failure is the environment's, not the code under test's)."""
+    if run.get("ready"):
+        return None
+    if run.get("start_error"):
+        what = f"the test interpreter {python!r} could not be started ({run['start_error']})"
+    elif run.get("timed_out"):
+        what = f"{python!r} did not get pytest loaded before the timeout"
+    else:
+        last = run.get("last_line") or "no output"
+        what = f"{python!r} exited with code {run.get('code')} before pytest was loaded (last line: {last[:300]})"
+    return (f"verifier error: the tests never started: {what}; nothing of the workspace had run. "
+            f"Check that the interpreter exists inside the verifier's sandbox and has pytest "
+            f"(the task's --python / WHARF_PYTHON, the env binds); output in {log_path}")
