@@ -236,3 +236,45 @@ def test_a_child_that_prints_gigabytes_costs_the_grader_no_memory(tmp_path):
     r, d = judge(tmp_path, CONTEST, loud.replace("return sum(xs) / len(xs)", "return 0.5"))
     assert (r["reward"], r["f2p_passed"], r["p2p_passed"]) == (0.0, 1, 0)
     assert d["checks"]["contest.py::mean"]["first_wrong"]["stderr"] == "x" * 500
+
+
+NO_ENV_TEST_SH = """#!/bin/bash
+# pytest-sum-to graded in a package env the sandbox does not show (a made task's test.sh, its env
+# not bound): the tests never start
+cd /app || exit 1
+exec "${WHARF_PYTHON:-python3}" -I "$WHARF_TASK_TOOLS/pytest_grade.py" --spec /tests/spec.json --out /logs/verifier \\
+    --timeout 30 --python /opt/wharf-no-such-env/bin/python --reward-key /tests/.wharf-reward-key --workdir /app \\
+    --tests-dir /tests --test-file test_task.py -- -rA --noconftest -c /dev/null
+"""
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+def test_a_trial_whose_tests_never_start_is_a_verifier_error_with_the_reason_not_a_0(tmp_path, monkeypatch):
+    """A real harbor trial in the bubblewrap sandbox: the pytest judge finds no interpreter for the
+    tests, so it signs its reason instead of a reward; the sandbox keeps no reward (no 0 from the
+    reward proof), and the rollout is a verifier error whose error leads with the judge's line."""
+    import asyncio
+
+    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+    from harbor.trial.trial import Trial
+    from wharf.collect.trials import classify, with_judge_reason
+
+    monkeypatch.setenv("HARBOR_TELEMETRY", "0")
+    task = tmp_path / "pytest-no-env"
+    shutil.copytree(ROOT / "tests/fixtures/tasks/pytest-sum-to", task)
+    (task / "tests" / "test.sh").write_text(NO_ENV_TEST_SH)
+    cfg = TrialConfig(task=TaskConfig(path=task), trial_name="no-env", trials_dir=tmp_path / "trials",
+                      agent=AgentConfig(name="nop"),
+                      environment=EnvironmentConfig(import_path="wharf.collect.sandbox.bwrap:BwrapEnvironment",
+                                                    kwargs={"state_dir": str(tmp_path / "state")}))
+
+    async def run():
+        return await (await Trial.create(cfg)).run()
+    result = asyncio.run(run())
+    verifier = tmp_path / "trials" / "no-env" / "verifier"
+    outcome = with_judge_reason(classify(result), tmp_path / "trials" / "no-env")
+    assert outcome.status == "verifier_error" and outcome.reward is None, (outcome, sorted(os.listdir(verifier)))
+    assert outcome.error.startswith("verifier error: the tests never started") and "RewardFileNotFound" in outcome.error
+    assert "/opt/wharf-no-such-env/bin/python" in outcome.error
+    assert not (verifier / "reward.json").exists() and not (verifier / "reward_rejected.txt").exists()
+    assert "the tests never started" in (verifier / "test-stdout.txt").read_text()

@@ -17,7 +17,7 @@ import aiohttp
 from wharf.collect.proxy_client import ProxyAdmin, ServiceError, proxy_process
 from wharf.collect.records import ClosedRollout, Outcome, RolloutRow
 from wharf.collect.tasksets import PlannedRollout, new_rollout_id, rollout_seed
-from wharf.collect.trials import RolloutRoute, classify, trial_config
+from wharf.collect.trials import RolloutRoute, classify, trial_config, with_judge_reason
 from wharf.core.config import RunConfig
 from wharf.core.config_redact import scrub_json_files, secret_values
 from wharf.core.errors import WharfError
@@ -131,7 +131,7 @@ class NodeTrials:
         if result is None or close_error:
             outcome = Outcome("infra_error", None, {}, crash or close_error)
         else:
-            outcome = classify(result, upstream_errors=n_errors)
+            outcome = with_judge_reason(classify(result, upstream_errors=n_errors), self.paths.trial(rollout_id))
         return RolloutRow(
             rollout_id=rollout_id, job_id=job_id, round=cfg.round, task_id=p.task.task_id,
             group_id=f"{job_id[:8]}.{p.group_id}", attempt=p.attempt, policy=self.policy,

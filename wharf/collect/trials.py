@@ -1,6 +1,7 @@
 """One harbor TrialConfig per rollout, and a rollout status read off harbor's TrialResult."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -179,3 +180,15 @@ def classify(result: TrialResult, upstream_errors: int = 0) -> Outcome:
     else:
         status = "agent_error"
     return Outcome(status, reward, rewards, error)
+
+
+def with_judge_reason(outcome: Outcome, trial_dir: Path) -> Outcome:
+    """A verifier error led by the grader's own one-line reason, where it left one (the pytest
+    judge when the tests never started: rewardproof.JUDGE_ERROR in the trial's verifier dir)."""
+    from wharf.collect.sandbox.rewardproof import JUDGE_ERROR
+
+    path = Path(trial_dir) / "verifier" / JUDGE_ERROR
+    if outcome.status != "verifier_error" or not path.is_file():
+        return outcome
+    why = path.read_text(errors="replace").strip()[:1000]
+    return dataclasses.replace(outcome, error=f"{why} [{outcome.error or 'no reward'}]"[:2000])

@@ -12,7 +12,10 @@ When /logs/verifier is downloaded:
     it is replaced by {"reward": 0.0, "reward_rejected": 1} (reward.txt removed) and
     reward_rejected.txt says why. A 0, not a verifier error: the key is consumed before the
     tests run, so a missing proof means the grading died or was overwritten while the agent's
-    code ran, which SWE-bench would score 0 too.
+    code ran, which SWE-bench would score 0 too;
+  * unless the grader said it could not judge: JUDGE_ERROR (one line, why: the tests never
+    started) with a MAC that verifies. Then no reward file is kept at all, so harbor records a
+    verifier error (left out of training, unscored in eval), not a 0 the policy did not earn.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from pathlib import Path
 KEY_FILE = "/tests/.wharf-reward-key"
 MAC_FILE = "reward.json.mac"
 REJECTED = "reward_rejected.txt"
+JUDGE_ERROR = "verifier_error.txt"  # wharf/tasks/tools/judge_io.py's ERROR_FILE
 
 
 def new_key() -> bytes:
@@ -48,18 +52,36 @@ def why_not(verifier_dir: Path, key: bytes) -> str | None:
     return None
 
 
+def judge_error(verifier_dir: Path, key: bytes) -> str | None:
+    """The grader's own word that it could not judge (JUDGE_ERROR, its MAC verified), or None."""
+    error, proof = verifier_dir / JUDGE_ERROR, verifier_dir / (JUDGE_ERROR + ".mac")
+    if not (error.is_file() and proof.is_file()) or error.is_symlink() or proof.is_symlink():
+        return None
+    line = error.read_bytes()
+    if not hmac.compare_digest(proof.read_text(errors="replace").strip(), mac(key, line)):
+        return None
+    return line.decode("utf-8", "replace").strip()[:2000]
+
+
+def _clear(verifier_dir: Path) -> None:
+    for name in ("reward.json", "reward.txt", REJECTED):
+        path = verifier_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def enforce(verifier_dir: Path, key: bytes, key_left: bytes | None) -> str | None:
     """Apply the rule above to a downloaded verifier dir; returns why a reward was rejected."""
     if key_left is not None and hmac.compare_digest(key_left.strip(), key):
         return None  # the grader does not take part
     why = why_not(verifier_dir, key)
+    if why is not None and judge_error(verifier_dir, key) is not None:
+        _clear(verifier_dir)  # whatever was planted: no reward at all, harbor's verifier error
+        return None
     if why is not None:
-        for name in ("reward.json", "reward.txt", REJECTED):
-            path = verifier_dir / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink(missing_ok=True)
+        _clear(verifier_dir)
         (verifier_dir / "reward.json").write_text(json.dumps({"reward": 0.0, "reward_rejected": 1}) + "\n")
         (verifier_dir / REJECTED).write_text(why + "\n")
     return why

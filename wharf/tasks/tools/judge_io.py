@@ -7,7 +7,9 @@ Standalone (stdlib only, plain `python -I -S` works): the graders run inside san
     deleted before any code under test runs;
   * write_verdict(): grading.json, then reward.json (flat numbers: harbor's rule) and the MAC
     of the very bytes it serialised (never re-read from disk), last, over anything the code
-    under test left there.
+    under test left there;
+  * write_error(): no reward at all, where the judge could not judge (the tests never started):
+    ERROR_FILE says why, MACed like reward.json, so the sandbox records a verifier error, not a 0.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import os
 import shutil
 
 PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
+ERROR_FILE = "verifier_error.txt"  # wharf/collect/sandbox/rewardproof.py's JUDGE_ERROR
 
 
 def harden() -> None:
@@ -92,3 +95,18 @@ def write_verdict(out: str, numbers: dict, detail: dict, reward_key: bytes | Non
     write_bytes(reward_path, reward)
     if reward_key is not None:
         write_bytes(mac_path, (hmac.new(reward_key, reward, hashlib.sha256).hexdigest() + "\n").encode())
+
+
+def write_error(out: str, why: str, detail: dict, reward_key: bytes | None) -> None:
+    """No verdict: grading.json (`detail`), ERROR_FILE (`why`, one line) and, with the sandbox's
+    key, its MAC; every reward file removed. Only the grader holds the key, so the code under
+    test cannot turn its own 0 into a dropped trial this way."""
+    os.makedirs(out, exist_ok=True)
+    error_path = os.path.join(out, ERROR_FILE)
+    for name in ("grading.json", "reward.json", "reward.json.mac", "reward.txt", ERROR_FILE, ERROR_FILE + ".mac"):
+        remove(os.path.join(out, name))
+    line = (" ".join(why.split()) + "\n").encode()
+    write_bytes(os.path.join(out, "grading.json"), encode(detail))
+    write_bytes(error_path, line)
+    if reward_key is not None:
+        write_bytes(error_path + ".mac", (hmac.new(reward_key, line, hashlib.sha256).hexdigest() + "\n").encode())

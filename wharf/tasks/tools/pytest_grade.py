@@ -281,8 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     except NotStarted as e:  # the environment's failure, not the code's: no reward, the trial is a verifier error
         print(f"pytest_grade.py: {spec['instance_id']}: {e}", flush=True)
         print(f"pytest_grade.py: {e}", file=sys.stderr)
-        judge_io.remove(reward_path)
-        grading._write_json(detail_path, {"error": str(e), "reward": None, "verifier_error": True})
+        judge_io.write_error(args.out, str(e), {"error": str(e), "reward": None, "verifier_error": True}, reward_key)
         return 2
     except (grading.GradingError, pytest_tree.TreeError) as e:  # swebench missing, a workspace that cannot
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)  # be copied: an infrastructure fault, no reward
