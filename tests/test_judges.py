@@ -278,3 +278,28 @@ def test_a_trial_whose_tests_never_start_is_a_verifier_error_with_the_reason_not
     assert "/opt/wharf-no-such-env/bin/python" in outcome.error
     assert not (verifier / "reward.json").exists() and not (verifier / "reward_rejected.txt").exists()
     assert "the tests never started" in (verifier / "test-stdout.txt").read_text()
+
+
+def test_only_the_graders_signed_error_drops_the_reward_a_planted_one_is_still_a_0(tmp_path):
+    """The code under test can write /logs/verifier where unconfined, but not MAC with the key the
+    grader took: its own verifier_error.txt cannot turn its 0 into a dropped trial."""
+    from wharf.collect.sandbox import rewardproof
+    sys.path.insert(0, str(TOOLS))
+    try:
+        import judge_io
+    finally:
+        sys.path.remove(str(TOOLS))
+    key = b"k" * 64
+    signed = tmp_path / "signed"
+    (signed / "reward.json").parent.mkdir()
+    (signed / "reward.json").write_text('{"reward": 1.0}')  # planted before the grader gave up
+    judge_io.write_error(str(signed), "verifier error: the tests never started:\n no pytest", {"error": "x"}, key)
+    assert rewardproof.judge_error(signed, key) == "verifier error: the tests never started: no pytest"
+    assert rewardproof.enforce(signed, key, None) is None and not (signed / "reward.json").exists()
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / rewardproof.JUDGE_ERROR).write_text("verifier error: not mine\n")
+    (planted / (rewardproof.JUDGE_ERROR + ".mac")).write_text(rewardproof.mac(b"x" * 64, b"verifier error: not mine\n"))
+    assert rewardproof.judge_error(planted, key) is None
+    assert "wrote no reward.json" in rewardproof.enforce(planted, key, None)
+    assert json.loads((planted / "reward.json").read_text()) == {"reward": 0.0, "reward_rejected": 1}
