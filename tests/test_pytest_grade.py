@@ -493,7 +493,14 @@ def test_unittest_testcases_are_graded_like_functions(tmp_path):
     assert got == {"fix": (1.0, []), "bug": (0.0, [])}, got
 
 
-def _judge(tmp: Path, python: str, mathutil: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+# pytest_grade.py run with jail.py's fallback (no namespaces: a Docker verifier), as bench/grading.py's
+# pytest-guard-bare runs it
+UNCONFINED = ("import runpy, sys; sys.path.insert(0, {tools!r}); import jail; jail._PROBE['why'] = 'test'; "
+              "sys.argv[0] = {tools!r} + '/pytest_grade.py'; runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+def _judge(tmp: Path, python: str, mathutil: str | None = None,
+           unconfined: bool = False) -> tuple[subprocess.CompletedProcess, Path]:
     """pytest_grade.py, the judge's own entry point as a made task's test.sh calls it: the tests run
     by `python` (a task's package env), the judge itself by this venv's."""
     work, tests, out = tmp / "app", tmp / "tests", tmp / "verifier"
@@ -501,14 +508,15 @@ def _judge(tmp: Path, python: str, mathutil: str | None = None) -> tuple[subproc
     shutil.copytree(TASK / "tests", tests)
     if mathutil is not None:
         (work / "mathutil.py").write_text(mathutil)
-    cmd = [sys.executable, "-I", str(TOOLS / "pytest_grade.py"), "--spec", str(tests / "spec.json"), "--out", str(out),
+    entry = ["-c", UNCONFINED.format(tools=str(TOOLS))] if unconfined else [str(TOOLS / "pytest_grade.py")]
+    cmd = [sys.executable, "-I", *entry, "--spec", str(tests / "spec.json"), "--out", str(out),
            "--timeout", "60", "--python", python, "--workdir", str(work), "--tests-dir", str(tests),
            "--test-file", "test_task.py", "--", "-rA", "--noconftest", "-c", "/dev/null"]
     env = {"PATH": os.defpath, "HOME": str(tmp)}
     return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=180), out
 
 
-@pytest.mark.parametrize("env", ["no-pytest", "no-interpreter"])
+@pytest.mark.parametrize("env", ["no-pytest", "no-interpreter", "no-interpreter-unconfined"])
 def test_a_test_env_that_cannot_start_pytest_is_a_verifier_error_not_a_zero(tmp_path, env):
     """The package env lacks pytest (a venv of the bare interpreter) or is not there at all (not
     bound into the sandbox): the tests never ran, so no reward.json (the trial is a verifier error,
@@ -517,14 +525,15 @@ def test_a_test_env_that_cannot_start_pytest_is_a_verifier_error_not_a_zero(tmp_
     if env == "no-pytest":
         subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(tmp_path / "env")], check=True,
                        timeout=60)
-    p, out = _judge(tmp_path, str(python))
+    p, out = _judge(tmp_path, str(python), unconfined=env.endswith("unconfined"))
     assert p.returncode == 2, p.stdout + p.stderr
     assert not (out / "reward.json").exists()
     detail = json.loads((out / "grading.json").read_text())
     assert detail["verifier_error"] is True and detail["reward"] is None
     line = next(x for x in p.stdout.splitlines() if "verifier error" in x)
     assert "the tests never started" in line and str(python) in line and "test_output.log" in line
-    assert ("No module named 'pytest'" if env == "no-pytest" else "python") in line
+    assert {"no-pytest": "No module named 'pytest'", "no-interpreter": "No such file or directory",
+            "no-interpreter-unconfined": "could not be started (FileNotFoundError"}[env] in line
 
 
 @pytest.mark.parametrize("mathutil", ["raise ImportError('broken by the agent')\n",

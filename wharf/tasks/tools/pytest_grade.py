@@ -21,7 +21,9 @@ process, pytest. In order:
   5. when resolved, run the same tests again in another fresh copy, a fresh process and a fresh
      key (recheck): every FAIL_TO_PASS and PASS_TO_PASS test must pass there too, or the reward
      is 0;
-  6. write grading.json and reward.json last, over anything the tests wrote there.
+  6. write grading.json and reward.json last, over anything the tests wrote there; or, when a run
+     never printed pytest_report.py's READY line (no interpreter, no pytest: the environment's
+     fault, no code under test had run), no reward but verifier_error.txt (docs/judges.md).
 Reward 1.0 needs: the records verify (key, sequence, start first, finish last), no tamper
 record, the process exited by itself before the timeout with the code pytest finished with,
 every spec test PASSED in both runs. The log's own verdict is kept beside it (log_reward) and
@@ -145,18 +147,6 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
             "last_line": next((x.strip() for x in reversed(lines) if x.strip()), "")}
 
 
-class NotStarted(Exception):
-    """The test process never got pytest loaded: the judge could not judge (a verifier error)."""
-
-
-def started(run: dict, python: str, log_path: str) -> dict:
-    """`run`, when the test process said READY; else NotStarted with the reason."""
-    why = report_records.not_started(run, python, log_path)
-    if why is not None:
-        raise NotStarted(why)
-    return run
-
-
 def run_problems(run: dict, checked: dict, status_map: dict[str, str]) -> list[str]:
     """Why a run's records cannot be trusted (empty: they can)."""
     problems = list(checked["problems"])
@@ -209,7 +199,8 @@ def recheck(args, spec: dict, result: dict, options: list[str], tree: dict) -> d
     key = secrets.token_bytes(32)
     log_path = os.path.join(args.out, "recheck_output.log")
     with open(log_path, "wb") as log:
-        run = started(run_tests(args.python, options, key, log, args.timeout, tree), args.python, log_path)
+        run = report_records.started(run_tests(args.python, options, key, log, args.timeout, tree), args.python,
+                                     log_path)
     checked = report_records.verify(run["records"], key)
     status = report_records.statuses(checked["records"])
     problems = run_problems(run, checked, status)
@@ -277,14 +268,20 @@ def main(argv: list[str] | None = None) -> int:
             log.write(f"{grading.END}\n>>>>> Test Exit Code: {code}\n".encode())
             if run["timed_out"]:
                 log.write(b">>>>> Tests Timed Out\n")
-        result = recheck(args, spec, grade(spec, started(run, args.python, log_path), key, log_path), pytest_args, tree)
-    except NotStarted as e:  # the environment's failure, not the code's: no reward, the trial is a verifier error
+        run = report_records.started(run, args.python, log_path)  # else the environment's failure, not the code's
+        result = recheck(args, spec, grade(spec, run, key, log_path), pytest_args, tree)
+    except report_records.NotStarted as e:  # no reward: the trial is a verifier error
         print(f"pytest_grade.py: {spec['instance_id']}: {e}", flush=True)
         print(f"pytest_grade.py: {e}", file=sys.stderr)
         judge_io.write_error(args.out, str(e), {"error": str(e), "reward": None, "verifier_error": True}, reward_key)
         return 2
-    except (grading.GradingError, pytest_tree.TreeError) as e:  # swebench missing, a workspace that cannot
-        print(f"pytest_grade.py: error: {e}", file=sys.stderr)  # be copied: an infrastructure fault, no reward
+    except grading.GradingError as e:  # swebench missing: the judge's own fault, no reward
+        why = f"verifier error: the judge could not grade: {e}"
+        print(f"pytest_grade.py: {why}", file=sys.stderr)
+        judge_io.write_error(args.out, why, {"error": str(e), "reward": None, "verifier_error": True}, reward_key)
+        return 2
+    except pytest_tree.TreeError as e:  # the agent's workspace cannot be copied (a file it made unreadable):
+        print(f"pytest_grade.py: error: {e}", file=sys.stderr)  # no signed reward, so the sandbox's 0
         judge_io.remove(reward_path)
         grading._write_json(detail_path, {"error": str(e), "reward": None})
         return 2

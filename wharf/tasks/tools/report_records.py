@@ -150,3 +150,15 @@ def not_started(run: dict, python: str, log_path: str) -> str | None:
     return (f"verifier error: the tests never started: {what}; nothing of the workspace had run. "
             f"Check that the interpreter exists inside the verifier's sandbox and has pytest "
             f"(the task's --python / WHARF_PYTHON, the env binds); output in {log_path}")
+
+
+class NotStarted(Exception):
+    """The test process never got pytest loaded: the judge could not judge (a verifier error)."""
+
+
+def started(run: dict, python: str, log_path: str) -> dict:
+    """`run`, when the test process said READY; else NotStarted with the reason."""
+    why = not_started(run, python, log_path)
+    if why is not None:
+        raise NotStarted(why)
+    return run
