@@ -10,7 +10,9 @@ import json
 import os
 import random
 import re
+import select
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -61,6 +63,58 @@ def run(pkg: Package, work: Path, targets: list[str], cover: bool, timeout: floa
         took = time.monotonic() - t0
         data = json.loads(out.read_text()) if out.exists() and not timed_out else {}
     return Outcome(data.get("tests", {}), data.get("collect_errors", {}), took, timed_out)
+
+
+class Server:
+    """suite_run.py's fork server for one hunt: the same runs as run() (cover off), in the same
+    network namespace and environment, without an interpreter start and a pytest import each."""
+
+    def __init__(self, pkg: Package, work: Path):
+        self.pkg, self.work = pkg, work
+        self.tmp = tempfile.TemporaryDirectory(prefix="wharf-suite-")
+        env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.tmp.name, "LANG": "C.UTF-8", "TMPDIR": self.tmp.name}
+        self.proc = subprocess.Popen([*_offline(), str(pkg.python), "-I", "-B", str(RUNNER), "--serve"], cwd=work,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        self.buf = b""
+
+    def _line(self, deadline: float) -> str | None:
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise OSError("the suite server ended")
+            self.buf += chunk
+        line, _, self.buf = self.buf.partition(b"\n")
+        return line.decode()
+
+    def run(self, targets: list[str], timeout: float) -> Outcome:
+        out = Path(self.tmp.name) / "out.json"
+        out.unlink(missing_ok=True)
+        argv = [str(out), str(self.work), "0", "--", *pytest_options(self.pkg, str(self.work)), *targets]
+        t0 = time.monotonic()
+        self.proc.stdin.write((json.dumps({"argv": argv, "cwd": str(self.work)}) + "\n").encode())
+        self.proc.stdin.flush()
+        pid = self._line(t0 + 60)
+        if pid is None:
+            raise OSError("the suite server did not answer")
+        timed_out = self._line(t0 + timeout) is None
+        if timed_out:
+            os.kill(int(pid), signal.SIGKILL)
+            self._line(time.monotonic() + 60)
+        data = json.loads(out.read_text()) if out.exists() and not timed_out else {}
+        return Outcome(data.get("tests", {}), data.get("collect_errors", {}), time.monotonic() - t0, timed_out)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.tmp.cleanup()
 
 
 def working_copy(pkg: Package, parent: Path) -> Path:

@@ -1,6 +1,7 @@
 """Run pytest on a package's source tree and write what each test did, as JSON.
 
     python -I suite_run.py OUT.json SRC_ROOT COVER(0|1) -- PYTEST_ARGS...
+    python -I suite_run.py --serve     (a fork server: one run per JSON line on stdin)
 
 Standalone (stdlib + pytest; started in the package's own environment, never imported by wharf).
 OUT.json: {"tests": {nodeid: {"outcome": passed|failed|skipped, "message": the failure's one-line
@@ -101,5 +102,38 @@ def main(argv):
     return 0
 
 
+def serve():
+    """A fork server for the hunt's many short runs: pytest and its own plugins are imported once
+    here, and each request ({"argv": [...], "cwd": ...}, a line on stdin) runs main() in a forked
+    child, so a run costs no interpreter start and no pytest import (most of a short run's CPU).
+    The child's pid, then its exit status, go back as lines on stdout; nothing of the package is
+    imported here, so each child imports it afresh from the workspace as it is then."""
+    import importlib
+
+    from _pytest.config import default_plugins
+    for name in default_plugins:
+        try:
+            importlib.import_module("_pytest." + name)
+        except ImportError:
+            pass
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.chdir(req["cwd"])
+            code = 1
+            try:
+                code = main(req["argv"])
+            finally:
+                os._exit(code)
+        print(pid, flush=True)
+        _, status = os.waitpid(pid, 0)
+        print(status, flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve() if sys.argv[1:] == ["--serve"] else main(sys.argv[1:]))
