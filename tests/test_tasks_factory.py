@@ -186,3 +186,16 @@ def test_unittest_cases_are_kept_and_tests_defined_in_another_file_are_marked(tm
                     "tests/test_mixed.py::Mixed::test_here": ("passed", False),
                     "tests/test_mixed.py::Mixed::test_from_mixin": ("passed", True)}
     assert ["tinyu.py", "add", 1] in tests["tests/test_own.py::Own::test_add"]["funcs"]
+
+
+def test_tests_beside_the_package_in_src_are_found(tmp_path):
+    """configobj ships src/configobj/ and src/tests/: the tests are found there when there are none at the top."""
+    from wharf.tasks.factory.package import find_layout
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "tests").mkdir()
+    (tmp_path / "src" / "tests" / "test_pkg.py").write_text("def test_x():\n    pass\n")
+    assert find_layout(tmp_path) == ("src", ["src/tests"])
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_top.py").write_text("def test_y():\n    pass\n")
+    assert find_layout(tmp_path) == ("src", ["tests"])
