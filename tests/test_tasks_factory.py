@@ -161,3 +161,43 @@ def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, ca
     for task in tasks:
         for f in ("tests/spec.json", "instruction.md", "solution/fix.patch", "environment/tinycalc/calc.py"):
             assert (again / task.name / f).read_text() == (task / f).read_text()
+
+
+def test_unittest_cases_are_kept_and_tests_defined_in_another_file_are_marked(tmp_path):
+    """suite_run marks a test whose function another file defines (a mixin from tests/__init__.py):
+    the judge runs whole files and grades only what they define, so suite.baseline leaves such a
+    file out. A unittest.TestCase test of the file's own passes and is not marked."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tinyu.py").write_text("def add(a, b):\n    return a + b\n")
+    (tmp_path / "tests" / "__init__.py").write_text(
+        "from tinyu import add\n\nclass Mixin:\n    def test_from_mixin(self):\n        assert add(1, 2) == 3\n")
+    (tmp_path / "tests" / "test_own.py").write_text(
+        "import unittest\nfrom tinyu import add\n\nclass Own(unittest.TestCase):\n"
+        "    def test_add(self):\n        self.assertEqual(add(2, 2), 4)\n")
+    (tmp_path / "tests" / "test_mixed.py").write_text(
+        "import unittest\nfrom . import Mixin\n\nclass Mixed(unittest.TestCase, Mixin):\n"
+        "    def test_here(self):\n        self.assertTrue(True)\n")
+    out = tmp_path / "out.json"
+    runner = Path(cli.make.suite.RUNNER)
+    subprocess.run([sys.executable, "-I", str(runner), str(out), str(tmp_path), "1", "--", "-p", "no:cacheprovider",
+                    "-o", f"pythonpath={tmp_path}", "--rootdir", str(tmp_path), "-q", "tests"],
+                   cwd=tmp_path, check=True, capture_output=True)
+    tests = json.loads(out.read_text())["tests"]
+    seen = {t: (r["outcome"], r["foreign"]) for t, r in tests.items()}
+    assert seen == {"tests/test_own.py::Own::test_add": ("passed", False),
+                    "tests/test_mixed.py::Mixed::test_here": ("passed", False),
+                    "tests/test_mixed.py::Mixed::test_from_mixin": ("passed", True)}
+    assert ["tinyu.py", "add", 1] in tests["tests/test_own.py::Own::test_add"]["funcs"]
+
+
+def test_tests_beside_the_package_in_src_are_found(tmp_path):
+    """configobj ships src/configobj/ and src/tests/: the tests are found there when there are none at the top."""
+    from wharf.tasks.factory.package import find_layout
+    (tmp_path / "src" / "pkg").mkdir(parents=True)
+    (tmp_path / "src" / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "src" / "tests").mkdir()
+    (tmp_path / "src" / "tests" / "test_pkg.py").write_text("def test_x():\n    pass\n")
+    assert find_layout(tmp_path) == ("src", ["src/tests"])
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_top.py").write_text("def test_y():\n    pass\n")
+    assert find_layout(tmp_path) == ("src", ["tests"])

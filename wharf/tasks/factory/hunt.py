@@ -66,8 +66,10 @@ def selection(base: suite.Baseline, m: mutate.Mutation, rng: random.Random) -> l
     return [t for t in base.passing if t in picked]  # the suite's own order
 
 
-def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, seed: int) -> Bug | None:
-    """Apply m in `work`, run its selection, put the file back; the bug, or None."""
+def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, seed: int,
+            server: suite.Server | None = None) -> Bug | None:
+    """Apply m in `work`, run its selection (through `server` when given), put the file back; the
+    bug, or None."""
     rng = random.Random(f"{m.id}:{seed}")
     chosen = selection(base, m, rng)
     path = work / m.file
@@ -75,7 +77,7 @@ def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, 
     path.write_text(mutate.apply(original.decode("utf-8"), m), encoding="utf-8")  # m: finished (make.py)
     try:
         timeout = max(30.0, 3 * base.seconds)
-        out = suite.run(pkg, work, chosen, cover=False, timeout=timeout)
+        out = server.run(chosen, timeout) if server else suite.run(pkg, work, chosen, cover=False, timeout=timeout)
     finally:
         path.write_bytes(original)
     if out.timed_out:

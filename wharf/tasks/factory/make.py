@@ -76,21 +76,11 @@ def hunt_bugs(pkg: Package, opts: Options) -> dict:
         work = suite.working_copy(pkg, Path(tmp))
         base = suite.baseline(pkg, work, opts.suite_timeout)
         order = hunt.plan(pkg, work, base, opts.seed)
-        budget = opts.tries or 6 * opts.max_tasks
-        kept, tried, per_func = [], 0, {}
-        for m in order:
-            if len(kept) >= opts.max_tasks or tried >= budget:
-                break
-            if per_func.get((m.file, m.function), 0) >= hunt.PER_FUNCTION:
-                continue
-            m = mutate.finish((work / m.file).read_text(encoding="utf-8"), m)
-            if m is None:
-                continue
-            tried += 1
-            bug = hunt.try_one(pkg, work, base, m, opts.seed)
-            if bug is not None:
-                kept.append(bug.record())
-                per_func[(m.file, m.function)] = per_func.get((m.file, m.function), 0) + 1
+        server = suite.Server(pkg, work)  # tries run forked from one warm pytest (suite_run --serve)
+        try:
+            kept, tried = _tries(pkg, work, base, order, opts, server)
+        finally:
+            server.close()
     opts.log(f"{pkg.key}: {len(base.passing)} tests pass twice, {len(base.covers)} functions covered, "
              f"{len(order)} candidate mutations; kept {len(kept)} of {tried} tried in {time.monotonic() - t0:.0f} s")
     return {"manifest": MANIFEST_VERSION, "package": pkg.name, "version": pkg.version, "seed": opts.seed,
@@ -100,6 +90,25 @@ def hunt_bugs(pkg: Package, opts: Options) -> dict:
                       "candidates": len(order), "tried": tried, "kept": len(kept),
                       "seconds": round(time.monotonic() - t0, 1)},
             "bugs": kept}
+
+
+def _tries(pkg: Package, work: Path, base: suite.Baseline, order: list, opts: Options, server) -> tuple[list, int]:
+    """(the kept bugs' records, the mutations tried): in order, at most PER_FUNCTION per function."""
+    kept, tried, per_func = [], 0, {}
+    for m in order:
+        if len(kept) >= opts.max_tasks or tried >= (opts.tries or 6 * opts.max_tasks):
+            break
+        if per_func.get((m.file, m.function), 0) >= hunt.PER_FUNCTION:
+            continue
+        m = mutate.finish((work / m.file).read_text(encoding="utf-8"), m)
+        if m is None:
+            continue
+        tried += 1
+        bug = hunt.try_one(pkg, work, base, m, opts.seed, server)
+        if bug is not None:
+            kept.append(bug.record())
+            per_func[(m.file, m.function)] = per_func.get((m.file, m.function), 0) + 1
+    return kept, tried
 
 
 def _test_timeout(suite_seconds: float) -> int:

@@ -140,10 +140,13 @@ def version_of(root: Path) -> str:
 
 
 def find_layout(root: Path) -> tuple[str, list[str]]:
-    """(pyroot, test paths): src/ when there is one, and the conventional test dirs or files."""
+    """(pyroot, test paths): src/ when there is one, and the conventional test dirs (at the top,
+    in src/, or in a package) or files."""
     pyroot = "src" if (root / "src").is_dir() else "."
-    tests = [t for t in TEST_DIRS if (root / t).is_dir() and any((root / t).rglob("test*.py"))]
     base = root / pyroot
+    tests = [t for t in TEST_DIRS if (root / t).is_dir() and any((root / t).rglob("test*.py"))]
+    if not tests and pyroot != ".":  # src/tests beside the package (configobj)
+        tests = [f"{pyroot}/{t}" for t in TEST_DIRS if (base / t).is_dir() and any((base / t).rglob("test*.py"))]
     if not tests:
         for p in sorted(base.iterdir()):
             if p.is_dir() and (p / "__init__.py").exists() and p.name not in NOT_PACKAGES:
