@@ -21,7 +21,7 @@ def test_three_call_conversation_rows_equal_upstream(proxy, stub, stream):
     info = open_rollout(proxy, "conv")
     client = openai.OpenAI(base_url=info["base_url"], api_key=info["api_key"], max_retries=0)
     answers = conversation(client, stream)
-    assert close_rollout(proxy, "conv") == {"rollout_id": "conv", "n_turns": 3, "n_errors": 0}
+    assert close_rollout(proxy, "conv") == {"rollout_id": "conv", "n_turns": 3, "n_errors": 0, "published": True}
     got = sorted(rows(proxy, "conv"), key=lambda r: r["turn"])
     assert [r["turn"] for r in got] == [0, 1, 2]
     assert all(r["status"] == "ok" and r["error"] is None and r["policy"] == "base-model" for r in got)

@@ -7,6 +7,7 @@ import pyarrow.parquet as pq
 import requests
 
 from wharf.collect.proxy.background import BackgroundProxy
+from wharf.core.schema import SCHEMA_VERSION
 from testing.vllm_stub import StubServer
 
 from proxy_util import ADMIN, close_rollout, make_cfg, open_rollout, post, proxy, rows  # proxy: the fixture
@@ -27,9 +28,9 @@ def test_admin_api(proxy):
     assert st["state"] == "open" and st["n_turns"] == 1 and st["n_errors"] == 0
     assert requests.get(f"{proxy.admin_url}/admin/rollouts/zzz", headers=ADMIN).status_code == 404
     flushed = post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json()["shards"]
-    assert len(flushed) == 1 and pq.read_metadata(flushed[0]).metadata[b"schema_version"] == b"2"
+    assert len(flushed) == 1 and pq.read_metadata(flushed[0]).metadata[b"schema_version"] == str(SCHEMA_VERSION).encode()
     assert post(f"{proxy.admin_url}/admin/flush", headers=ADMIN).json() == {"shards": []}
-    assert close_rollout(proxy, "adm") == {"rollout_id": "adm", "n_turns": 1, "n_errors": 0}
+    assert close_rollout(proxy, "adm") == {"rollout_id": "adm", "n_turns": 1, "n_errors": 0, "published": True}
     assert close_rollout(proxy, "adm")["n_turns"] == 1  # idempotent
     r = post(f"{proxy.admin_url}/admin/rollouts", json={"rollout_id": "adm"}, headers=ADMIN)
     assert r.status_code == 409

@@ -56,7 +56,7 @@ def test_full_call_dropped_before_its_slow_answer_is_abandoned_and_a_retry_is_ok
     hang_up(url, info["api_key"], {"model": "m", "messages": MSG, "stub_delay": 1.0}, after=0.3)
     r = post(url, json={"model": "m", "messages": MSG})  # the agent's retry
     assert r.status_code == 200
-    assert close_rollout(proxy, "drop-full") == {"rollout_id": "drop-full", "n_turns": 2, "n_errors": 0}
+    assert close_rollout(proxy, "drop-full") == {"rollout_id": "drop-full", "n_turns": 2, "n_errors": 0, "published": True}
     got = sorted(rows(proxy, "drop-full"), key=lambda t: t["turn"])
     assert [t["status"] for t in got] == ["abandoned", "ok"]
     assert "closed its connection" in got[0]["error"]

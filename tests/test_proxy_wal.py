@@ -47,7 +47,7 @@ def test_wal_is_written_before_the_answer_and_folded_at_startup(tmp_path, stub):
         r = post(f"{p2.url}/v1/chat/completions", headers={"Authorization": f"Bearer {info['api_key']}"},
                           json={"model": "m", "messages": [{"role": "user", "content": "again"}]})
         assert r.status_code == 200 and r.headers["x-wharf-turn"] == "6"
-        assert close_rollout(p2, "w") == {"rollout_id": "w", "n_turns": 7, "n_errors": 0}
+        assert close_rollout(p2, "w") == {"rollout_id": "w", "n_turns": 7, "n_errors": 0, "published": True}
     assert len(rows(p2, "w")) == 7
 
 

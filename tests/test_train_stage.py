@@ -75,7 +75,7 @@ def test_one_step_raises_positive_and_lowers_negative_completions(tmp_path, rows
     # Round 1 continues from policy-v1 with the same rank and targets.
     cfg1 = run_config(tmp_path, "round=1", "train.lr=0.002")
     write_round(convert_path(cfg1, 1), rows[:2], ADV[:2], 1.0)
-    assert train_round(cfg1, progress=False).policy == "policy-v2"
+    assert train_round(cfg1, progress=False).policy == cfg1.policy(2)
     # ...and refuses policy-v1 at another rank, writing nothing.
     cfg2 = run_config(tmp_path, "round=1", "train.lora_rank=8")
     (train_dir(cfg2, 1).root / "result.json").unlink()
@@ -286,7 +286,18 @@ def test_the_trainer_measures_its_update_as_the_loops_two_forward_measure_does(t
     assert got["delta_mean"] > 1e-3  # two steps at this lr move the log-probs: not 0 against 0
 
 
-def test_bf16_mixed_precision_loads_the_frozen_base_in_bf16_and_trains_fp32_lora(tmp_path, rows):
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one AcceleratorState a process (its mixed precision fixed at the first
+    Accelerator): a test of another precision starts and leaves it unset."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_bf16_mixed_precision_loads_the_frozen_base_in_bf16_and_trains_fp32_lora(tmp_path, rows, fresh_accelerate_state):
     """train.mixed_precision=bf16 (base_dtype auto): the base weights are held in bf16 (half of a
     float32 copy's memory), the LoRA weights and the saved adapter in float32, and the step still
     moves the policy the right way."""
