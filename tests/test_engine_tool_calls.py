@@ -12,7 +12,7 @@ import torch
 from openai import OpenAI
 
 from testing.app_thread import AppThread
-from tests.tiny_families import scripted
+from tests.tiny_families import Lines, scripted
 from wharf.core.config import EngineConfig
 from wharf.engine.server import Engine, make_app
 
@@ -26,15 +26,6 @@ CASES = {
     "mistral": (["Let me look.", "[TOOL_CALLS]", ' [{"name": "bash", "arguments": {"command": "ls -la"}}]'],
                 "mistral", "Let me look."),
 }
-
-
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

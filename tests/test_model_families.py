@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from testing.app_thread import AppThread
-from tests.tiny_families import FAMILIES, build
+from tests.tiny_families import FAMILIES, Lines, build
 from wharf.convert.sft import render_chat_call
 from wharf.core.adapters import AdapterInvalid, check_adapter
 from wharf.core.config import EngineConfig, load_config
@@ -30,15 +30,6 @@ AGENT_TURNS = [{"role": "system", "content": "You fix bugs."}, {"role": "user", 
                {"role": "assistant", "content": None, "tool_calls": [CALL]},
                {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"},
                {"role": "tool", "tool_call_id": "call_2", "content": "exit 0"}]
-
-
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))

@@ -201,3 +201,15 @@ def test_tests_beside_the_package_in_src_are_found(tmp_path):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_top.py").write_text("def test_y():\n    pass\n")
     assert find_layout(tmp_path) == ("src", ["tests"])
+
+
+def test_the_factorys_own_check_names_the_judges_reason_when_it_could_not_judge(tmp_path):
+    from wharf.tasks.factory.verify import _reward
+
+    (tmp_path / "verifier_error.txt").write_text("pytest did not start: /x/bin/python: not found\n")
+    assert _reward(tmp_path) == "a verifier error: pytest did not start: /x/bin/python: not found"
+    (tmp_path / "reward.json").write_text('{"reward": 0.0}')
+    assert _reward(tmp_path) == 0.0
+    (tmp_path / "reward.json").unlink()
+    (tmp_path / "verifier_error.txt").unlink()
+    assert "no reward" in _reward(tmp_path)

@@ -8,6 +8,7 @@ its tool format where the family's template has one.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,3 +245,14 @@ def scripted(name: str, out: Path, prompt: list[dict], tools: list[dict] | None,
             head[nxt, k] = 30.0
     model.save_pretrained(out, safe_serialization=True)
     return out
+
+
+class Lines(logging.Handler):
+    """The engine's log lines, caught (what a test of the served model reads back)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())

@@ -14,12 +14,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from wharf.tasks.tools.judge_io import ERROR_FILE  # what the judge writes instead of a reward
+
 TOOLS = Path(__file__).resolve().parents[1] / "tools"  # wharf/tasks/tools: the judges
 
 
-def judge(task: Path, oracle: bool, timeout: float = 600) -> float | None:
+def judge(task: Path, oracle: bool, timeout: float = 600) -> float | str | None:
     """The reward the judge gives the task's workspace (with solution/ applied when `oracle`);
-    None when no reward came out (a verifier error)."""
+    the judge's reason (a str) when it could not judge; None when solution/ failed to apply."""
     with tempfile.TemporaryDirectory(prefix="wharf-verify-") as tmp:
         ws, out = Path(tmp) / "app", Path(tmp) / "verifier"
         shutil.copytree(task / "environment", ws, symlinks=True)
@@ -32,10 +34,18 @@ def judge(task: Path, oracle: bool, timeout: float = 600) -> float | None:
                 return None
         subprocess.run(["bash", str(task / "tests" / "test.sh")], env=env, capture_output=True, timeout=timeout,
                        stdin=subprocess.DEVNULL)
+        return _reward(out)
+
+
+def _reward(out: Path) -> float | str:
+    """The reward of a verifier dir, or the judge's one-line reason when it could not judge."""
+    try:
+        return float(json.loads((out / "reward.json").read_text())["reward"])
+    except (OSError, ValueError, KeyError):
         try:
-            return float(json.loads((out / "reward.json").read_text())["reward"])
-        except (OSError, ValueError, KeyError):
-            return None
+            return "a verifier error: " + (out / ERROR_FILE).read_text().strip()
+        except OSError:
+            return "no reward and no verifier_error.txt from the judge"
 
 
 def own_check(task: Path) -> tuple[bool, str]:
