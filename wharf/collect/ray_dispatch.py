@@ -211,7 +211,7 @@ async def dispatch(submit: dict[str, Submit], slots: int, todo: list[PlannedRoll
         if not queue and not nodes.inflight:
             break
         if not nodes.inflight and not nodes.resting() and not nodes.joining:
-            raise RayExecutorError(f"every node of the cluster was lost or failed ("
+            raise RayExecutorError("every node of the cluster was lost or failed ("
                                    + "; ".join(f"{n}: {w}" for n, w in nodes.why.items())
                                    + f"); {len(queue)} rollouts not run: fix or start nodes and run the round "
                                    "again (it resumes)")
