@@ -161,6 +161,12 @@ def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, ca
     for task in tasks:
         for f in ("tests/spec.json", "instruction.md", "solution/fix.patch", "environment/tinycalc/calc.py"):
             assert (again / task.name / f).read_text() == (task / f).read_text()
+    # --max samples a manifest: its first bugs, the same dirs.
+    one = tmp_path / "one"
+    code, _ = _cli(["tinycalc==0.1", "--out", str(one), "--manifests", str(out / "manifests"), "--seed", "1",
+                    "--no-check", "--max", "1"], capsys)
+    made = [p.name for p in one.iterdir() if p.name.startswith("tinycalc-0.1__")]
+    assert code == 0 and len(made) == 1 and made[0] in {t.name for t in tasks}
 
 
 def test_unittest_cases_are_kept_and_tests_defined_in_another_file_are_marked(tmp_path):

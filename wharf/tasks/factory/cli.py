@@ -26,7 +26,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--from", dest="from_file", type=Path, help="a packages.txt: one PACKAGE==VERSION a line, "
                     "optionally deps=A,B (more test deps) and args=X,Y (more pytest arguments)")
     ap.add_argument("--out", type=Path, required=True, help="where the task dirs go")
-    ap.add_argument("--max", type=int, default=30, help="tasks at most per package version (default 30)")
+    ap.add_argument("--max", type=int, default=30, help="tasks at most per package version, hunted or made from a manifest (default 30)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tries", type=int, default=0, help="mutations tried at most per package (default 6 x --max)")
     ap.add_argument("--manifests", type=Path, help="dir of manifests: read when there, written when made "

@@ -116,10 +116,11 @@ def _test_timeout(suite_seconds: float) -> int:
 
 
 def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple[list[Path], list[str]]:
-    """The task dirs of a manifest under out; with opts.check, only those that pass the check are
-    kept (the others removed, each said in a line)."""
+    """The task dirs of a manifest's first opts.max_tasks bugs (its seeded order: a sample) under
+    out; with opts.check, only those that pass the check are kept (the others removed, each said
+    in a line)."""
     made, dropped = [], []
-    for bug in manifest["bugs"]:
+    for bug in manifest["bugs"][:opts.max_tasks]:
         out.mkdir(parents=True, exist_ok=True)
         task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
         if opts.check:
