@@ -5,14 +5,13 @@ client with `tool_calls`, streamed or not, the raw markup kept in the token ids.
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
 from openai import OpenAI
 
 from testing.app_thread import AppThread
-from tests.tiny_families import Lines, scripted
+from tests.tiny_families import scripted, start_engine
 from wharf.core.config import EngineConfig
 from wharf.engine.server import Engine, make_app
 
@@ -34,15 +33,7 @@ def served(request, tmp_path_factory):
     torch.set_num_threads(2)
     name = request.param
     model_dir = scripted(name, tmp_path_factory.mktemp(name) / "model", ASK, TOOLS, CASES[name][0])
-    lines, wharf_log = Lines(), logging.getLogger("wharf")
-    level = wharf_log.level
-    wharf_log.addHandler(lines)
-    wharf_log.setLevel(logging.INFO)
-    try:
-        engine = Engine(EngineConfig(model=str(model_dir), served_name="m", device="cpu", threads=2))
-    finally:
-        wharf_log.removeHandler(lines)
-        wharf_log.setLevel(level)
+    engine, lines = start_engine(model_dir)
     with AppThread(lambda: make_app(engine), name=f"engine-{name}") as app:
         yield name, model_dir, OpenAI(base_url=f"{app.url}/v1", api_key="EMPTY", max_retries=0), lines.lines
 

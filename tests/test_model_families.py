@@ -7,13 +7,12 @@ adapter passes the check that mirrors vLLM's loader for that architecture (wharf
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
 
 from testing.app_thread import AppThread
-from tests.tiny_families import FAMILIES, Lines, build
+from tests.tiny_families import FAMILIES, build, start_engine
 from wharf.convert.sft import render_chat_call
 from wharf.core.adapters import AdapterInvalid, check_adapter
 from wharf.core.config import EngineConfig, load_config
@@ -38,15 +37,7 @@ def served(request, tmp_path_factory):
     torch.set_num_threads(2)
     name = request.param
     model_dir = build(name, tmp_path_factory.mktemp(name.replace(".", "")) / "model")
-    lines, wharf_log = Lines(), logging.getLogger("wharf")
-    level = wharf_log.level
-    wharf_log.addHandler(lines)
-    wharf_log.setLevel(logging.INFO)
-    try:
-        engine = Engine(EngineConfig(model=str(model_dir), served_name="m", device="cpu", threads=2))
-    finally:
-        wharf_log.removeHandler(lines)
-        wharf_log.setLevel(level)
+    engine, lines = start_engine(model_dir)
     with AppThread(lambda: make_app(engine), name=f"engine-{name}") as app:
         yield name, model_dir, engine, app.url, lines.lines
 

@@ -256,3 +256,20 @@ class Lines(logging.Handler):
 
     def emit(self, record):
         self.lines.append(record.getMessage())
+
+
+def start_engine(model_dir: Path):
+    """(the engine serving `model_dir` as "m" on the CPU, the log lines it wrote while starting)."""
+    from wharf.core.config import EngineConfig
+    from wharf.engine.server import Engine
+
+    lines, wharf_log = Lines(), logging.getLogger("wharf")
+    level = wharf_log.level
+    wharf_log.addHandler(lines)
+    wharf_log.setLevel(logging.INFO)
+    try:
+        engine = Engine(EngineConfig(model=str(model_dir), served_name="m", device="cpu", threads=2))
+    finally:
+        wharf_log.removeHandler(lines)
+        wharf_log.setLevel(level)
+    return engine, lines
