@@ -49,7 +49,8 @@ def test_sh(pkg: Package, files: list[str], test_timeout: int) -> str:
     return f"""#!/bin/bash
 # Grade {pkg.name}=={pkg.version} with wharf's pytest judge (pytest_grade.py, from the tools dir the
 # sandbox exports as $WHARF_TASK_TOOLS): the shipped test files put back in place, the tests run
-# in the package's own environment (shown read-only in the sandbox), graded on tests/spec.json.
+# in the package's own environment (shown read-only in the sandbox), graded on tests/spec.json;
+# only the spec's tests run (--only-spec: their node ids, as the hunt ran them).
 TOOLS="${{WHARF_TASK_TOOLS:?set it to wharf/tasks/tools, the pytest judge}}"
 TESTS="${{WHARF_TESTS_DIR:-/tests}}"
 VERIFIER="${{WHARF_VERIFIER_DIR:-/logs/verifier}}"
@@ -63,7 +64,7 @@ for f in {" ".join(shlex.quote(f) for f in files)}; do
 done
 exec "${{WHARF_PYTHON:-python3}}" -I "$TOOLS/pytest_grade.py" --spec "$TESTS/spec.json" --out "$VERIFIER" \\
     --timeout "${{WHARF_TEST_TIMEOUT:-{test_timeout}}}" --python "$PKG_PYTHON" --reward-key "$TESTS/.wharf-reward-key" \\
-    "${{files[@]}}" -- -p no:cacheprovider -o addopts= -o "pythonpath={pythonpath}" --rootdir "$WORKDIR" -q {opts}
+    --only-spec "${{files[@]}}" -- -p no:cacheprovider -o addopts= -o "pythonpath={pythonpath}" --rootdir "$WORKDIR" -q {opts}
 """
 
 

@@ -1,7 +1,7 @@
 """Grade a pytest task from pytest's own reports, not from its printed output.
 
     python -I pytest_grade.py --spec SPEC.json --out DIR [--timeout S] [--python PY]
-        [--workdir DIR] [--tests-dir DIR] [--test-file FILE]... -- PYTEST_OPTIONS...
+        [--workdir DIR] [--tests-dir DIR] [--test-file FILE]... [--only-spec] -- PYTEST_OPTIONS...
 
 grade_pytest.sh runs it. Standalone: stdlib, swebench (through grading.py) and, in the test
 process, pytest. In order:
@@ -29,7 +29,10 @@ record, the process exited by itself before the timeout with the code pytest fin
 every spec test PASSED in both runs. The log's own verdict is kept beside it (log_reward) and
 never decides. This process is not dumpable, so the tests cannot read its memory or environment.
 Without --test-file (the tests named among pytest's options, as bench/grading.py does) the
-workspace is copied as it is and there is no second run.
+workspace is copied as it is and there is no second run. With --only-spec, pytest is given the
+spec's own node ids instead of the whole test files (the other tests of those files never decide
+the reward, and a big file's can cost most of the run); tasks whose ids come from pytest itself
+use it (wharf tasks make's).
 
 reward.json (numbers only, as harbor requires): reward, resolved, log_ok, f2p_passed, f2p_total,
 p2p_passed, p2p_total, test_exit_code, grader_pytest_report (1: this grader), records_ok,
@@ -94,7 +97,7 @@ def _run_in(python: str, options: list[str], key: bytes, log, timeout: float, tr
     env.update(PYTHONDONTWRITEBYTECODE="1")
     root = copy if jail.unavailable() else tree["workdir"]  # where the copy appears to the tests
     argv = [python, "-I", os.path.join(HERE, "pytest_report.py"), *options, "--rootdir", root, "-p", "no:cacheprovider",
-            *tree["tests"]]
+            *(tree.get("select") or tree["tests"])]
     try:
         run = jail.start(argv, tree["workdir"], python, pass_fds=(fd,), source=copy, read_only=tuple(tree["tests"]),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
@@ -214,6 +217,17 @@ def recheck(args, spec: dict, result: dict, options: list[str], tree: dict) -> d
     return result
 
 
+def spec_selection(spec: dict, test_files) -> list[str]:
+    """--only-spec: the spec's FAIL_TO_PASS and PASS_TO_PASS node ids that lie in a pristine test
+    file, once each, in the spec's order. An id outside them never runs, so it counts as failed;
+    none left (an empty list would make pytest run the whole workspace): the files themselves."""
+    files, out = set(test_files), []
+    for nodeid in [*spec["FAIL_TO_PASS"], *spec["PASS_TO_PASS"]]:
+        if nodeid.split("::", 1)[0] in files and nodeid not in out:
+            out.append(nodeid)
+    return out
+
+
 def reward_numbers(result: dict) -> dict:
     n = grading.reward_numbers(result)
     n.update(grader_pytest_report=1, records_ok=int(result["records_ok"]),
@@ -238,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                     "shown to the tests itself)")
     ap.add_argument("--tests-dir", help="where the pristine test files are (default: the workspace: the caller "
                     "put them there)")
+    ap.add_argument("--only-spec", action="store_true", help="run only the spec's FAIL_TO_PASS and PASS_TO_PASS "
+                    "tests of the test files (their exact pytest node ids), not every test the files hold")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments")
     args = ap.parse_args(argv)
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
@@ -253,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = os.path.abspath(args.workdir)
     try:  # now, before any test runs: the tests could rewrite them later
         tree = {"workdir": workdir, "tests": pytest_tree.read_tests(args.tests_dir or workdir, args.test_file)}
+        if args.only_spec:
+            tree["select"] = spec_selection(spec, tree["tests"])
     except pytest_tree.TreeError as e:
         print(f"pytest_grade.py: error: {e}", file=sys.stderr)
         grading._write_json(detail_path, {"error": str(e), "reward": None})

@@ -127,9 +127,12 @@ def _test_codes(config):
     before any code under test runs, from the files as they are then (read-only to that code)."""
     from _pytest.assertion.rewrite import _rewrite_test
 
-    out, stack = set(), []
-    for arg in config.args:
+    out, stack, paths = set(), [], []
+    for arg in config.args:  # each file once: node ids name one file many times (--only-spec)
         path = config.invocation_params.dir / str(arg).split("::")[0]
+        if path not in paths:
+            paths.append(path)
+    for path in paths:
         if path.suffix == ".py" and path.is_file():
             stack.append(_rewrite_test(path, config)[1])
     while stack:
