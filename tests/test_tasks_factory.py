@@ -209,6 +209,27 @@ def test_tests_beside_the_package_in_src_are_found(tmp_path):
     assert find_layout(tmp_path) == ("src", ["tests"])
 
 
+@pytest.mark.slow
+def test_wharf_tasks_make_checks_each_task_with_tasks_check_and_the_manifest_says_so(tmp_path, capsys, monkeypatch):
+    """Through `wharf tasks` (the dispatcher hands the factory wharf tasks check's check_task): the
+    kept task passed the whole check (oracle 1.0 and untouched 0 over 3 bwrap trials each, the
+    tier-1 exploits 0), and its bug in the manifest records it under the judges' code as it is."""
+    from wharf.pipeline.tasks import main as tasks_main
+    from wharf.tasks.factory.verify import judge_digest
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    _sdist(cache, FIXTURE, "tinycalc")
+    _offline_env(cache, "tinycalc-0.1")
+    out = tmp_path / "out"
+    assert tasks_main(["make", "tinycalc==0.1", "--out", str(out), "--max", "1", "--seed", "1"]) == 0, capsys.readouterr()
+    [task] = [p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__")]
+    assert "--only-spec" in (task / "tests" / "test.sh").read_text()
+    [bug] = json.loads((out / "manifests" / "tinycalc-0.1.seed1.json").read_text())["bugs"]
+    assert {k: bug["checked"][k] for k in ("judge", "runs", "tier1")} == {"judge": judge_digest(), "runs": 3, "tier1": True}
+    assert 0 < bug["checked"]["seconds"] < 600
+
+
 def test_the_factorys_own_check_names_the_judges_reason_when_it_could_not_judge(tmp_path):
     from wharf.tasks.factory.verify import _reward
 

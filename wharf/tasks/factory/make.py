@@ -118,18 +118,21 @@ def _test_timeout(suite_seconds: float) -> int:
 def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple[list[Path], list[str]]:
     """The task dirs of a manifest's first opts.max_tasks bugs (its seeded order: a sample) under
     out; with opts.check, only those that pass the check are kept (the others removed, each said
-    in a line)."""
+    in a line), and a pass of `wharf tasks check` is written on its bug (`checked`: the judge's
+    digest, the runs, the seconds, the date) for the caller to keep in the manifest."""
     made, dropped = [], []
     for bug in manifest["bugs"][:opts.max_tasks]:
         out.mkdir(parents=True, exist_ok=True)
         task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
         if opts.check:
-            ok, why = verify.check_task(task, opts.checker)  # the checker plugs in there
+            ok, why, record = verify.check_task(task, opts.checker)  # the checker plugs in there
             if not ok:
                 opts.log(f"{task.name}: dropped: {why}")
                 dropped.append(task.name)
                 shutil.rmtree(task, ignore_errors=True)
                 continue
+            if record is not None:  # kept in the manifest: which judge's check it passed, when
+                bug["checked"] = record
         made.append(task)
     return made, dropped
 

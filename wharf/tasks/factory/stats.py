@@ -1,6 +1,6 @@
 """The figures of a manifest dir: per package version the tests that pass twice, the covered
-functions, the mutations tried and kept (yield), the hunt's seconds and seconds per kept bug;
-with --tasks DIR, the disk of the task dirs made from them beside the manifests' own.
+functions, the mutations tried and kept (yield), the hunt's seconds and seconds per kept bug, and
+how many bugs passed `wharf tasks check` under the judges' code as it is now (`checked`); with --tasks DIR, the disk of the task dirs made from them beside the manifests' own.
 
     python -m wharf.tasks.factory.stats datasets/real/manifests [--tasks DIR]
 """
@@ -12,16 +12,19 @@ import os
 import sys
 from pathlib import Path
 
+from .verify import judge_digest
+
 
 def rows(manifests: Path) -> list[dict]:
-    out = []
+    out, judge = [], judge_digest()
     for path in sorted(manifests.glob("*.json")):
         m = json.loads(path.read_text())
         s = m["stats"]
         out.append({"package": f"{m['package']}=={m['version']}", "passing": s["passing"],
                     "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
                     "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
-                    "bytes": path.stat().st_size})
+                    "bytes": path.stat().st_size,
+                    "checked": sum(b.get("checked", {}).get("judge") == judge for b in m["bugs"])})
     return out
 
 
@@ -38,15 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     if not table:
         print(f"{args.manifests}: no manifests", file=sys.stderr)
         return 2
-    print(f"{'package':<28} {'passing':>7} {'funcs':>5} {'tried':>5} {'kept':>4} {'yield':>5} {'hunt s':>6} {'s/kept':>6}")
+    print(f"{'package':<28} {'passing':>7} {'funcs':>5} {'tried':>5} {'kept':>4} {'yield':>5} {'hunt s':>6} {'s/kept':>6} {'checked':>7}")
     for r in table:
         per = r["seconds"] / r["kept"] if r["kept"] else float("nan")
         print(f"{r['package']:<28} {r['passing']:>7} {r['functions']:>5} {r['tried']:>5} {r['kept']:>4} "
-              f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f}")
+              f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f} {r['checked']:>7}")
     kept, tried, secs = (sum(r[k] for r in table) for k in ("kept", "tried", "seconds"))
     print(f"{len(table)} package versions: {kept} bugs kept of {tried} tried (yield {kept / max(tried, 1):.2f}), "
           f"{secs:.0f} s of hunting ({secs / max(kept, 1):.1f} s per kept bug); manifests "
-          f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task")
+          f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task; "
+          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge_digest()})")
     if args.tasks:
         dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
         total = sum(disk(p) for p in dirs)

@@ -6,17 +6,20 @@ the one place where the checker plugs in.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from wharf.tasks.tools.judge_io import ERROR_FILE  # what the judge writes instead of a reward
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"  # wharf/tasks/tools: the judges
+CHECK_RUNS = 3  # the oracle and the untouched workspace, each
 
 
 def judge(task: Path, oracle: bool, timeout: float = 600) -> float | str | None:
@@ -58,12 +61,27 @@ def own_check(task: Path) -> tuple[bool, str]:
     return True, "oracle 1.0, workspace 0"
 
 
-def check_task(task: Path, checker=None) -> tuple[bool, str]:
-    """(passed, why). CHECKER PLUG-IN POINT: `wharf tasks make` run through `wharf tasks` is handed
-    `wharf tasks check`'s check_task (wharf.pipeline.taskcheck: it stands above this room, so it
-    comes as an argument); its verdict (oracle twice, untouched 0, stable over 3 runs, the tier-1
-    hackability audit) decides. Without it (python -m wharf.tasks.factory), own_check's does."""
+def judge_digest() -> str:
+    """12 hex of the judges' code (wharf/tasks/tools): a task checked under other code is to be
+    checked again, as the manifests made before issue 53's judge was hardened had to be."""
+    h = hashlib.sha256()
+    for f in sorted(TOOLS.iterdir()):
+        if f.suffix in (".py", ".sh", ".c") and f.is_file():
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def check_task(task: Path, checker=None) -> tuple[bool, str, dict | None]:
+    """(passed, why, the record a manifest keeps of a pass of `wharf tasks check` or None).
+    CHECKER PLUG-IN POINT: `wharf tasks make` run through `wharf tasks` is handed `wharf tasks
+    check`'s check_task (wharf.pipeline.taskcheck: it stands above this room, so it comes as an
+    argument); its verdict (oracle 1.0 and untouched 0 over 3 runs, the tier-1 hackability
+    audit) decides. Without it (python -m wharf.tasks.factory), own_check's does."""
     if checker is None:
-        return own_check(task)
-    verdict = checker(task, runs=3, redteam=False)
-    return bool(verdict.ok), "; ".join(verdict.reasons[:2]) or "checked"
+        return (*own_check(task), None)
+    verdict = checker(task, runs=CHECK_RUNS, redteam=False)
+    if not verdict.ok:
+        return False, "; ".join(verdict.reasons[:2]), None
+    record = {"judge": judge_digest(), "runs": CHECK_RUNS, "tier1": True,
+              "seconds": round(sum(verdict.seconds.values()), 1), "date": time.strftime("%Y-%m-%d", time.gmtime())}
+    return True, "checked", record
