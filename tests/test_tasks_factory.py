@@ -213,7 +213,8 @@ def test_tests_beside_the_package_in_src_are_found(tmp_path):
 def test_wharf_tasks_make_checks_each_task_with_tasks_check_and_the_manifest_says_so(tmp_path, capsys, monkeypatch):
     """Through `wharf tasks` (the dispatcher hands the factory wharf tasks check's check_task): the
     kept task passed the whole check (oracle 1.0 and untouched 0 over 3 bwrap trials each, the
-    tier-1 exploits 0), and its bug in the manifest records it under the judges' code as it is."""
+    tier-1 exploits 0, and, being the package's sample, the red team's attackers 0), and its bug in
+    the manifest records it under the judges' code as it is."""
     from wharf.pipeline.tasks import main as tasks_main
     from wharf.tasks.factory.verify import judge_digest
 
@@ -226,7 +227,8 @@ def test_wharf_tasks_make_checks_each_task_with_tasks_check_and_the_manifest_say
     [task] = [p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__")]
     assert "--only-spec" in (task / "tests" / "test.sh").read_text()
     [bug] = json.loads((out / "manifests" / "tinycalc-0.1.seed1.json").read_text())["bugs"]
-    assert {k: bug["checked"][k] for k in ("judge", "runs", "tier1")} == {"judge": judge_digest(), "runs": 3, "tier1": True}
+    assert {k: bug["checked"][k] for k in ("judge", "runs", "tier1", "tier2")} == {
+        "judge": judge_digest(), "runs": 3, "tier1": True, "tier2": True}
     assert 0 < bug["checked"]["seconds"] < 600
 
 

@@ -29,6 +29,7 @@ class Options:
     suite_timeout: float = 600.0
     check: bool = True
     checker: object = None  # wharf tasks check's check_task, when handed in (verify.check_task)
+    redteam: int = 1  # the first N tasks of each package also face the red team (tier 2)
     log: object = print
 
 
@@ -119,13 +120,15 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple
     """The task dirs of a manifest's first opts.max_tasks bugs (its seeded order: a sample) under
     out; with opts.check, only those that pass the check are kept (the others removed, each said
     in a line), and a pass of `wharf tasks check` is written on its bug (`checked`: the judge's
-    digest, the runs, the seconds, the date) for the caller to keep in the manifest."""
+    digest, the runs, the tiers, the seconds, the date) for the caller to keep in the manifest.
+    The first opts.redteam tasks (a sample per package) also face the red team's attackers."""
     made, dropped = [], []
     for bug in manifest["bugs"][:opts.max_tasks]:
         out.mkdir(parents=True, exist_ok=True)
         task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
         if opts.check:
-            ok, why, record = verify.check_task(task, opts.checker)  # the checker plugs in there
+            redteam = len(made) + len(dropped) < opts.redteam  # the package's sample
+            ok, why, record = verify.check_task(task, opts.checker, redteam)  # the checker plugs in there
             if not ok:
                 opts.log(f"{task.name}: dropped: {why}")
                 dropped.append(task.name)

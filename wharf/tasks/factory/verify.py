@@ -71,17 +71,18 @@ def judge_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def check_task(task: Path, checker=None) -> tuple[bool, str, dict | None]:
+def check_task(task: Path, checker=None, redteam: bool = False) -> tuple[bool, str, dict | None]:
     """(passed, why, the record a manifest keeps of a pass of `wharf tasks check` or None).
     CHECKER PLUG-IN POINT: `wharf tasks make` run through `wharf tasks` is handed `wharf tasks
     check`'s check_task (wharf.pipeline.taskcheck: it stands above this room, so it comes as an
     argument); its verdict (oracle 1.0 and untouched 0 over 3 runs, the tier-1 hackability
-    audit) decides. Without it (python -m wharf.tasks.factory), own_check's does."""
+    audit, and with `redteam` the red team's scripted attackers) decides. Without it (python -m
+    wharf.tasks.factory), own_check's does."""
     if checker is None:
         return (*own_check(task), None)
-    verdict = checker(task, runs=CHECK_RUNS, redteam=False)
+    verdict = checker(task, runs=CHECK_RUNS, redteam=redteam)
     if not verdict.ok:
         return False, "; ".join(verdict.reasons[:2]), None
-    record = {"judge": judge_digest(), "runs": CHECK_RUNS, "tier1": True,
+    record = {"judge": judge_digest(), "runs": CHECK_RUNS, "tier1": True, "tier2": redteam,
               "seconds": round(sum(verdict.seconds.values()), 1), "date": time.strftime("%Y-%m-%d", time.gmtime())}
     return True, "checked", record
