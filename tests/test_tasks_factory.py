@@ -137,7 +137,7 @@ def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, ca
     _sdist(cache, FIXTURE, "tinycalc")
     _offline_env(cache, "tinycalc-0.1")
     out = tmp_path / "out"
-    code, err = _cli(["tinycalc==0.1", "--out", str(out), "--max", "3", "--seed", "1"], capsys)
+    code, err = _cli(["tinycalc==0.1", "--out", str(out), "--max", "3", "--seed", "1", "--jobs", "2"], capsys)
     assert code == 0, err
     tasks = sorted(p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__"))
     assert 1 <= len(tasks) <= 3  # each one passed the check: oracle 1.0, untouched workspace 0

@@ -1,7 +1,7 @@
 """`wharf tasks make`: real-repository bug-fix tasks from Python packages' source distributions.
 
     wharf tasks make PACKAGE[==VERSION]... [--from FILE] --out DIR [--max N] [--seed S]
-                     [--manifests DIR] [--tries T] [--no-check] [--redteam N]
+                     [--manifests DIR] [--tries T] [--no-check] [--redteam N] [--jobs N]
 
 Per package version: the sdist and a test env once into $WHARF_CACHE/tasks; the manifest of kept
 bugs read from --manifests when one is there for that version and seed (else the bugs are hunted
@@ -32,6 +32,8 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--manifests", type=Path, help="dir of manifests: read when there, written when made "
                     "(default: OUT/manifests)")
     ap.add_argument("--no-check", action="store_true", help="keep tasks without running the checker")
+    ap.add_argument("--jobs", type=int, default=1, help="tasks checked at once, each running up to 4 trials at "
+                    "once (default 1; a machine of 4N cores takes N)")
     ap.add_argument("--redteam", type=int, default=1, metavar="N", help="the first N tasks of each package also "
                     "face the red team's scripted attackers (wharf tasks check --redteam; default 1, 0: none)")
     return ap
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=No
     """`check`: wharf tasks check's check_task (the `wharf tasks` dispatcher hands it in)."""
     args = parser(prog).parse_args(argv)
     opts = make.Options(max_tasks=args.max, seed=args.seed, tries=args.tries, check=not args.no_check,
-                        redteam=args.redteam, checker=check, log=lambda s: print(s, file=sys.stderr, flush=True))
+                        redteam=args.redteam, jobs=args.jobs, checker=check, log=lambda s: print(s, file=sys.stderr, flush=True))
     try:
         entries = _entries(args)
     except FactoryError as e:

@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ class Options:
     check: bool = True
     checker: object = None  # wharf tasks check's check_task, when handed in (verify.check_task)
     redteam: int = 1  # the first N tasks of each package also face the red team (tier 2)
+    jobs: int = 1  # tasks checked at once (each runs up to 4 trials at once)
     log: object = print
 
 
@@ -121,21 +123,26 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple
     out; with opts.check, only those that pass the check are kept (the others removed, each said
     in a line), and a pass of `wharf tasks check` is written on its bug (`checked`: the judge's
     digest, the runs, the tiers, the seconds, the date) for the caller to keep in the manifest.
-    The first opts.redteam tasks (a sample per package) also face the red team's attackers."""
-    made, dropped = [], []
-    for bug in manifest["bugs"][:opts.max_tasks]:
+    The first opts.redteam tasks (a sample per package) also face the red team's attackers;
+    opts.jobs tasks are checked at once."""
+    bugs = manifest["bugs"][:opts.max_tasks]
+    if bugs:
         out.mkdir(parents=True, exist_ok=True)
-        task = taskdir.write(pkg, bug, out, manifest["test_timeout"])
-        if opts.check:
-            redteam = len(made) + len(dropped) < opts.redteam  # the package's sample
-            ok, why, record = verify.check_task(task, opts.checker, redteam)  # the checker plugs in there
-            if not ok:
-                opts.log(f"{task.name}: dropped: {why}")
-                dropped.append(task.name)
-                shutil.rmtree(task, ignore_errors=True)
-                continue
-            if record is not None:  # kept in the manifest: which judge's check it passed, when
-                bug["checked"] = record
+    tasks = [taskdir.write(pkg, bug, out, manifest["test_timeout"]) for bug in bugs]
+    if not opts.check:
+        return tasks, []
+    with ThreadPoolExecutor(max(1, opts.jobs)) as pool:  # each check runs its own event loop
+        verdicts = list(pool.map(lambda i: verify.check_task(tasks[i], opts.checker, i < opts.redteam),
+                                 range(len(tasks))))
+    made, dropped = [], []
+    for task, bug, (ok, why, record) in zip(tasks, bugs, verdicts):
+        if not ok:
+            opts.log(f"{task.name}: dropped: {why}")
+            dropped.append(task.name)
+            shutil.rmtree(task, ignore_errors=True)
+            continue
+        if record is not None:  # kept in the manifest: which judge's check it passed, when
+            bug["checked"] = record
         made.append(task)
     return made, dropped
 
