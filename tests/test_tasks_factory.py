@@ -242,3 +242,40 @@ def test_the_factorys_own_check_names_the_judges_reason_when_it_could_not_judge(
     (tmp_path / "reward.json").unlink()
     (tmp_path / "verifier_error.txt").unlink()
     assert "no reward" in _reward(tmp_path)
+
+
+def test_rejudge_prunes_the_tests_the_judge_no_longer_passes_and_drops_bugs_left_with_none():
+    from wharf.tasks.factory.rejudge import prune
+
+    bugs = [{"FAIL_TO_PASS": ["t.py::a", "t.py::gc"], "PASS_TO_PASS": ["t.py::b"], "checked": {"judge": "x"},
+             "messages": {"t.py::a": "m", "t.py::gc": "n"}},
+            {"FAIL_TO_PASS": ["t.py::gc"], "PASS_TO_PASS": ["t.py::a"]},
+            {"FAIL_TO_PASS": ["t.py::a"], "PASS_TO_PASS": ["t.py::b"], "checked": {"judge": "x"}}]
+    manifest = {"bugs": bugs}
+    assert prune(manifest, {"t.py::a", "t.py::b"}) == (1, 2)  # bugs dropped, spec entries dropped
+    first, third = manifest["bugs"]
+    assert (first["FAIL_TO_PASS"], first["messages"], "checked" in first) == (["t.py::a"], {"t.py::a": "m"}, False)
+    assert third["checked"] == {"judge": "x"}  # its spec did not change: its check still stands
+
+
+@pytest.mark.slow
+def test_rejudge_runs_a_manifests_tests_under_the_judge_and_rewrites_it_only_when_needed(tmp_path, capsys, monkeypatch):
+    from wharf.tasks.factory import rejudge
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    _sdist(cache, FIXTURE, "tinycalc")
+    _offline_env(cache, "tinycalc-0.1")
+    out = tmp_path / "out"
+    assert _cli(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"], capsys)[0] == 0
+    path = out / "manifests" / "tinycalc-0.1.seed1.json"
+    manifest = json.loads(path.read_text())
+    manifest["bugs"][0]["PASS_TO_PASS"].append("tests/test_calc.py::test_not_there")  # a test the judge never passes
+    path.write_text(json.dumps(manifest))
+    assert rejudge.main([str(path)]) == 0
+    assert "1 spec entries and 0 of" in capsys.readouterr().out
+    again = json.loads(path.read_text())
+    assert again["bugs"][0]["PASS_TO_PASS"] == manifest["bugs"][0]["PASS_TO_PASS"][:-1]
+    assert again["stats"]["rejudged"]["entries_dropped"] == 1
+    before = path.read_text()
+    assert rejudge.main([str(path)]) == 0 and path.read_text() == before  # nothing to change: not rewritten
