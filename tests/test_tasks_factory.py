@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -218,14 +219,17 @@ def test_wharf_tasks_make_checks_each_task_with_tasks_check_and_the_manifest_say
     from wharf.pipeline.tasks import main as tasks_main
     from wharf.tasks.factory.verify import judge_digest
 
-    cache = tmp_path / "cache"
+    cache, src = tmp_path / "cache", tmp_path / "src"
     monkeypatch.setenv("WHARF_CACHE", str(cache))
-    _sdist(cache, FIXTURE, "tinycalc")
+    shutil.copytree(FIXTURE, src)
+    (src / "Dockerfile").write_text("FROM python:3.12\n")  # the sdist's own, as croniter's: not the task's image
+    _sdist(cache, src, "tinycalc")
     _offline_env(cache, "tinycalc-0.1")
     out = tmp_path / "out"
     assert tasks_main(["make", "tinycalc==0.1", "--out", str(out), "--max", "1", "--seed", "1"]) == 0, capsys.readouterr()
     [task] = [p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__")]
     assert "--only-spec" in (task / "tests" / "test.sh").read_text()
+    assert not (task / "environment" / "Dockerfile").exists()
     [bug] = json.loads((out / "manifests" / "tinycalc-0.1.seed1.json").read_text())["bugs"]
     assert {k: bug["checked"][k] for k in ("judge", "runs", "tier1", "tier2")} == {
         "judge": judge_digest(), "runs": 3, "tier1": True, "tier2": True}
@@ -279,3 +283,14 @@ def test_rejudge_runs_a_manifests_tests_under_the_judge_and_rewrites_it_only_whe
     assert again["stats"]["rejudged"]["entries_dropped"] == 1
     before = path.read_text()
     assert rejudge.main([str(path)]) == 0 and path.read_text() == before  # nothing to change: not rewritten
+
+
+def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of_the_run(tmp_path):
+    from wharf.tasks.check.taskformat import TaskFormatError
+    from wharf.tasks.factory.verify import check_task
+
+    def checker(task, runs, redteam):
+        raise TaskFormatError(f"{task}/environment/Dockerfile: a Docker task")
+
+    assert check_task(tmp_path, checker) == (False, f"not a well-formed task dir: {tmp_path}/environment/Dockerfile: "
+                                             "a Docker task", None)

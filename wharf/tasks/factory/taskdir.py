@@ -125,6 +125,7 @@ def write(pkg: Package, bug: dict, out_dir: Path, test_timeout: int) -> Path:
 def _fill(pkg: Package, bug: dict, tmp: Path, test_timeout: int, tid: str) -> None:
     env = tmp / "environment"
     shutil.copytree(pkg.root, env, symlinks=False)
+    (env / "Dockerfile").unlink(missing_ok=True)  # an sdist's own (croniter's): harbor would build it as the task's image
     original = (pkg.root / bug["file"]).read_text(encoding="utf-8")
     buggy = mutate.apply(original, mutation_of(bug))
     (env / bug["file"]).write_text(buggy, encoding="utf-8")

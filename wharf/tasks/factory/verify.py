@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from wharf.tasks.check.taskformat import TaskFormatError
 from wharf.tasks.tools.judge_io import ERROR_FILE  # what the judge writes instead of a reward
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"  # wharf/tasks/tools: the judges
@@ -80,7 +81,10 @@ def check_task(task: Path, checker=None, redteam: bool = False) -> tuple[bool, s
     wharf.tasks.factory), own_check's does."""
     if checker is None:
         return (*own_check(task), None)
-    verdict = checker(task, runs=CHECK_RUNS, redteam=redteam)
+    try:
+        verdict = checker(task, runs=CHECK_RUNS, redteam=redteam)
+    except TaskFormatError as e:  # this task dir is malformed (a Docker task, say): the others go on
+        return False, f"not a well-formed task dir: {e}", None
     if not verdict.ok:
         return False, "; ".join(verdict.reasons[:2]), None
     record = {"judge": judge_digest(), "runs": CHECK_RUNS, "tier1": True, "tier2": redteam,
