@@ -131,13 +131,18 @@ def test_a_suite_that_never_passes_says_so(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
-def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, capsys, monkeypatch):
+def _tinycalc(tmp_path: Path, monkeypatch, src: Path = FIXTURE) -> Path:
+    """A cache of its own holding tinycalc's sdist (packed from `src`) and its offline env; the out dir."""
     cache = tmp_path / "cache"
     monkeypatch.setenv("WHARF_CACHE", str(cache))
-    _sdist(cache, FIXTURE, "tinycalc")
+    _sdist(cache, src, "tinycalc")
     _offline_env(cache, "tinycalc-0.1")
-    out = tmp_path / "out"
+    return tmp_path / "out"
+
+
+@pytest.mark.slow
+def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, capsys, monkeypatch):
+    out = _tinycalc(tmp_path, monkeypatch)
     code, err = _cli(["tinycalc==0.1", "--out", str(out), "--max", "3", "--seed", "1", "--jobs", "2"], capsys)
     assert code == 0, err
     tasks = sorted(p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__"))
@@ -219,13 +224,10 @@ def test_wharf_tasks_make_checks_each_task_with_tasks_check_and_the_manifest_say
     from wharf.pipeline.tasks import main as tasks_main
     from wharf.tasks.factory.verify import judge_digest
 
-    cache, src = tmp_path / "cache", tmp_path / "src"
-    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    src = tmp_path / "src"
     shutil.copytree(FIXTURE, src)
     (src / "Dockerfile").write_text("FROM python:3.12\n")  # the sdist's own, as croniter's: not the task's image
-    _sdist(cache, src, "tinycalc")
-    _offline_env(cache, "tinycalc-0.1")
-    out = tmp_path / "out"
+    out = _tinycalc(tmp_path, monkeypatch, src)
     assert tasks_main(["make", "tinycalc==0.1", "--out", str(out), "--max", "1", "--seed", "1"]) == 0, capsys.readouterr()
     [task] = [p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__")]
     assert "--only-spec" in (task / "tests" / "test.sh").read_text()
@@ -266,11 +268,7 @@ def test_rejudge_prunes_the_tests_the_judge_no_longer_passes_and_drops_bugs_left
 def test_rejudge_runs_a_manifests_tests_under_the_judge_and_rewrites_it_only_when_needed(tmp_path, capsys, monkeypatch):
     from wharf.tasks.factory import rejudge
 
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("WHARF_CACHE", str(cache))
-    _sdist(cache, FIXTURE, "tinycalc")
-    _offline_env(cache, "tinycalc-0.1")
-    out = tmp_path / "out"
+    out = _tinycalc(tmp_path, monkeypatch)
     assert _cli(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"], capsys)[0] == 0
     path = out / "manifests" / "tinycalc-0.1.seed1.json"
     manifest = json.loads(path.read_text())
