@@ -26,10 +26,11 @@ import secrets
 import shutil
 from pathlib import Path
 
+from wharf.tasks.tools.judge_io import ERROR_FILE as JUDGE_ERROR  # the judge's "could not judge" file
+
 KEY_FILE = "/tests/.wharf-reward-key"
 MAC_FILE = "reward.json.mac"
 REJECTED = "reward_rejected.txt"
-JUDGE_ERROR = "verifier_error.txt"  # wharf/tasks/tools/judge_io.py's ERROR_FILE
 
 
 def new_key() -> bytes:

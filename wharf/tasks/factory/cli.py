@@ -6,7 +6,8 @@
 Per package version: the sdist and a test env once into $WHARF_CACHE/tasks; the manifest of kept
 bugs read from --manifests when one is there for that version and seed (else the bugs are hunted
 and the manifest written there); then the task dirs made under --out, each checked (the first
---redteam of them by the red team too). One line per package; exit 2 when a package cannot give tasks (said in one line why), 1 on another failure.
+--redteam of them by the red team too). One line per package; exit 2 when a package cannot give
+tasks (said in one line why), 1 on another failure.
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=No
     """`check`: wharf tasks check's check_task (the `wharf tasks` dispatcher hands it in)."""
     args = parser(prog).parse_args(argv)
     opts = make.Options(max_tasks=args.max, seed=args.seed, tries=args.tries, check=not args.no_check,
-                        redteam=args.redteam, jobs=args.jobs, checker=check, log=lambda s: print(s, file=sys.stderr, flush=True))
+                        redteam=args.redteam, jobs=args.jobs, checker=check,
+                        log=lambda s: print(s, file=sys.stderr, flush=True))
     try:
         entries = _entries(args)
     except FactoryError as e:

@@ -1,6 +1,7 @@
 """The figures of a manifest dir: per package version the tests that pass twice, the covered
 functions, the mutations tried and kept (yield), the hunt's seconds and seconds per kept bug, and
-how many bugs passed `wharf tasks check` under the judges' code as it is now (`checked`); with --tasks DIR, the disk of the task dirs made from them beside the manifests' own.
+how many bugs passed `wharf tasks check` under the judges' code as it is now (`checked`); with
+--tasks DIR, the disk of the task dirs made from them beside the manifests' own.
 
     python -m wharf.tasks.factory.stats datasets/real/manifests [--tasks DIR]
 """
@@ -15,8 +16,9 @@ from pathlib import Path
 from .verify import judge_digest
 
 
-def rows(manifests: Path) -> list[dict]:
-    out, judge = [], judge_digest()
+def rows(manifests: Path, judge: str) -> list[dict]:
+    """A row per manifest; `checked` counts the bugs whose check record names `judge`."""
+    out = []
     for path in sorted(manifests.glob("*.json")):
         m = json.loads(path.read_text())
         s = m["stats"]
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("manifests", type=Path)
     ap.add_argument("--tasks", type=Path, help="a dir of task dirs made from these manifests")
     args = ap.parse_args(argv)
-    table = rows(args.manifests)
+    judge = judge_digest()
+    table = rows(args.manifests, judge)
     if not table:
         print(f"{args.manifests}: no manifests", file=sys.stderr)
         return 2
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(table)} package versions: {kept} bugs kept of {tried} tried (yield {kept / max(tried, 1):.2f}), "
           f"{secs:.0f} s of hunting ({secs / max(kept, 1):.1f} s per kept bug); manifests "
           f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task; "
-          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge_digest()})")
+          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge})")
     if args.tasks:
         dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
         total = sum(disk(p) for p in dirs)
