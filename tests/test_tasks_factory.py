@@ -292,3 +292,19 @@ def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of
 
     assert check_task(tmp_path, checker) == (False, f"not a well-formed task dir: {tmp_path}/environment/Dockerfile: "
                                              "a Docker task", None)
+
+
+def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, capsys):
+    from wharf.tasks.factory import stats
+    from wharf.tasks.factory.verify import judge_digest
+
+    bugs = [{"checked": {"judge": judge_digest(), "seconds": 30.0}}, {"checked": {"judge": "0ld0ld0ld0ld", "seconds": 9.0}},
+            {"checked": {"judge": judge_digest(), "seconds": 40.0}}, {}]
+    (tmp_path / "p-1.seed0.json").write_text(json.dumps({
+        "package": "p", "version": "1", "bugs": bugs,
+        "stats": {"passing": 5, "covered_functions": 2, "tried": 8, "kept": 4, "seconds": 40.0}}))
+    assert stats.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[-1] == "2"  # the checked column
+    assert out[-1].endswith(f"2 passed wharf tasks check under the judge as it is now ({judge_digest()}), "
+                            "35.0 s a check (median)")

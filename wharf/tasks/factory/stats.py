@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def rows(manifests: Path, judge: str) -> list[dict]:
                     "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
                     "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
                     "bytes": path.stat().st_size,
-                    "checked": sum(b.get("checked", {}).get("judge") == judge for b in m["bugs"])})
+                    "checked": sum(b.get("checked", {}).get("judge") == judge for b in m["bugs"]),
+                    "check_s": [b["checked"]["seconds"] for b in m["bugs"] if b.get("checked", {}).get("judge") == judge]})
     return out
 
 
@@ -50,10 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['package']:<28} {r['passing']:>7} {r['functions']:>5} {r['tried']:>5} {r['kept']:>4} "
               f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f} {r['checked']:>7}")
     kept, tried, secs = (sum(r[k] for r in table) for k in ("kept", "tried", "seconds"))
+    check_s = [x for r in table for x in r["check_s"]]
     print(f"{len(table)} package versions: {kept} bugs kept of {tried} tried (yield {kept / max(tried, 1):.2f}), "
           f"{secs:.0f} s of hunting ({secs / max(kept, 1):.1f} s per kept bug); manifests "
           f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task; "
-          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge})")
+          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge})"
+          + (f", {statistics.median(check_s):.1f} s a check (median)" if check_s else ""))
     if args.tasks:
         dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
         total = sum(disk(p) for p in dirs)
