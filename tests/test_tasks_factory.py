@@ -308,3 +308,14 @@ def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, ca
     assert out[1].split()[-1] == "2"  # the checked column
     assert out[-1].endswith(f"2 passed wharf tasks check under the judge as it is now ({judge_digest()}), "
                             "35.0 s a check (median)")
+
+
+def test_rejudge_of_a_corrupt_manifest_says_which_file_and_leaves_it_as_it_was(tmp_path, capsys):
+    from wharf.tasks.factory import rejudge
+
+    bad = tmp_path / "p-1.seed0.json"
+    bad.write_text('{"package": "p", "version"')
+    assert rejudge.main([str(bad), str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0].startswith(f"{bad}: ") and err[1].startswith(f"{tmp_path / 'missing.json'}: ")
+    assert bad.read_text() == '{"package": "p", "version"'
