@@ -55,6 +55,13 @@ def _entries(args) -> list[make.Entry]:
     return entries
 
 
+def _write_manifest(path: Path, manifest: dict) -> None:
+    """Whole or not at all (a run stopped mid-write leaves the last manifest)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def one(entry: make.Entry, args, opts: make.Options) -> dict:
     t0 = time.monotonic()
     pkg = make.prepare(entry, lambda s: None)
@@ -66,15 +73,15 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
         if not manifest["bugs"]:
             raise FactoryError(f"{entry.spec}: no mutation of its covered functions made a passing test fail "
                                f"({manifest['stats']['tried']} tried)")
-    made, dropped = make.materialise(pkg, manifest, args.out, opts)
+    manifests.mkdir(parents=True, exist_ok=True)
+    made, dropped = make.materialise(pkg, manifest, args.out, opts, save=lambda m: _write_manifest(path, m))
     if not made:
         raise FactoryError(f"{entry.spec}: none of its {len(manifest['bugs'])} bugs passed the check")
     if dropped:
         drop = set(dropped)
         manifest["bugs"] = [b for b in manifest["bugs"] if make.taskdir.task_id(pkg, b) not in drop]
         manifest["stats"]["dropped_by_check"] = manifest["stats"].get("dropped_by_check", 0) + len(dropped)
-    manifests.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    _write_manifest(path, manifest)
     secs = time.monotonic() - t0
     print(f"{pkg.name}=={pkg.version}: {len(made)} tasks ({manifest['stats']['kept']} kept of "
           f"{manifest['stats']['tried']} tried, {len(dropped)} failed the check) in {secs:.0f} s", flush=True)

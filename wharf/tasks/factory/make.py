@@ -118,33 +118,48 @@ def _test_timeout(suite_seconds: float) -> int:
     return int(max(60, 10 * suite_seconds))
 
 
-def materialise(pkg: Package, manifest: dict, out: Path, opts: Options) -> tuple[list[Path], list[str]]:
+def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=None) -> tuple[list[Path], list[str]]:
     """The task dirs of a manifest's first opts.max_tasks bugs (its seeded order: a sample) under
     out; with opts.check, only those that pass the check are kept (the others removed, each said
     in a line), and a pass of `wharf tasks check` is written on its bug (`checked`: the judge's
-    digest, the runs, the tiers, the seconds, the date) for the caller to keep in the manifest.
-    The first opts.redteam tasks (a sample per package) also face the red team's attackers;
-    opts.jobs tasks are checked at once."""
+    digest, the runs, the tiers, the seconds, the date), `save(manifest)` called after each so an
+    interrupted run loses no pass. A bug that already holds a pass under today's judge (and of
+    tier 2 where it is wanted) is not checked again: a long make can be resumed, or grown with
+    a larger --max. The first opts.redteam tasks (a sample per package) also face the red team's
+    attackers; opts.jobs tasks are checked at once."""
     bugs = manifest["bugs"][:opts.max_tasks]
     if bugs:
         out.mkdir(parents=True, exist_ok=True)
     tasks = [taskdir.write(pkg, bug, out, manifest["test_timeout"]) for bug in bugs]
     if not opts.check:
         return tasks, []
+    digest = verify.judge_digest() if opts.checker is not None else None
+    todo = [i for i, bug in enumerate(bugs) if not _stands(bug.get("checked"), digest, i < opts.redteam)]
+    if len(todo) < len(bugs):
+        opts.log(f"{pkg.key}: {len(bugs) - len(todo)} of {len(bugs)} tasks hold a check under today's judge "
+                 f"({digest}); checking {len(todo)}")
     with ThreadPoolExecutor(max(1, opts.jobs)) as pool:  # each check runs its own event loop
-        verdicts = list(pool.map(lambda i: verify.check_task(tasks[i], opts.checker, i < opts.redteam),
-                                 range(len(tasks))))
-    made, dropped = [], []
-    for task, bug, (ok, why, record) in zip(tasks, bugs, verdicts):
-        if not ok:
-            opts.log(f"{task.name}: dropped: {why}")
-            dropped.append(task.name)
-            shutil.rmtree(task, ignore_errors=True)
-            continue
-        if record is not None:  # kept in the manifest: which judge's check it passed, when
-            bug["checked"] = record
-        made.append(task)
-    return made, dropped
+        verdicts = pool.map(lambda i: (i, verify.check_task(tasks[i], opts.checker, i < opts.redteam)), todo)
+        dropped = [tasks[i].name for i, verdict in verdicts if not _keep(tasks[i], bugs[i], verdict, opts, manifest, save)]
+    return [t for t in tasks if t.name not in dropped], dropped
+
+
+def _stands(record: dict | None, digest: str | None, redteam: bool) -> bool:
+    """Does a bug's check record spare it a new check? Only one made by today's judge."""
+    return bool(record) and digest is not None and record.get("judge") == digest and (record.get("tier2") or not redteam)
+
+
+def _keep(task: Path, bug: dict, verdict: tuple, opts: Options, manifest: dict, save) -> bool:
+    ok, why, record = verdict
+    if not ok:
+        opts.log(f"{task.name}: dropped: {why}")
+        shutil.rmtree(task, ignore_errors=True)
+        return False
+    if record is not None:  # kept in the manifest: which judge's check it passed, when
+        bug["checked"] = record
+        if save is not None:
+            save(manifest)
+    return True
 
 
 def load_manifest(path: Path) -> dict | None:
