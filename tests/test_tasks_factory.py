@@ -143,7 +143,8 @@ def _tinycalc(tmp_path: Path, monkeypatch, src: Path = FIXTURE) -> Path:
 @pytest.mark.slow
 def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, capsys, monkeypatch):
     out = _tinycalc(tmp_path, monkeypatch)
-    code, err = _cli(["tinycalc==0.1", "--out", str(out), "--max", "3", "--seed", "1", "--jobs", "2"], capsys)
+    monkeypatch.chdir(tmp_path)  # a relative --out, as a user types it
+    code, err = _cli(["tinycalc==0.1", "--out", "out", "--max", "3", "--seed", "1", "--jobs", "2"], capsys)
     assert code == 0, err
     tasks = sorted(p for p in out.iterdir() if p.name.startswith("tinycalc-0.1__"))
     assert 1 <= len(tasks) <= 3  # each one passed the check: oracle 1.0, untouched workspace 0

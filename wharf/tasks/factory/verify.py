@@ -26,6 +26,7 @@ CHECK_RUNS = 3  # the oracle and the untouched workspace, each
 def judge(task: Path, oracle: bool, timeout: float = 600) -> float | str | None:
     """The reward the judge gives the task's workspace (with solution/ applied when `oracle`);
     the judge's reason (a str) when it could not judge; None when solution/ failed to apply."""
+    task = task.resolve()  # test.sh runs in the workspace: a relative --out would lose its tests/
     with tempfile.TemporaryDirectory(prefix="wharf-verify-") as tmp:
         ws, out = Path(tmp) / "app", Path(tmp) / "verifier"
         shutil.copytree(task / "environment", ws, symlinks=True)
