@@ -236,7 +236,6 @@ report: setup
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 # The real-repository task set (docs/tasks-factory.md): task dirs made from datasets/real's
 # manifests and the package cache (sdists and envs fetched once into $WHARF_CACHE/tasks).
 TASKS_OUT ?= runs/tasks/real
@@ -244,19 +243,20 @@ tasks: setup
 	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) $(ARGS)
 
 # Train on real-repository tasks (docs/tasks-factory.md#train-on-real-repository-tasks): the task
-# dirs made from datasets/real's manifests into TASKS_OUT (no hunt; --no-check: each manifest's bugs
-# were checked when they were hunted), then one round of configs/real.yaml on its sample (8
+# dirs of the bugs whose check passed under today's judge (--checked-only: their manifests' `checked`;
+# no hunt, no check) made into TASKS_OUT from datasets/real's manifests, then one round of configs/real.yaml on its sample (8
 # packages, mini-swe-agent on the local engine): collect, convert, train. REAL_TRAIN: the embedded
 # SmolLM2 fixes none of these bugs, so no group has signal for GRPO and the round's own rollouts
 # train one supervised step (the path, not learning); REAL_TRAIN= trains GRPO, for a model that
 # fixes some. The whole set: ARGS="collect.tasks=[]".
 REAL_TRAIN ?= convert.mode=sft convert.sft.min_reward=0 train.objective=sft
 real: setup
-	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) --no-check
+	$(WHARF) tasks make --from datasets/real/packages.txt --manifests datasets/real/manifests --out $(TASKS_OUT) --checked-only
 	$(WHARF) collect --config configs/real.yaml collect.dataset=$(TASKS_OUT) $(DOTTED) $(ARGS)
 	$(WHARF) convert --config configs/real.yaml $(REAL_TRAIN) $(DOTTED) $(ARGS)
 	MALLOC_MMAP_THRESHOLD_=$${MALLOC_MMAP_THRESHOLD_:-1048576} $(WHARF) train --config configs/real.yaml $(REAL_TRAIN) $(DOTTED) $(ARGS)
 
+# The full suite: what CI runs (.ci/run), with the agent CLIs installed first.
 test: setup agents agents-py
 	$(PY) -m pytest -m "not gpu" $(XDIST) $(ARGS)
 

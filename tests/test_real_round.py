@@ -30,14 +30,17 @@ from wharf.train.stage import train_round
 CONFIG = REPO / "configs" / "real.yaml"
 
 
-def test_the_sample_names_tasks_the_committed_manifests_make():
-    made = set()
+def test_the_sample_names_tasks_that_passed_the_check_under_todays_judge():
+    """make real makes only those (--checked-only): a sample task without a pass would be missing."""
+    from wharf.tasks.factory.verify import judge_digest
+
+    passed = set()
     for path in (REPO / "datasets" / "real" / "manifests").glob("*.json"):
         m = json.loads(path.read_text())
         pkg = Package(m["package"], m["version"], Path("."), m["pyroot"], m["test_paths"])
-        made |= {task_id(pkg, bug) for bug in m["bugs"]}
+        passed |= {task_id(pkg, bug) for bug in m["bugs"] if (bug.get("checked") or {}).get("judge") == judge_digest()}
     sample = load_config(CONFIG).collect.tasks
-    assert len(sample) == 8 and set(sample) <= made, sorted(set(sample) - made)
+    assert len(sample) == 8 and set(sample) <= passed, sorted(set(sample) - passed)
 
 
 def test_make_real_makes_the_set_then_collects_converts_and_trains_the_sample():
@@ -46,7 +49,7 @@ def test_make_real_makes_the_set_then_collects_converts_and_trains_the_sample():
     assert out.returncode == 0, out.stderr
     lines = [shlex.split(line[line.index("bin/wharf "):]) for line in out.stdout.splitlines() if "bin/wharf " in line]
     assert [w[1] for w in lines] == ["tasks", "collect", "convert", "train"]
-    assert lines[0][lines[0].index("--out") + 1] == "somewhere" and "--no-check" in lines[0]
+    assert lines[0][lines[0].index("--out") + 1] == "somewhere" and "--checked-only" in lines[0]
     cfgs = {w[1]: load_config(REPO / w[3], [a for a in w[4:] if "=" in a]) for w in lines[1:]}
     assert cfgs["collect"].collect.dataset == "somewhere" and cfgs["collect"].collect.tasks
     assert "mini_swe" in cfgs["collect"].collect.agent and cfgs["collect"].engine.max_model_len == 8192

@@ -284,6 +284,53 @@ def test_rejudge_runs_a_manifests_tests_under_the_judge_and_rewrites_it_only_whe
     assert rejudge.main([str(path)]) == 0 and path.read_text() == before  # nothing to change: not rewritten
 
 
+@pytest.mark.slow
+def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes_just_the_passed(
+        tmp_path, capsys, monkeypatch):
+    """A bug holding a pass of today's judge is not checked again (of tier 2 too where the sample
+    wants it); each pass is in the manifest as soon as it is made; --checked-only makes only
+    the passed bugs' tasks and leaves the manifest as it was. The checker here stands in for
+    wharf tasks check (the dispatcher test above runs the real one) and counts its calls."""
+    from types import SimpleNamespace
+
+    from wharf.tasks.factory.verify import judge_digest
+
+    out = _tinycalc(tmp_path, monkeypatch)
+    manifests = out / "manifests"
+    path = manifests / "tinycalc-0.1.seed1.json"
+    calls = []
+
+    def checker(task, runs, redteam):
+        calls.append((task.name, redteam))
+        assert json.loads(path.read_text())["bugs"]  # the manifest is there before the first check ends
+        return SimpleNamespace(ok=True, reasons=[], seconds={"judge": 1.0})
+
+    def make(*args: str, check=checker) -> int:
+        return cli.main(["tinycalc==0.1", "--manifests", str(manifests), "--seed", "1", *args], check=check)
+
+    assert _cli(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"], capsys)[0] == 0
+    assert make("--out", str(out), "--max", "1", "--redteam", "0") == 0 and len(calls) == 1
+    first = json.loads(path.read_text())["bugs"][0]["checked"]
+    assert (first["judge"], first["tier2"]) == (judge_digest(), False)
+    assert make("--out", str(out), "--max", "2", "--redteam", "0") == 0
+    assert len(calls) == 2 and calls[1][0] != calls[0][0]  # the second bug only
+    assert "1 of 2 tasks hold a check under today's judge" in capsys.readouterr().err
+    assert make("--out", str(out), "--max", "2", "--redteam", "1") == 0
+    assert calls[2:] == [(calls[0][0], True)]  # the sample's tier 2 was missing: that one alone again
+
+    before = path.read_text()
+    bugs = json.loads(before)["bugs"]
+    bugs[1]["checked"]["judge"] = "0ld0ld0ld0ld"  # passed under another judge: not made
+    path.write_text(json.dumps({**json.loads(before), "bugs": bugs}))
+    before = path.read_text()
+    assert make("--out", str(tmp_path / "train"), "--checked-only", check=None) == 0
+    made = sorted(p.name for p in (tmp_path / "train").iterdir() if p.name.startswith("tinycalc"))
+    assert made == [calls[0][0]] and path.read_text() == before and len(calls) == 3
+    assert make("--out", str(tmp_path / "none"), "--seed", "2", "--checked-only") == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (f"wharf tasks make: tinycalc-0.1: no manifest at {manifests}/"
+                                               "tinycalc-0.1.seed2.json: run wharf tasks make without --checked-only first")
+
+
 def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of_the_run(tmp_path):
     from wharf.tasks.check.taskformat import TaskFormatError
     from wharf.tasks.factory.verify import check_task

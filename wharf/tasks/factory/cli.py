@@ -1,17 +1,20 @@
 """`wharf tasks make`: real-repository bug-fix tasks from Python packages' source distributions.
 
     wharf tasks make PACKAGE[==VERSION]... [--from FILE] --out DIR [--max N] [--seed S]
-                     [--manifests DIR] [--tries T] [--no-check] [--redteam N] [--jobs N]
+                     [--manifests DIR] [--tries T] [--no-check | --checked-only] [--redteam N] [--jobs N]
 
 Per package version: the sdist and a test env once into $WHARF_CACHE/tasks; the manifest of kept
 bugs read from --manifests when one is there for that version and seed (else the bugs are hunted
 and the manifest written there); then the task dirs made under --out, each checked (the first
 --redteam of them by the red team too). One line per package; exit 2 when a package cannot give
-tasks (said in one line why), 1 on another failure.
+tasks (said in one line why), 1 on another failure. --checked-only makes only the tasks whose
+bug holds a pass of today's judge in its manifest (what to train on), checks and hunts nothing,
+and writes no manifest.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -32,7 +35,10 @@ def parser(prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--tries", type=int, default=0, help="mutations tried at most per package (default 6 x --max)")
     ap.add_argument("--manifests", type=Path, help="dir of manifests: read when there, written when made "
                     "(default: OUT/manifests)")
-    ap.add_argument("--no-check", action="store_true", help="keep tasks without running the checker")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--no-check", action="store_true", help="keep tasks without running the checker")
+    mode.add_argument("--checked-only", action="store_true", help="make only the tasks whose bug holds a pass "
+                      "of today's judge (the manifest's `checked`); run no check and no hunt")
     ap.add_argument("--jobs", type=int, default=1, help="tasks checked at once, each running up to 4 trials at "
                     "once (default 1; a machine of 4N cores takes N)")
     ap.add_argument("--redteam", type=int, default=1, metavar="N", help="the first N tasks of each package also "
@@ -68,6 +74,8 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
     manifests = args.manifests or args.out / "manifests"
     path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
     manifest = make.load_manifest(path)
+    if args.checked_only:
+        return _checked_only(pkg, manifest, path, args, opts, t0)
     if manifest is None:
         manifest = make.hunt_bugs(pkg, opts)
         if not manifest["bugs"]:
@@ -87,6 +95,24 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
           f"{manifest['stats']['tried']} tried, {len(dropped)} failed the check) in {secs:.0f} s", flush=True)
     return {"package": pkg.name, "version": pkg.version, "tasks": len(made), "seconds": round(secs, 1),
             **manifest["stats"]}
+
+
+def _checked_only(pkg, manifest: dict | None, path: Path, args, opts: make.Options, t0: float) -> dict:
+    """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
+    if manifest is None:
+        raise FactoryError(f"{pkg.key}: no manifest at {path}: run wharf tasks make without --checked-only first")
+    digest = make.verify.judge_digest()
+    checked = [b for b in manifest["bugs"] if (b.get("checked") or {}).get("judge") == digest]
+    if not checked:
+        raise FactoryError(f"{pkg.key}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
+                           f"judge ({digest}): run wharf tasks make without --checked-only to check them")
+    view = {**manifest, "bugs": checked}
+    made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))
+    secs = time.monotonic() - t0
+    print(f"{pkg.name}=={pkg.version}: {len(made)} checked tasks (of {len(checked)} checked, "
+          f"{len(manifest['bugs'])} in the manifest) in {secs:.0f} s", flush=True)
+    return {"package": pkg.name, "version": pkg.version, "tasks": len(made), "seconds": round(secs, 1),
+            "checked": len(checked), **manifest["stats"]}
 
 
 def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=None) -> int:
