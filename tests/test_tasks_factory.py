@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import time
 import os
 import shutil
 import subprocess
@@ -327,8 +328,32 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
     made = sorted(p.name for p in (tmp_path / "train").iterdir() if p.name.startswith("tinycalc"))
     assert made == [calls[0][0]] and path.read_text() == before and len(calls) == 3
     assert make("--out", str(tmp_path / "none"), "--seed", "2", "--checked-only") == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (f"wharf tasks make: tinycalc-0.1: no manifest at {manifests}/"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (f"wharf tasks make: tinycalc==0.1: no manifest at {manifests}/"
                                                "tinycalc-0.1.seed2.json: run wharf tasks make without --checked-only first")
+
+
+def test_two_makes_of_one_manifest_take_turns(tmp_path, monkeypatch):
+    """The second waits (and says so) until the first has written its manifest: each would
+    otherwise write back its own copy and lose the other's check records."""
+    import threading
+
+    monkeypatch.setenv("WHARF_CACHE", str(tmp_path / "cache"))
+    path, order, said = tmp_path / "m" / "pkg-1.0.seed0.json", [], []
+
+    def second():
+        with cli.make.manifest_lock(path, said.append):
+            order.append("second")
+
+    with cli.make.manifest_lock(path):
+        t = threading.Thread(target=second)
+        t.start()
+        deadline = time.monotonic() + 10
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        order.append("first")
+    t.join(10)
+    assert order == ["first", "second"] and said == ["pkg-1.0.seed0.json: another wharf tasks make holds it; waiting"]
+    assert not (tmp_path / "m").exists()  # the lock lies in the cache, not beside the manifests
 
 
 def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of_the_run(tmp_path):

@@ -73,18 +73,24 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
     pkg = make.prepare(entry, lambda s: None)
     manifests = args.manifests or args.out / "manifests"
     path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
-    manifest = make.load_manifest(path)
     if args.checked_only:
-        return _checked_only(pkg, manifest, path, args, opts, t0)
+        return _checked_only(pkg, make.load_manifest(path), path, args, opts, t0)
+    with make.manifest_lock(path, opts.log):  # one writer a manifest: a second make of it waits here
+        return _make(pkg, entry.spec, path, args, opts, t0)
+
+
+def _make(pkg, spec: str, path: Path, args, opts: make.Options, t0: float) -> dict:
+    manifests = path.parent
+    manifest = make.load_manifest(path)
     if manifest is None:
         manifest = make.hunt_bugs(pkg, opts)
         if not manifest["bugs"]:
-            raise FactoryError(f"{entry.spec}: no mutation of its covered functions made a passing test fail "
+            raise FactoryError(f"{spec}: no mutation of its covered functions made a passing test fail "
                                f"({manifest['stats']['tried']} tried)")
     manifests.mkdir(parents=True, exist_ok=True)
     made, dropped = make.materialise(pkg, manifest, args.out, opts, save=lambda m: _write_manifest(path, m))
     if not made:
-        raise FactoryError(f"{entry.spec}: none of its {len(manifest['bugs'])} bugs passed the check")
+        raise FactoryError(f"{spec}: none of its {len(manifest['bugs'])} bugs passed the check")
     if dropped:
         drop = set(dropped)
         manifest["bugs"] = [b for b in manifest["bugs"] if make.taskdir.task_id(pkg, b) not in drop]
@@ -100,11 +106,11 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
 def _checked_only(pkg, manifest: dict | None, path: Path, args, opts: make.Options, t0: float) -> dict:
     """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
     if manifest is None:
-        raise FactoryError(f"{pkg.key}: no manifest at {path}: run wharf tasks make without --checked-only first")
+        raise FactoryError(f"{pkg.name}=={pkg.version}: no manifest at {path}: run wharf tasks make without --checked-only first")
     digest = make.verify.judge_digest()
     checked = [b for b in manifest["bugs"] if (b.get("checked") or {}).get("judge") == digest]
     if not checked:
-        raise FactoryError(f"{pkg.key}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
+        raise FactoryError(f"{pkg.name}=={pkg.version}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
                            f"judge ({digest}): run wharf tasks make without --checked-only to check them")
     view = {**manifest, "bugs": checked}
     made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))

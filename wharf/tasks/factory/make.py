@@ -7,6 +7,9 @@ replacement text) and its spec. Task dirs are made from it and the package cache
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import shutil
 import tempfile
@@ -160,6 +163,24 @@ def _keep(task: Path, bug: dict, verdict: tuple, opts: Options, manifest: dict, 
         if save is not None:
             save(manifest)
     return True
+
+
+@contextlib.contextmanager
+def manifest_lock(path: Path, log=print):
+    """Held while one make hunts, checks and writes the manifest at `path`: two makes of a package
+    at once (a second terminal, a red-team sample beside a long check) would each write back
+    their own copy and lose the other's check records. The lock file lies in the cache, not
+    beside the committed manifests."""
+    locks = package.cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16] + ".lock"
+    with open(locks / name, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{path.name}: another wharf tasks make holds it; waiting")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def load_manifest(path: Path) -> dict | None:
