@@ -115,8 +115,8 @@ def _checked_only(pkg, manifest: dict | None, path: Path, args, opts: make.Optio
     view = {**manifest, "bugs": checked}
     made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))
     secs = time.monotonic() - t0
-    print(f"{pkg.name}=={pkg.version}: {len(made)} checked tasks (of {len(checked)} checked, "
-          f"{len(manifest['bugs'])} in the manifest) in {secs:.0f} s", flush=True)
+    print(f"{pkg.name}=={pkg.version}: {len(made)} tasks that passed the check (of {len(manifest['bugs'])} in "
+          f"the manifest) in {secs:.0f} s", flush=True)
     return {"package": pkg.name, "version": pkg.version, "tasks": len(made), "seconds": round(secs, 1),
             "checked": len(checked), **manifest["stats"]}
 

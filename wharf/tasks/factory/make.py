@@ -12,11 +12,14 @@ import fcntl
 import hashlib
 import json
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tqdm import tqdm
 
 from . import env as envs
 from . import hunt, mutate, package, suite, taskdir, verify
@@ -141,9 +144,14 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     if len(todo) < len(bugs):
         opts.log(f"{pkg.key}: {len(bugs) - len(todo)} of {len(bugs)} tasks hold a check under today's judge "
                  f"({digest}); checking {len(todo)}")
-    with ThreadPoolExecutor(max(1, opts.jobs)) as pool:  # each check runs its own event loop
+    bar = tqdm(total=len(todo), desc=f"check {pkg.key}", unit="task", file=sys.stderr, disable=len(todo) < 2)
+    with bar, ThreadPoolExecutor(max(1, opts.jobs)) as pool:  # each check runs its own event loop
         verdicts = pool.map(lambda i: (i, verify.check_task(tasks[i], opts.checker, i < opts.redteam)), todo)
-        dropped = [tasks[i].name for i, verdict in verdicts if not _keep(tasks[i], bugs[i], verdict, opts, manifest, save)]
+        dropped = []
+        for i, verdict in verdicts:
+            if not _keep(tasks[i], bugs[i], verdict, opts, manifest, save):
+                dropped.append(tasks[i].name)
+            bar.update()
     return [t for t in tasks if t.name not in dropped], dropped
 
 
