@@ -332,6 +332,33 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
                                                "tinycalc-0.1.seed2.json: run wharf tasks make without --checked-only first")
 
 
+@pytest.mark.slow
+def test_a_test_that_needs_a_test_left_out_of_the_spec_is_not_in_the_spec(tmp_path, capsys, monkeypatch):
+    """test_uses needs what test_setup (another file, covering nothing) sets: in a hunt's selection
+    it fails whatever the mutation, and its spec would fail the fixed code too. The control run
+    of the spec's tests on the pristine source keeps it out; test_value still makes the bugs."""
+    src = tmp_path / "src"
+    (src / "ordcalc").mkdir(parents=True)
+    (src / "ordcalc" / "__init__.py").write_text("REG = {}\n\n\ndef double(x):\n    return x * 2\n")
+    (src / "tests").mkdir()
+    (src / "tests" / "test_a_setup.py").write_text("import ordcalc\n\n\ndef test_setup():\n    ordcalc.REG['k'] = 4\n")
+    (src / "tests" / "test_b_uses.py").write_text(
+        "import ordcalc\n\n\ndef test_uses():\n    assert ordcalc.double(2) == ordcalc.REG['k']\n\n\n"
+        "def test_other():\n    assert ordcalc.REG.get('k') == 4\n")
+    (src / "tests" / "test_c_value.py").write_text(
+        "from ordcalc import double\n\n\ndef test_value():\n    assert double(3) == 6\n")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    _sdist(cache, src, "ordcalc")
+    _offline_env(cache, "ordcalc-0.1")
+    out = tmp_path / "out"
+    code, err = _cli(["ordcalc==0.1", "--out", str(out), "--no-check"], capsys)
+    assert code == 0, err
+    bugs = json.loads((out / "manifests" / "ordcalc-0.1.seed0.json").read_text())["bugs"]
+    assert bugs and all(b["FAIL_TO_PASS"] == ["tests/test_c_value.py::test_value"] for b in bugs), bugs
+    assert not any("test_b_uses" in t for b in bugs for t in b["PASS_TO_PASS"])
+
+
 def test_two_makes_of_one_manifest_take_turns(tmp_path, monkeypatch):
     """The second waits (and says so) until the first has written its manifest: each would
     otherwise write back its own copy and lose the other's check records."""

@@ -3,7 +3,8 @@
 Speed: each try runs one pytest process on a bounded selection: the passing tests that cover the
 mutated function (at most COVERING of them) plus at most OTHERS other passing tests of the same
 test files. FAIL_TO_PASS is what of that selection fails, PASS_TO_PASS what still passes: both
-verified on this run, nothing assumed. The order of tries is a shuffle drawn from the seed, taken
+verified on this run, nothing assumed. Then those tests alone run on the pristine source (the
+control), as the judge will run them, and only the ones that pass there are kept. The order of tries is a shuffle drawn from the seed, taken
 round-robin over the covered functions so that the kept bugs spread over the package.
 """
 from __future__ import annotations
@@ -84,6 +85,18 @@ def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, 
         return None
     f2p = [t for t in chosen if out.tests.get(t, {}).get("outcome") == "failed"]
     p2p = [t for t in chosen if out.tests.get(t, {}).get("outcome") == "passed"]
+    if f2p:  # the spec's tests alone, as the judge runs them (--only-spec), on the pristine source
+        control = server.run(f2p + p2p, timeout) if server else suite.run(pkg, work, f2p + p2p, cover=False, timeout=timeout)
+        f2p, p2p = _passing(control, f2p), _passing(control, p2p)
     if not f2p:
         return None
     return Bug(m, f2p, p2p, {t: out.tests[t]["message"] for t in f2p[:3]})
+
+
+def _passing(control: suite.Outcome, tests: list[str]) -> list[str]:
+    """The tests that pass without the bug when only the spec's tests run. One that fails needs a
+    test the selection left out (pathspec's test_02_* read what its test_01_* set): it failed for
+    that, not for the bug, and would fail the fixed code too."""
+    if control.timed_out:
+        return []
+    return [t for t in tests if control.tests.get(t, {}).get("outcome") == "passed"]
