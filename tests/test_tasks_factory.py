@@ -132,6 +132,25 @@ def test_a_suite_that_never_passes_says_so(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_suite_whose_conftest_pytest_refuses_says_what_pytest_said(tmp_path, capsys, monkeypatch):
+    """boltons 25.0.0's conftest declares pytest_ignore_collect(path, config), an argument today's
+    pytest no longer has: pytest stops before it collects anything, and the line says why."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    src = tmp_path / "src"
+    (src / "tests").mkdir(parents=True)
+    (src / "oldpkg.py").write_text("def one():\n    return 1\n")
+    (src / "tests" / "conftest.py").write_text("def pytest_ignore_collect(path, config):\n    return False\n")
+    (src / "tests" / "test_one.py").write_text("from oldpkg import one\n\ndef test_one():\n    assert one() == 1\n")
+    _sdist(cache, src, "oldpkg")
+    _offline_env(cache, "oldpkg-0.1")
+    code, err = _cli(["oldpkg==0.1", "--out", str(tmp_path / "out")], capsys)
+    assert (code, err) == (2, ["wharf tasks make: oldpkg==0.1: no test passes on the pristine source (0 collected; "
+                               "pytest stopped: Argument(s) {'path'} are declared in the hookimpl but can not be "
+                               "found in the hookspec)"])
+    assert not (tmp_path / "out").exists()
+
+
 def _tinycalc(tmp_path: Path, monkeypatch, src: Path = FIXTURE) -> Path:
     """A cache of its own holding tinycalc's sdist (packed from `src`) and its offline env; the out dir."""
     cache = tmp_path / "cache"

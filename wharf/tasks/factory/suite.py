@@ -33,6 +33,7 @@ class Outcome:
     collect_errors: dict  # nodeid of a collector that failed -> its message
     seconds: float
     timed_out: bool
+    said: str = ""  # pytest's last line of output (why a run that collected nothing stopped)
 
 
 def pytest_options(pkg: Package, root: str) -> list[str]:
@@ -54,15 +55,18 @@ def run(pkg: Package, work: Path, targets: list[str], cover: bool, timeout: floa
                 "--", *pytest_options(pkg, str(work)), *targets]
         env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": tmp, "LANG": "C.UTF-8", "TMPDIR": tmp}
         t0 = time.monotonic()
-        try:
-            subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        with open(Path(tmp) / "output.txt", "w+b") as log:
+            try:
+                subprocess.run(argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                               stderr=subprocess.STDOUT, timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 4096))
+            said = next((ln.strip() for ln in reversed(log.read().decode(errors="replace").splitlines()) if ln.strip()), "")
         took = time.monotonic() - t0
         data = json.loads(out.read_text()) if out.exists() and not timed_out else {}
-    return Outcome(data.get("tests", {}), data.get("collect_errors", {}), took, timed_out)
+    return Outcome(data.get("tests", {}), data.get("collect_errors", {}), took, timed_out, said)
 
 
 class Server:
@@ -152,6 +156,8 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
         if first.collect_errors:
             where, msg = next(iter(first.collect_errors.items()))
             why += f"; {len(first.collect_errors)} not collected, e.g. {where or '.'}: {msg.strip().splitlines()[-1][:160]}"
+        elif not first.tests and first.said:  # pytest stopped before collecting (a conftest it refused)
+            why += f"; pytest stopped: {first.said[:160]}"
         raise FactoryError(f"{pkg.name}=={pkg.version}: no test passes on the pristine source "
                            f"({len(first.tests)} collected{why})")
     covers: dict = {}
