@@ -142,3 +142,19 @@ def test_who_may_take_a_held_lease():
     assert may_take(held, now + 61, "host-b", False, live)  # expired
     assert may_take(held, now, "host-b", True, live)  # WHARF_TAKE_OVER=1
     assert may_take(None, now, "host-b", False, live)
+
+
+def test_every_s3_client_takes_the_same_endpoint_from_the_aws_variables(monkeypatch):
+    """The lease's client is the uploads' (one config: path addressing, checksums only where asked),
+    and pyarrow's file system points at the same server: an endpoint without a scheme is https."""
+    from wharf.core import objects, uploads
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "s3.example.internal:8333")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    store = S3Store("s3://bucket/runs/r/lease.json")
+    assert store._client() is uploads.s3_client()
+    assert store._client().meta.endpoint_url == "https://s3.example.internal:8333"
+    assert store._client().meta.region_name == "eu-west-1"
+    fs = objects.s3_filesystem()
+    assert (fs.region, objects.s3_endpoint()) == ("eu-west-1", "https://s3.example.internal:8333")

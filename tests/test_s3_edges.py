@@ -15,7 +15,7 @@ import pytest
 from testing.s3_faults import sse_etag
 from wharf.collect.proxy.shards import TurnStore, write_shard
 from wharf.collect.records import TurnRow
-from wharf.core import objects, schema, storage, uploads
+from wharf.core import schema, storage, uploads
 
 
 def test_keys_with_hash_and_question_mark_are_their_own_objects(s3, monkeypatch, tmp_path):
@@ -90,7 +90,7 @@ def _open_uploads(s3_server, monkeypatch, prefix: str) -> list:
     with monkeypatch.context() as m:
         for k, v in env.items():
             m.setenv(k, v)
-        client = uploads._client(objects._s3_env())
+        client = uploads.s3_client()
         return client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
 
 

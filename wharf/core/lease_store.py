@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from wharf.core import objects
+from wharf.core import objects, uploads
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,8 @@ class S3Store:
 
     @functools.cached_property
     def _s3(self):
-        import boto3  # loaded for an s3:// run only
-
         logging.getLogger("botocore").setLevel(logging.WARNING)  # not a line per client on where keys came from
-
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-        return boto3.client("s3", endpoint_url=endpoint)  # thread-safe once made: made once, under the lease's lock
+        return uploads.s3_client()  # thread-safe once made: made once, under the lease's lock
 
     def _client(self):
         return self._s3

@@ -69,17 +69,28 @@ def _filesystem(scheme: str, env: tuple) -> pafs.FileSystem:
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
+def s3_endpoint() -> str | None:
+    """The S3-compatible server (a MinIO, SeaweedFS) the usual AWS variables name, with a scheme
+    (https:// when the variable has none); None: AWS itself. Every S3 client of wharf's asks here."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return (endpoint if "://" in endpoint else f"https://{endpoint}") if endpoint else None
+
+
+def s3_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
 def s3_filesystem(**extra) -> pafs.S3FileSystem:
     """S3 from the usual AWS variables. pyarrow reads the credentials and region itself; the
     endpoint (a MinIO, SeaweedFS or other S3-compatible server) is passed on explicitly."""
     import pyarrow.fs as pafs
 
     kw: dict = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = s3_endpoint()
     if endpoint:
-        u = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        u = urlsplit(endpoint)
         kw.update(endpoint_override=u.netloc, scheme=u.scheme)
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    region = s3_region()
     if region:
         kw["region"] = region
     # allow_delayed_open: an object smaller than a part goes up in one PutObject, not a multipart upload.

@@ -29,7 +29,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from wharf.core.objects import Entry, StorageError, _errors, _s3_env, head, remote, split_url, storage_error
+from wharf.core.objects import (Entry, StorageError, _errors, _s3_env, head, remote, s3_endpoint, s3_region,
+                                split_url, storage_error)
 
 MIN_PART = 5 << 20  # S3's smallest part but the last (EntityTooSmall otherwise)
 
@@ -73,16 +74,18 @@ def _stream_upload(src: BinaryIO, size: int, url: str, part_size: int) -> str:
 
 
 # -- S3 -------------------------------------------------------------------------------------------
+def s3_client():
+    """wharf's S3 client (botocore) from the usual AWS variables: the uploads' and the run lease's."""
+    return _client(_s3_env())
+
+
 @functools.lru_cache(maxsize=8)
 def _client(env: tuple):
-    """An S3 client from the usual AWS variables (`env` keys the cache: a change is another client)."""
+    """`env` keys the cache: a change of an AWS variable is another client."""
     import botocore.session
     from botocore.config import Config
 
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint and "://" not in endpoint:
-        endpoint = f"https://{endpoint}"
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    endpoint, region = s3_endpoint(), s3_region()
     # Content-MD5 is the check asked for; the newer default checksums (aws-chunked trailers) are
     # not understood by every S3-compatible server.
     config = Config(s3={"addressing_style": "path"} if endpoint else {}, retries={"mode": "standard", "max_attempts": 3},
@@ -147,7 +150,7 @@ class _Part(io.RawIOBase):
 def _s3_upload(src: BinaryIO, size: int, url: str, part_size: int) -> str:
     """The object's ETag, as the upload's answer gives it."""
     _, bucket, key = split_url(url)
-    client, part_size = _client(_s3_env()), max(part_size, MIN_PART)
+    client, part_size = s3_client(), max(part_size, MIN_PART)
     if size <= part_size:
         body = _Part(src, 0, size)
         md5 = body.md5()
