@@ -3,7 +3,8 @@ holder and a tag of the version read; `write(holder, tag)` replaces exactly that
 None: only where there is none) and answers the new tag, or None when another writer came first.
 
 - S3: conditional PutObject (`If-None-Match: *`, `If-Match: <ETag>`) and DeleteObject (`If-Match`)
-  through botocore (the uploads' client); the SeaweedFS the tests run answers 412 to a failed condition, as AWS S3 does.
+  through botocore (the uploads' client); the SeaweedFS the tests run answers 412 to a failed
+  condition, as AWS S3 does.
 - another URL (gs://, an fsspec scheme): read, compare, put; without a condition two takers in the
   same instant can both write, and the read-back each does after writing tells the loser.
 - a local run dir: the same read-compare-write under an flock on the run dir itself (no lock
