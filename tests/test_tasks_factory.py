@@ -132,22 +132,28 @@ def test_a_suite_that_never_passes_says_so(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_suite_whose_conftest_pytest_refuses_says_what_pytest_said(tmp_path, capsys, monkeypatch):
-    """boltons 25.0.0's conftest declares pytest_ignore_collect(path, config), an argument today's
-    pytest no longer has: pytest stops before it collects anything, and the line says why."""
+@pytest.mark.parametrize("conftest, why", [
+    # boltons 25.0.0: a hook argument today's pytest no longer has; pytest stops before collecting
+    ("def pytest_ignore_collect(path, config):\n    return False\n",
+     "0 collected; pytest stopped: Argument(s) {'path'} are declared in the hookimpl but can not be found in the "
+     "hookspec"),
+    # wcwidth 0.9.4: an autouse fixture wants the C extension, so every test errors the same way
+    ("import pytest\n\n@pytest.fixture(autouse=True)\ndef _c():\n    assert False, 'C extension not loaded'\n",
+     "2 collected; 2 failed, 2 of them with: AssertionError: C extension not loaded"),
+], ids=["a-hook-pytest-refuses", "a-fixture-that-always-fails"])
+def test_a_suite_that_cannot_pass_says_the_cause(tmp_path, capsys, monkeypatch, conftest, why):
     cache = tmp_path / "cache"
     monkeypatch.setenv("WHARF_CACHE", str(cache))
     src = tmp_path / "src"
     (src / "tests").mkdir(parents=True)
     (src / "oldpkg.py").write_text("def one():\n    return 1\n")
-    (src / "tests" / "conftest.py").write_text("def pytest_ignore_collect(path, config):\n    return False\n")
-    (src / "tests" / "test_one.py").write_text("from oldpkg import one\n\ndef test_one():\n    assert one() == 1\n")
+    (src / "tests" / "conftest.py").write_text(conftest)
+    (src / "tests" / "test_one.py").write_text("from oldpkg import one\n\ndef test_one():\n    assert one() == 1\n\n"
+                                               "def test_two():\n    assert one() + one() == 2\n")
     _sdist(cache, src, "oldpkg")
     _offline_env(cache, "oldpkg-0.1")
     code, err = _cli(["oldpkg==0.1", "--out", str(tmp_path / "out")], capsys)
-    assert (code, err) == (2, ["wharf tasks make: oldpkg==0.1: no test passes on the pristine source (0 collected; "
-                               "pytest stopped: Argument(s) {'path'} are declared in the hookimpl but can not be "
-                               "found in the hookspec)"])
+    assert (code, err) == (2, [f"wharf tasks make: oldpkg==0.1: no test passes on the pristine source ({why})"])
     assert not (tmp_path / "out").exists()
 
 

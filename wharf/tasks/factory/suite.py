@@ -6,6 +6,7 @@ network namespace of its own (unshare), so a test that needs the network fails h
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import random
@@ -146,20 +147,11 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
     foreign = {t.split("::")[0] for t, r in first.tests.items() if r.get("foreign")}
     passing = [t for t, r in first.tests.items() if r["outcome"] == "passed" and t.split("::")[0] not in foreign
                and second.tests.get(t, {}).get("outcome") == "passed"]
+    plain = len(passing)
     if passing:
         passing = judged.passing_under_judge(pkg, work, passing, pytest_options(pkg, str(work)), timeout)
     if not passing:
-        failed = [r["message"] for r in first.tests.values() if r["outcome"] == "failed"]
-        if any(NETWORK.search(m) for m in failed):
-            raise FactoryError(f"{pkg.name}=={pkg.version}: the test suite needs the network (no test passes offline)")
-        why = f", {len(foreign)} files of tests defined in other files left out" if foreign else ""
-        if first.collect_errors:
-            where, msg = next(iter(first.collect_errors.items()))
-            why += f"; {len(first.collect_errors)} not collected, e.g. {where or '.'}: {msg.strip().splitlines()[-1][:160]}"
-        elif not first.tests and first.said:  # pytest stopped before collecting (a conftest it refused)
-            why += f"; pytest stopped: {first.said[:160]}"
-        raise FactoryError(f"{pkg.name}=={pkg.version}: no test passes on the pristine source "
-                           f"({len(first.tests)} collected{why})")
+        raise FactoryError(_none_passes(pkg, first, foreign, plain))
     covers: dict = {}
     tests_prefix = tuple(p.rstrip("/") for p in pkg.test_paths)
     for t in passing:
@@ -169,6 +161,26 @@ def baseline(pkg: Package, work: Path, timeout: float) -> Baseline:
     if not covers:
         raise FactoryError(f"{pkg.name}=={pkg.version}: the passing tests cover no function of the package")
     return Baseline(passing, covers, first.seconds)
+
+
+def _none_passes(pkg: Package, first: Outcome, foreign: set, plain: int) -> str:
+    """Why no test of the suite can make a task, in one line."""
+    key = f"{pkg.name}=={pkg.version}"
+    failed = [r["message"] for r in first.tests.values() if r["outcome"] == "failed"]
+    if any(NETWORK.search(m) for m in failed):
+        return f"{key}: the test suite needs the network (no test passes offline)"
+    if plain:
+        return f"{key}: {plain} tests pass in a plain pytest run, but none under the pytest judge"
+    why = f", {len(foreign)} files of tests defined in other files left out" if foreign else ""
+    if first.collect_errors:
+        where, msg = next(iter(first.collect_errors.items()))
+        why += f"; {len(first.collect_errors)} not collected, e.g. {where or '.'}: {msg.strip().splitlines()[-1][:160]}"
+    elif not first.tests and first.said:  # pytest stopped before collecting (a conftest it refused)
+        why += f"; pytest stopped: {first.said[:160]}"
+    elif failed:  # one cause behind most failures (wcwidth's conftest wants its C extension)
+        msg, n = collections.Counter((m.strip().splitlines() or [""])[0][:160] for m in failed).most_common(1)[0]
+        why += f"; {len(failed)} failed, {n} of them with: {msg}"
+    return f"{key}: no test passes on the pristine source ({len(first.tests)} collected{why})"
 
 
 def _is_source(path: str, tests_prefix: tuple[str, ...]) -> bool:
