@@ -424,15 +424,16 @@ def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, ca
     from wharf.tasks.factory.verify import judge_digest
 
     bugs = [{"checked": {"judge": judge_digest(), "seconds": 30.0}}, {"checked": {"judge": "0ld0ld0ld0ld", "seconds": 9.0}},
-            {"checked": {"judge": judge_digest(), "seconds": 40.0}}, {}]
+            {"checked": {"judge": judge_digest(), "seconds": 40.0}}, {},
+            {"checked": {"judge": judge_digest(), "seconds": 300.0, "tier2": True}}]
     (tmp_path / "p-1.seed0.json").write_text(json.dumps({
         "package": "p", "version": "1", "bugs": bugs,
         "stats": {"passing": 5, "covered_functions": 2, "tried": 8, "kept": 4, "seconds": 40.0}}))
     assert stats.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].split()[-1] == "2"  # the checked column
-    assert out[-1].endswith(f"2 passed wharf tasks check under the judge as it is now ({judge_digest()}), "
-                            "35.0 s a check (median)")
+    assert out[1].split()[-1] == "3"  # the checked column
+    assert out[-1] == (f"3 passed wharf tasks check under the judge as it is now ({judge_digest()}), 1 of them "
+                       "with the red team (tier 2); a check 35.0 s (median), with the red team 300.0 s")
 
 
 def test_rejudge_of_a_corrupt_manifest_says_which_file_and_leaves_it_as_it_was(tmp_path, capsys):

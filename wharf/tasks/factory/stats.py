@@ -27,9 +27,22 @@ def rows(manifests: Path, judge: str) -> list[dict]:
                     "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
                     "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
                     "bytes": path.stat().st_size,
-                    "checked": sum(b.get("checked", {}).get("judge") == judge for b in m["bugs"]),
-                    "check_s": [b["checked"]["seconds"] for b in m["bugs"] if b.get("checked", {}).get("judge") == judge]})
+                    "checked": [b["checked"] for b in m["bugs"] if b.get("checked", {}).get("judge") == judge]})
     return out
+
+
+def checks_line(records: list[dict], judge: str) -> str:
+    """How many bugs passed today's judge, how many the red team too, what a check took (median)."""
+    tier1 = [r["seconds"] for r in records if not r.get("tier2")]
+    tier2 = [r["seconds"] for r in records if r.get("tier2")]
+    line = f"{len(records)} passed wharf tasks check under the judge as it is now ({judge})"
+    if tier2:
+        line += f", {len(tier2)} of them with the red team (tier 2)"
+    if tier1:
+        line += f"; a check {statistics.median(tier1):.1f} s (median)"
+    if tier2:
+        line += f", with the red team {statistics.median(tier2):.1f} s"
+    return line
 
 
 def disk(path: Path) -> int:
@@ -50,14 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in table:
         per = r["seconds"] / r["kept"] if r["kept"] else float("nan")
         print(f"{r['package']:<28} {r['passing']:>7} {r['functions']:>5} {r['tried']:>5} {r['kept']:>4} "
-              f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f} {r['checked']:>7}")
+              f"{r['yield']:>5.2f} {r['seconds']:>6.0f} {per:>6.1f} {len(r['checked']):>7}")
     kept, tried, secs = (sum(r[k] for r in table) for k in ("kept", "tried", "seconds"))
-    check_s = [x for r in table for x in r["check_s"]]
     print(f"{len(table)} package versions: {kept} bugs kept of {tried} tried (yield {kept / max(tried, 1):.2f}), "
           f"{secs:.0f} s of hunting ({secs / max(kept, 1):.1f} s per kept bug); manifests "
-          f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task; "
-          f"{sum(r['checked'] for r in table)} passed wharf tasks check under the judge as it is now ({judge})"
-          + (f", {statistics.median(check_s):.1f} s a check (median)" if check_s else ""))
+          f"{sum(r['bytes'] for r in table) / max(kept, 1) / 1024:.1f} KiB per task")
+    print(checks_line([c for r in table for c in r["checked"]], judge))
     if args.tasks:
         dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
         total = sum(disk(p) for p in dirs)
