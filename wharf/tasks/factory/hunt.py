@@ -86,7 +86,8 @@ def try_one(pkg: Package, work: Path, base: suite.Baseline, m: mutate.Mutation, 
     f2p = [t for t in chosen if out.tests.get(t, {}).get("outcome") == "failed"]
     p2p = [t for t in chosen if out.tests.get(t, {}).get("outcome") == "passed"]
     if f2p:  # the spec's tests alone, as the judge runs them (--only-spec), on the pristine source
-        control = server.run(f2p + p2p, timeout) if server else suite.run(pkg, work, f2p + p2p, cover=False, timeout=timeout)
+        spec = f2p + p2p
+        control = server.run(spec, timeout) if server else suite.run(pkg, work, spec, cover=False, timeout=timeout)
         f2p, p2p = _passing(control, f2p), _passing(control, p2p)
     if not f2p:
         return None

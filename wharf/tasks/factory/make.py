@@ -157,7 +157,9 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
 
 def _stands(record: dict | None, digest: str | None, redteam: bool) -> bool:
     """Does a bug's check record spare it a new check? Only one made by today's judge."""
-    return bool(record) and digest is not None and record.get("judge") == digest and (record.get("tier2") or not redteam)
+    if not record or digest is None or record.get("judge") != digest:
+        return False
+    return bool(record.get("tier2")) or not redteam
 
 
 def _keep(task: Path, bug: dict, verdict: tuple, opts: Options, manifest: dict, save) -> bool:
