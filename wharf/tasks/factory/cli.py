@@ -108,7 +108,7 @@ def _checked_only(pkg, manifest: dict | None, path: Path, args, opts: make.Optio
     if manifest is None:
         raise FactoryError(f"{pkg.name}=={pkg.version}: no manifest at {path}: run wharf tasks make without --checked-only first")
     digest = make.verify.judge_digest()
-    checked = [b for b in manifest["bugs"] if (b.get("checked") or {}).get("judge") == digest]
+    checked = [b for b in manifest["bugs"] if make.verify.passed_under(b, digest)]
     if not checked:
         raise FactoryError(f"{pkg.name}=={pkg.version}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
                            f"judge ({digest}): run wharf tasks make without --checked-only to check them")

@@ -140,7 +140,7 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     if not opts.check:
         return tasks, []
     digest = verify.judge_digest() if opts.checker is not None else None
-    todo = [i for i, bug in enumerate(bugs) if not _stands(bug.get("checked"), digest, i < opts.redteam)]
+    todo = [i for i, bug in enumerate(bugs) if not _stands(bug, digest, i < opts.redteam)]
     if len(todo) < len(bugs):
         opts.log(f"{pkg.key}: {len(bugs) - len(todo)} of {len(bugs)} tasks hold a check under today's judge "
                  f"({digest}); checking {len(todo)}")
@@ -155,11 +155,11 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     return [t for t in tasks if t.name not in dropped], dropped
 
 
-def _stands(record: dict | None, digest: str | None, redteam: bool) -> bool:
+def _stands(bug: dict, digest: str | None, redteam: bool) -> bool:
     """Does a bug's check record spare it a new check? Only one made by today's judge."""
-    if not record or digest is None or record.get("judge") != digest:
+    if digest is None or not verify.passed_under(bug, digest):
         return False
-    return bool(record.get("tier2")) or not redteam
+    return bool(bug["checked"].get("tier2")) or not redteam
 
 
 def _keep(task: Path, bug: dict, verdict: tuple, opts: Options, manifest: dict, save) -> bool:

@@ -14,7 +14,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .verify import judge_digest
+from .verify import judge_digest, passed_under
 
 
 def rows(manifests: Path, judge: str) -> list[dict]:
@@ -27,7 +27,7 @@ def rows(manifests: Path, judge: str) -> list[dict]:
                     "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
                     "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
                     "bytes": path.stat().st_size,
-                    "checked": [b["checked"] for b in m["bugs"] if b.get("checked", {}).get("judge") == judge]})
+                    "checked": [b["checked"] for b in m["bugs"] if passed_under(b, judge)]})
     return out
 
 

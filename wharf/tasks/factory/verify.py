@@ -73,6 +73,11 @@ def judge_digest() -> str:
     return h.hexdigest()[:12]
 
 
+def passed_under(bug: dict, digest: str) -> bool:
+    """Does this manifest bug hold a pass of `wharf tasks check` made under the judges' code `digest`?"""
+    return (bug.get("checked") or {}).get("judge") == digest
+
+
 def check_task(task: Path, checker=None, redteam: bool = False) -> tuple[bool, str, dict | None]:
     """(passed, why, the record a manifest keeps of a pass of `wharf tasks check` or None).
     CHECKER PLUG-IN POINT: `wharf tasks make` run through `wharf tasks` is handed `wharf tasks
