@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wharf.core import schema
+from wharf.core import atomic
 from wharf.core.config import RunConfig
 from wharf.core.layout import CollectPaths
 from wharf.collect.proxy_client import ServiceError
@@ -61,13 +60,7 @@ def load_manifest(paths: CollectPaths) -> dict:
 
 def write_json(path: Path, data: dict) -> None:
     """Atomically and durably (file fsync, rename, directory fsync), as schema.write_table does."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2, default=str))
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(path)
-    schema.fsync_dir(path.parent)
+    atomic.write_json(path, data, indent=2, default=str, durable=True)
 
 
 def started_manifest(cfg: RunConfig, policy: str, task_ids: list[str], job_id: str, prev: dict) -> dict:

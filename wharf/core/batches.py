@@ -38,7 +38,6 @@ old_logprobs      0    0    0   lp   lp   lp    0    0   lp   lp    0    0
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +47,7 @@ import orjson
 from safetensors.numpy import save_file
 from safetensors.torch import load_file
 
+from wharf.core import atomic
 from wharf.core.layout import ConvertPaths
 from wharf.core.errors import WharfError
 
@@ -187,9 +187,7 @@ def load_micro_batch(path: Path) -> MicroBatch:
 
 
 def write_index(index: BatchIndex, path: Path) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_bytes(orjson.dumps(asdict(index), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    os.replace(tmp, path)
+    atomic.write_bytes(path, orjson.dumps(asdict(index), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
 
 
 def read_index(convert_dir: Path) -> BatchIndex:

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from wharf.core import storage
+from wharf.core import atomic, storage
 from wharf.core.endpoint import Endpoint
 from wharf.core.errors import WharfError
 
@@ -87,10 +87,7 @@ class PublishRecord:
 
     def write(self, path: Path) -> None:
         """Written, and in a run in object storage uploaded: a round's collect on another machine reads it."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=2))
-        tmp.replace(path)
+        atomic.write_json(path, asdict(self), indent=2)
         storage.push_file(path)
 
     @classmethod

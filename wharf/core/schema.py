@@ -16,6 +16,7 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wharf.core.atomic import fsync_dir
 from wharf.core.errors import WharfError
 
 SCHEMA_VERSION = 3
@@ -132,15 +133,6 @@ def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
     finally:
         tmp.unlink(missing_ok=True)
     return path
-
-
-def fsync_dir(directory: str | Path) -> None:
-    """Make a file's creation, rename or removal in `directory` durable (a file's fsync covers only its data)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read_table(path: str | Path, name: str, columns: list[str] | None = None) -> pa.Table:

@@ -27,7 +27,7 @@ from typing import Iterator
 
 from wharf.collect.runner import check_collect, run as collect_round
 from wharf.collect.tasksets import TaskSetError, discover
-from wharf.core import schema, storage
+from wharf.core import atomic, schema, storage
 from wharf.core.config import ConfigError, RunConfig, cli_config
 from wharf.engine.launch import check_endpoint, launch
 from wharf.core.endpoint import Endpoint, with_key
@@ -191,10 +191,7 @@ def write_summary(ev: EvalLayout, cfg: RunConfig, results: dict[str, tuple[Polic
         paired[f"{label} - {labels[0]}"] = {"a": label, "b": labels[0], "pairs": pairs, **_interval(iv)}
     summary = {"dataset": str(dataset_of(cfg)), "attempts": cfg.eval.attempts, "seed": cfg.sampling.seed or 0,
                "last": labels, "policies": entries, "paired": paired}
-    ev.root.mkdir(parents=True, exist_ok=True)
-    tmp = ev.summary.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=1, allow_nan=False))
-    tmp.replace(ev.summary)
+    atomic.write_json(ev.summary, summary, allow_nan=False)
     storage.push_file(ev.summary)
     return summary
 

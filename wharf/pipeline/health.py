@@ -10,12 +10,11 @@ Each check has a key under `loop.health` that relaxes it (wharf/core/config_loop
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from wharf.core import schema
+from wharf.core import atomic, schema
 from wharf.core.config import HealthConfig
 from wharf.core.errors import WharfError
 from wharf.core.layout import RoundLayout, RunLayout, policy_name
@@ -133,10 +132,7 @@ def check_round(rnd: RoundLayout, policy: str, cfg: HealthConfig, allowed: tuple
     """Gather, check, and write rounds/<k>/health.json (atomically); returns the checks. `allowed`:
     the other policies that may have sampled the round (overlapping rounds); `live`: see gather."""
     checks = run_checks(gather(rnd, policy, allowed, live), cfg)
-    rnd.health.parent.mkdir(parents=True, exist_ok=True)
-    tmp = rnd.health.with_suffix(".tmp")
-    tmp.write_text(json.dumps([asdict(c) for c in checks], indent=1))
-    os.replace(tmp, rnd.health)
+    atomic.write_json(rnd.health, [asdict(c) for c in checks])
     return checks
 
 

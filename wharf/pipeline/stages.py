@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from wharf.core import atomic
 from wharf.core.batches import BatchIndex, read_index
 from wharf.convert.stage import convert_round
 from wharf.pipeline.report import write_report as _write_report
@@ -41,11 +42,8 @@ def read_marker(rnd: RoundLayout, stage: str) -> dict | None:
 def write_marker(rnd: RoundLayout, stage: str, wall_s: float, **info) -> None:
     info.pop("wall_s", None)  # the marker's wall_s is the stage's as the loop timed it
     path = rnd.marker(stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"stage": stage, "round": rnd.k, "wall_s": round(wall_s, 1),
-                               "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), **info}, indent=1))
-    os.replace(tmp, path)
+    atomic.write_json(path, {"stage": stage, "round": rnd.k, "wall_s": round(wall_s, 1),
+                             "ended_at": dt.datetime.now(dt.timezone.utc).isoformat(), **info})
     storage.push_file(path)  # a run in object storage: the marker after what the stage pushed
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from wharf.core import atomic
 from wharf.core.batches import load_micro_batch, read_index
 from wharf.core.layout import CollectPaths
 from wharf.core.model_store import load_model
@@ -129,7 +129,5 @@ def write(convert_dir: Path, out: Path, model_dir: Path, device: str = "cpu", ad
     gc.collect()
     for j in jobs:
         j["policies"] = j["policies"] or ", ".join(sorted(_job_policies(j["dir"])))
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"start_policy": str(adapter) if adapter else "base model", "jobs": jobs}, indent=1))
-    os.replace(tmp, out)
+    atomic.write_json(out, {"start_policy": str(adapter) if adapter else "base model", "jobs": jobs})
     return jobs

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from wharf.core import atomic
 
 
 @dataclass
@@ -25,9 +26,7 @@ class TrainResult:
 
     def write(self, path: Path) -> None:
         """Atomically: a reader sees the old result or the whole new one."""
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(self), indent=1))
-        os.replace(tmp, path)
+        atomic.write_json(path, dataclasses.asdict(self))
 
     @classmethod
     def read(cls, path: Path) -> "TrainResult":

@@ -15,12 +15,11 @@ round trained before this) loads the model again and runs two.
 from __future__ import annotations
 
 import gc
-import json
-import os
 from pathlib import Path
 
 import numpy as np
 
+from wharf.core import atomic
 from wharf.core.batches import load_micro_batch, read_index
 from wharf.core.layout import adapter_weights
 from wharf.core import cpu_linear
@@ -110,6 +109,4 @@ def adapter_delta(new: Path, prev: Path | None) -> float:
 
 
 def write(out: Path, stats: dict) -> None:
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stats, indent=1))
-    os.replace(tmp, out)
+    atomic.write_json(out, stats)

@@ -13,7 +13,7 @@ import html
 import os
 from pathlib import Path
 
-from wharf.core import storage
+from wharf.core import atomic, storage
 from wharf.core.layout import RunLayout
 
 from . import sections
@@ -176,9 +176,7 @@ def write_report(run_dir: str | Path) -> Path:
             stale.unlink()
     samples = read_samples(layout.round(rounds[-1].k)) if rounds else []
     page = render(layout.root.name, rounds, images, gather_evals(layout), samples, sections.config_text(layout.config))
-    tmp = layout.report.with_suffix(".html.tmp")
-    tmp.write_text(page)
-    tmp.replace(layout.report)
+    atomic.write_text(layout.report, page)
     storage.push(layout.report_assets, delete_stale=True)
     storage.push_file(layout.report)
     return layout.report

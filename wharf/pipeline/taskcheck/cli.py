@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from wharf.core import atomic
 from wharf.tasks.check.records import TaskVerdict
 from wharf.tasks.check.taskformat import TaskFormatError, read_task, task_dirs
 
@@ -42,10 +42,7 @@ def report(verdicts: list[TaskVerdict], args: argparse.Namespace, seconds: float
 
 
 def _write(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    atomic.write_json(path, data)
 
 
 async def _check_all(tasks: list[Path], args: argparse.Namespace, work: Path) -> list[TaskVerdict]:

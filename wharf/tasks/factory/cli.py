@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from wharf.core import atomic
+
 from . import make
 from .package import FactoryError
 
@@ -63,9 +65,7 @@ def _entries(args) -> list[make.Entry]:
 
 def _write_manifest(path: Path, manifest: dict) -> None:
     """Whole or not at all (a run stopped mid-write leaves the last manifest)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(path)
+    atomic.write_json(path, manifest)
 
 
 def one(entry: make.Entry, args, opts: make.Options) -> dict:
