@@ -23,7 +23,7 @@ _GROUPS = {
                          "test_pytest_grade", "test_grading", "test_swegym", "test_learn_tasks", "test_multiturn_tasks",
                          "test_heldout_splits", "test_sandbox_bwrap", "test_sandbox_changes", "test_tasks_check"],
     "agent CLIs": ["test_agent_rounds", "test_agent_clis", "test_agents_check_install"],
-    "real tasks": ["test_real_round", "test_tasks_factory"],
+    "real tasks": ["test_real_round", "test_tasks_factory", "test_tasks_factory_manifests"],
     "engine": ["test_collect_engine", "test_minimal_agent_engine", "test_engine_adapters", "test_engine_api",
                "test_engine_auth", "test_engine_chat", "test_engine_lora", "test_engine_smoke", "test_endpoint",
                "test_publish_replicas", "test_proxy_engine", "test_eval", "test_warmstart_live",

@@ -1,5 +1,5 @@
 """Real-repository tasks through a real agent (docs/tasks-factory.md): `wharf tasks make` makes two
-bug-fix tasks from the bundled tinycalc sdist (offline, as tests/test_tasks_factory.py does), an
+bug-fix tasks from the bundled tinycalc sdist (offline, as tests/factory_kit.py does), an
 unmodified mini-swe-agent works on each in the bubblewrap sandbox against the local engine
 (SmolLM2-135M), the pytest judge grades each trial in the package's env, and the round converts
 to rows and trains one step into a LoRA adapter. A trial that ends in an infra or verifier error
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, free_port
-from test_tasks_factory import FIXTURE, _offline_env, _sdist
+from tests.factory_kit import FIXTURE, offline_env, put_sdist
 from wharf.convert.stage import convert_round
 from wharf.core import schema
 from wharf.core.batches import load_micro_batch, read_index
@@ -62,8 +62,8 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 
 def make_tasks(tmp_path: Path, cache: Path) -> list[Path]:
     """Two tasks, their sdist and env in a cache of their own (the model stays in the usual one)."""
-    _sdist(cache, FIXTURE, "tinycalc")
-    _offline_env(cache, "tinycalc-0.1")
+    put_sdist(cache, FIXTURE, "tinycalc")
+    offline_env(cache, "tinycalc-0.1")
     out = tmp_path / "tasks"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WHARF_CACHE", str(cache))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from wharf.core import atomic
 
-from . import make
+from . import make, package
 from .package import FactoryError
 
 
@@ -70,11 +70,14 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 
 def one(entry: make.Entry, args, opts: make.Options) -> dict:
     t0 = time.monotonic()
-    pkg = make.prepare(entry, lambda s: None)
     manifests = args.manifests or args.out / "manifests"
+    name, version = package.parse_spec(entry.spec)
+    if args.checked_only and version:  # a missing manifest said before minutes of building the env
+        _checked_bugs(manifests / make.manifest_name(name, version, args.seed), name, version)
+    pkg = make.prepare(entry, lambda s: None)
     path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
     if args.checked_only:
-        return _checked_only(pkg, make.load_manifest(path), path, args, opts, t0)
+        return _checked_only(pkg, path, args, opts, t0)
     with make.manifest_lock(path, opts.log):  # one writer a manifest: a second make of it waits here
         return _make(pkg, entry.spec, path, args, opts, t0)
 
@@ -103,15 +106,22 @@ def _make(pkg, spec: str, path: Path, args, opts: make.Options, t0: float) -> di
             **manifest["stats"]}
 
 
-def _checked_only(pkg, manifest: dict | None, path: Path, args, opts: make.Options, t0: float) -> dict:
-    """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
+def _checked_bugs(path: Path, name: str, version: str) -> tuple[dict, list[dict]]:
+    """(the manifest at path, its bugs that passed today's judge); FactoryError when there are none."""
+    manifest = make.load_manifest(path)
     if manifest is None:
-        raise FactoryError(f"{pkg.name}=={pkg.version}: no manifest at {path}: run wharf tasks make without --checked-only first")
+        raise FactoryError(f"{name}=={version}: no manifest at {path}: run wharf tasks make without --checked-only first")
     digest = make.verify.judge_digest()
     checked = [b for b in manifest["bugs"] if make.verify.passed_under(b, digest)]
     if not checked:
-        raise FactoryError(f"{pkg.name}=={pkg.version}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
+        raise FactoryError(f"{name}=={version}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
                            f"judge ({digest}): run wharf tasks make without --checked-only to check them")
+    return manifest, checked
+
+
+def _checked_only(pkg, path: Path, args, opts: make.Options, t0: float) -> dict:
+    """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
+    manifest, checked = _checked_bugs(path, pkg.name, pkg.version)
     view = {**manifest, "bugs": checked}
     made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))
     secs = time.monotonic() - t0
