@@ -193,7 +193,7 @@ def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of
 
 
 def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, capsys):
-    from wharf.tasks.factory import stats
+    from wharf.pipeline.tasks import main as tasks_main
     from wharf.tasks.factory.verify import judge_digest
 
     bugs = [{"checked": {"judge": judge_digest(), "seconds": 30.0}}, {"checked": {"judge": "0ld0ld0ld0ld", "seconds": 9.0}},
@@ -202,11 +202,20 @@ def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, ca
     (tmp_path / "p-1.seed0.json").write_text(json.dumps({
         "package": "p", "version": "1", "bugs": bugs,
         "stats": {"passing": 5, "covered_functions": 2, "tried": 8, "kept": 4, "seconds": 40.0}}))
-    assert stats.main([str(tmp_path)]) == 0
+    assert tasks_main(["stats", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-1] == "3"  # the checked column
     assert out[-1] == (f"3 passed wharf tasks check under the judge as it is now ({judge_digest()}), 1 of them "
                        "with the red team (tier 2); a check 35.0 s (median), with the red team 300.0 s")
+    (tmp_path / "half.seed0.json").write_text('{"package": "q", "vers')
+    (tmp_path / "other.json").write_text('{"package": "q"}')
+    assert tasks_main(["stats", str(tmp_path)]) == 2  # named, left out; the good one still counted
+    got = capsys.readouterr()
+    assert got.err.splitlines() == [
+        f"{tmp_path}/half.seed0.json: not a wharf tasks make manifest (Unterminated string starting at: line 1 "
+        "column 18 (char 17)); left out of the figures",
+        f"{tmp_path}/other.json: not a wharf tasks make manifest (no field 'stats'); left out of the figures"]
+    assert got.out.splitlines()[-1].startswith("3 passed wharf tasks check")
 
 
 def test_rejudge_of_a_corrupt_manifest_says_which_file_and_leaves_it_as_it_was(tmp_path, capsys):

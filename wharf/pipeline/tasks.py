@@ -2,6 +2,7 @@
 
     check  wharf tasks check DIR...   validate task dirs: oracle, untouched, the hackability audit
     make   wharf tasks make PACKAGE   real-repository tasks from a package (wharf/tasks/factory)
+    stats  wharf tasks stats DIR      a manifest dir's figures: yield, hunt time, checks under today's judge
 
 `make` runs wharf.tasks.factory.cli's `main(argv, prog, check)`, `check` being
 wharf.pipeline.taskcheck.check_task (the factory checks every task it makes with it and cannot
@@ -13,6 +14,7 @@ import sys
 SUBCOMMANDS = {
     "check": "validate task dirs: the oracle 1.0, the untouched workspace 0, the hackability audit",
     "make": "make checked real-repository tasks from a package's source and its test suite",
+    "stats": "a dir of task manifests in figures: tests, yield, hunt time, checks under today's judge",
 }
 
 
@@ -40,6 +42,10 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks") -> int:
         return check_main(rest, f"{prog} check")
     if name == "make":
         return make(rest, f"{prog} make")
+    if name == "stats":
+        from wharf.tasks.factory.stats import main as stats_main
+
+        return stats_main(rest, f"{prog} stats")
     print(f"{prog}: unknown subcommand {name!r}: use one of {', '.join(SUBCOMMANDS)} (see {prog} --help)",
           file=sys.stderr)
     return 2

@@ -3,7 +3,9 @@ functions, the mutations tried and kept (yield), the hunt's seconds and seconds 
 how many bugs passed `wharf tasks check` under the judges' code as it is now (`checked`); with
 --tasks DIR, the disk of the task dirs made from them beside the manifests' own.
 
-    python -m wharf.tasks.factory.stats datasets/real/manifests [--tasks DIR]
+    wharf tasks stats datasets/real/manifests [--tasks DIR]
+
+A file in the dir that is not a manifest is named in a line on stderr and left out (exit 2).
 """
 from __future__ import annotations
 
@@ -17,18 +19,26 @@ from pathlib import Path
 from .verify import judge_digest, passed_under
 
 
-def rows(manifests: Path, judge: str) -> list[dict]:
-    """A row per manifest; `checked` counts the bugs whose check record names `judge`."""
-    out = []
+def row(path: Path, judge: str) -> dict:
+    """A manifest's figures; `checked`: the check records of its bugs that name `judge`."""
+    m = json.loads(path.read_text())
+    s = m["stats"]
+    return {"package": f"{m['package']}=={m['version']}", "passing": s["passing"],
+            "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
+            "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
+            "bytes": path.stat().st_size, "checked": [b["checked"] for b in m["bugs"] if passed_under(b, judge)]}
+
+
+def rows(manifests: Path, judge: str) -> tuple[list[dict], list[str]]:
+    """(a row per manifest, a line per file that is not a manifest: which file, what is wrong)."""
+    out, bad = [], []
     for path in sorted(manifests.glob("*.json")):
-        m = json.loads(path.read_text())
-        s = m["stats"]
-        out.append({"package": f"{m['package']}=={m['version']}", "passing": s["passing"],
-                    "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
-                    "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
-                    "bytes": path.stat().st_size,
-                    "checked": [b["checked"] for b in m["bugs"] if passed_under(b, judge)]})
-    return out
+        try:
+            out.append(row(path, judge))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            what = f"no field {e}" if isinstance(e, KeyError) else str(e) or type(e).__name__
+            bad.append(f"{path}: not a wharf tasks make manifest ({what}); left out of the figures")
+    return out, bad
 
 
 def checks_line(records: list[dict], judge: str) -> str:
@@ -49,13 +59,15 @@ def disk(path: Path) -> int:
     return sum(os.lstat(os.path.join(d, f)).st_size for d, _, files in os.walk(path) for f in files)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m wharf.tasks.factory.stats", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python -m wharf.tasks.factory.stats") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     ap.add_argument("manifests", type=Path)
     ap.add_argument("--tasks", type=Path, help="a dir of task dirs made from these manifests")
     args = ap.parse_args(argv)
     judge = judge_digest()
-    table = rows(args.manifests, judge)
+    table, bad = rows(args.manifests, judge)
+    for line in bad:
+        print(line, file=sys.stderr)
     if not table:
         print(f"{args.manifests}: no manifests", file=sys.stderr)
         return 2
@@ -73,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         dirs = [p for p in args.tasks.iterdir() if p.is_dir() and "__" in p.name]
         total = sum(disk(p) for p in dirs)
         print(f"{len(dirs)} task dirs in {args.tasks}: {total / max(len(dirs), 1) / 1024:.0f} KiB per task dir")
-    return 0
+    return 2 if bad else 0
 
 
 if __name__ == "__main__":
