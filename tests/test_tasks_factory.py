@@ -77,6 +77,23 @@ def test_bad_input_says_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatc
     assert not out.exists()
 
 
+def test_shards_split_a_package_list_between_machines_without_overlap(tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("".join(f"pkg{i}==1.0\n" for i in range(7)))
+
+    def share(shard: str) -> list[str]:
+        args = cli.parser("wharf tasks make").parse_args(["--from", str(tmp_path / "p.txt"), "--out", "o", "--shard", shard])
+        return [e.spec for e in cli._entries(args)]
+
+    shares = [share(f"{k}/3") for k in (1, 2, 3)]
+    assert shares[1] == ["pkg1==1.0", "pkg4==1.0"]
+    assert sorted(s for one in shares for s in one) == [f"pkg{i}==1.0" for i in range(7)]
+    assert share("1/1") == [f"pkg{i}==1.0" for i in range(7)]
+    for bad in ("0/3", "4/3", "2", "a/b"):
+        code, err = run_cli(["--from", str(tmp_path / "p.txt"), "--out", str(tmp_path / "out"), "--shard", bad], capsys)
+        assert (code, err) == (2, [f"wharf tasks make: --shard {bad}: expected K/N with 1 <= K <= N, e.g. --shard 2/4"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_sdist_without_tests_says_so(tmp_path, capsys, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("WHARF_CACHE", str(cache))

@@ -2,6 +2,7 @@
 
     wharf tasks make PACKAGE[==VERSION]... [--from FILE] --out DIR [--max N] [--seed S]
                      [--manifests DIR] [--tries T] [--no-check | --checked-only] [--redteam N] [--jobs N]
+                     [--shard K/N]
 
 Per package version: the sdist and a test env once into $WHARF_CACHE/tasks; the manifest of kept
 bugs read from --manifests when one is there for that version and seed (else the bugs are hunted
@@ -45,6 +46,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
                     "once (default 1; a machine of 4N cores takes N)")
     ap.add_argument("--redteam", type=int, default=1, metavar="N", help="the first N tasks of each package also "
                     "face the red team's scripted attackers (wharf tasks check --redteam; default 1, 0: none)")
+    ap.add_argument("--shard", metavar="K/N", help="only the K-th of N shares of the packages (every N-th from "
+                    "the K-th, in order): N machines, each with its own share, make a long list together, "
+                    "each writing only its own packages' manifests")
     return ap
 
 
@@ -60,7 +64,15 @@ def _entries(args) -> list[make.Entry]:
         entries += make.parse_entries(text, str(args.from_file))
     if not entries:
         raise FactoryError("name at least one PACKAGE[==VERSION] or give --from FILE")
-    return entries
+    return _share(entries, args.shard) if args.shard else entries
+
+
+def _share(entries: list[make.Entry], shard: str) -> list[make.Entry]:
+    """The K-th of N interleaved shares (K from 1): a share of packages of every size, not the list's tail."""
+    k, _, n = shard.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise FactoryError(f"--shard {shard}: expected K/N with 1 <= K <= N, e.g. --shard 2/4")
+    return entries[int(k) - 1::int(n)]
 
 
 def _write_manifest(path: Path, manifest: dict) -> None:
