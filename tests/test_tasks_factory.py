@@ -156,6 +156,7 @@ def test_make_a_small_set_end_to_end_each_task_checked_by_the_judge(tmp_path, ca
     assert 1 <= len(tasks) <= 3  # each one passed the check: oracle 1.0, untouched workspace 0
     manifest = json.loads((out / "manifests" / "tinycalc-0.1.seed1.json").read_text())
     assert len(manifest["bugs"]) == len(tasks) and manifest["stats"]["kept"] >= len(tasks)
+    assert f"pytest=={pytest.__version__}" in manifest["env"]  # the env's lock, as the hunt and checks ran in it
     for task, bug in zip(tasks, sorted(manifest["bugs"], key=lambda b: cli.make.taskdir.task_id(
             cli.make.package.Package("tinycalc", "0.1", FIXTURE, ".", []), b))):
         spec = json.loads((task / "tests" / "spec.json").read_text())

@@ -130,6 +130,52 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
                                                "tinycalc-0.1.seed2.json: run wharf tasks make without --checked-only first")
 
 
+def test_a_manifest_locks_its_env_and_an_env_that_differs_from_the_lock_is_made_again(tmp_path, monkeypatch):
+    """freeze: every distribution in the env, name==version, but the package's own metadata and
+    pip. An env that matches the lock is kept as it is; one that differs is made again from the
+    lock (--no-deps: exactly it), aside, and swapped in only once made: a failed build leaves
+    the old env. The index is not reached here: the install stands in, as a venv that sees
+    this venv's packages."""
+    from wharf.tasks.factory import env as envs
+    from wharf.tasks.factory.package import FactoryError, Package
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("WHARF_CACHE", str(cache))
+    offline_env(cache, "tinycalc-0.1")
+    pkg = Package("tinycalc", "0.1", FIXTURE, ".", ["tests"])
+    envs.write_metadata(pkg, pkg.env)
+    lock = envs.freeze(pkg)
+    assert f"pytest=={pytest.__version__}" in lock and lock == sorted(lock)
+    assert not [p for p in lock if p.split("==")[0] in ("tinycalc", "pip")]
+
+    said, installs = [], []
+    inode = pkg.env.stat().st_ino
+    assert envs.build_env(pkg, said.append, lock) == pkg.env and pkg.env.stat().st_ino == inode and not said
+
+    host_pth = next((pkg.env / "lib").glob("python3*/site-packages/wharf_host.pth"))
+
+    def install(ok: bool):
+        def fake(py, reqs, log):
+            installs.append(reqs)
+            site = next((py.parent.parent / "lib").glob("python3*/site-packages"))
+            shutil.copy(host_pth, site / "wharf_host.pth")
+            return ok
+        return fake
+
+    other = lock + ["wharf-not-in-this-env==1.0"]
+    monkeypatch.setattr(envs, "_install", install(False))
+    with pytest.raises(FactoryError, match="the env its manifest locks .* does not install"):
+        envs.build_env(pkg, said.append, other)
+    assert said == ["tinycalc-0.1: its env differs from the manifest's lock (`env`): made again from the lock"]
+    assert installs[0][0] == "--no-deps" and "wharf-not-in-this-env==1.0" in installs[0]
+    assert pkg.env.stat().st_ino == inode and [p.name for p in pkg.env.parent.iterdir()] == ["tinycalc-0.1"]
+
+    monkeypatch.setattr(envs, "_install", install(True))
+    assert envs.build_env(pkg, said.append, other) == pkg.env
+    assert pkg.env.stat().st_ino != inode and [p.name for p in pkg.env.parent.iterdir()] == ["tinycalc-0.1"]
+    assert envs.freeze(pkg) == lock  # what the stand-in installed: this venv's packages, as before
+
+
 @pytest.mark.slow
 def test_a_test_that_needs_a_test_left_out_of_the_spec_is_not_in_the_spec(tmp_path, capsys, monkeypatch):
     """test_uses needs what test_setup (another file, covering nothing) sets: in a hunt's selection

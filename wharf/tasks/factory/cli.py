@@ -86,7 +86,7 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
     name, version = package.parse_spec(entry.spec)
     if args.checked_only and version:  # a missing manifest said before minutes of building the env
         _checked_bugs(manifests / make.manifest_name(name, version, args.seed), name, version)
-    pkg = make.prepare(entry, lambda s: None)
+    pkg = make.fetch(entry)
     path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
     if args.checked_only:
         return _checked_only(pkg, path, args, opts, t0)
@@ -97,11 +97,13 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
 def _make(pkg, spec: str, path: Path, args, opts: make.Options, t0: float) -> dict:
     manifests = path.parent
     manifest = make.load_manifest(path)
+    make.envs.build_env(pkg, opts.log, manifest.get("env") if manifest else None)
     if manifest is None:
         manifest = make.hunt_bugs(pkg, opts)
         if not manifest["bugs"]:
             raise FactoryError(f"{spec}: no mutation of its covered functions made a passing test fail "
                                f"({manifest['stats']['tried']} tried)")
+    manifest = make.with_env(manifest, pkg)  # the checks below run in this env: the manifest says which
     manifests.mkdir(parents=True, exist_ok=True)
     made, dropped = make.materialise(pkg, manifest, args.out, opts, save=lambda m: _write_manifest(path, m))
     if not made:
@@ -134,6 +136,7 @@ def _checked_bugs(path: Path, name: str, version: str) -> tuple[dict, list[dict]
 def _checked_only(pkg, path: Path, args, opts: make.Options, t0: float) -> dict:
     """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
     manifest, checked = _checked_bugs(path, pkg.name, pkg.version)
+    make.envs.build_env(pkg, opts.log, manifest.get("env"))
     view = {**manifest, "bugs": checked}
     made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))
     secs = time.monotonic() - t0

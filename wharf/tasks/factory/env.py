@@ -1,7 +1,12 @@
 """The test environment of a package version: a venv, made once, with pytest and what the
 package's tests need (its runtime requirements, its test extras or dependency groups, its test
 requirements files, and the extra deps its line in packages.txt names). The package itself is not
-installed: the tests import it from the workspace."""
+installed: the tests import it from the workspace.
+
+Its lock (`freeze`: every distribution in it, `name==version`) is kept in the package's manifest
+(`env`), and an env made for a manifest that has one installs exactly that (`build_env(pins=)`):
+a task set made on another machine or a year later runs in the env its checks ran in, not in
+whatever the index resolves to that day."""
 from __future__ import annotations
 
 import email.parser
@@ -110,37 +115,82 @@ def write_metadata(pkg: Package, env: Path) -> None:
     (dist / "INSTALLER").write_text("wharf-tasks-make\n")
 
 
-def build_env(pkg: Package, log) -> Path:
-    """pkg.env, made once (built aside, then renamed): pytest + the declared and extra deps. A
-    declared dep that does not install is dropped (the suite decides whether it mattered)."""
-    if (pkg.python).exists():
+def build_env(pkg: Package, log, pins: list[str] | None = None) -> Path:
+    """pkg.env, made once. With `pins` (a manifest's lock) exactly those, and an env in the cache
+    that differs from them is made again; without, pytest + the declared and extra deps, a
+    declared dep that does not install dropped (the suite decides whether it mattered)."""
+    wanted = _with_our_pytest(pins) if pins else None
+    if pkg.python.exists():
         pkg.env.chmod(0o755)  # the sandbox's uids must reach it (an env made by an older wharf was 0700)
         write_metadata(pkg, pkg.env)
         _ensure_pytest(pkg.python, log)
-        return pkg.env
+        if wanted is None or freeze(pkg) == wanted:
+            return pkg.env
+        log(f"{pkg.key}: its env differs from the manifest's lock (`env`): made again from the lock")
+    _build_aside(pkg, wanted, log)
+    return pkg.env
+
+
+def _build_aside(pkg: Package, wanted: list[str] | None, log) -> None:
+    """Built in a temp dir beside pkg.env, then renamed over it: a build that fails leaves the env as it was."""
     pkg.env.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{pkg.key}.", dir=pkg.env.parent))
     try:
         # The same base interpreter as wharf's venv: the sandbox shows that one to every trial.
-        # With uv on PATH the deps go in through it: the venv needs no pip of its own (ensurepip is slow).
-        subprocess.run([sys._base_executable, "-m", "venv", *(["--without-pip"] if shutil.which("uv") else []), str(tmp)],
+        # With uv the deps go in through it: the venv needs no pip of its own (ensurepip is slow).
+        subprocess.run([sys._base_executable, "-m", "venv", *(["--without-pip"] if _uv() else []), str(tmp)],
                        check=True, capture_output=True)
         py = tmp / "bin" / "python"
-        deps = [d for d in [*declared_deps(pkg.root), *pkg.extra_deps] if _canon(re.split(r"[\s\[<>=!~;@]", d)[0]) != "pytest"]
-        if not _install(py, [PYTEST, *deps], log):
-            for dep in deps:
-                _install(py, [dep], log)
+        if wanted is None:
+            _resolve(pkg, py, log)
+        elif not _install(py, ["--no-deps", *wanted], log):
+            raise FactoryError(f"{pkg.name}=={pkg.version}: the env its manifest locks (`env`) does not install; "
+                               "remove the manifest's `env` to resolve its deps anew")
         if not _ensure_pytest(py, log):
             raise FactoryError(f"{pkg.name}=={pkg.version}: {PYTEST} does not install into its environment")
-        # A venv's scripts name its own path: made aside, it is moved, so rebuild them in place.
         write_metadata(pkg, tmp)
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide it from the sandbox's uids
+        stale = pkg.env.rename(tmp.with_name(tmp.name + ".stale")) if pkg.env.exists() else None
         tmp.rename(pkg.env)
+        # A venv's scripts name its own path: made aside, it was moved, so rebuild them in place.
         subprocess.run([sys._base_executable, "-m", "venv", "--upgrade", str(pkg.env)], capture_output=True)
+        if stale is not None:
+            shutil.rmtree(stale, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return pkg.env
+
+
+def _resolve(pkg: Package, py: Path, log) -> None:
+    deps = [d for d in [*declared_deps(pkg.root), *pkg.extra_deps] if _canon(re.split(r"[\s\[<>=!~;@]", d)[0]) != "pytest"]
+    if not _install(py, [PYTEST, *deps], log):
+        for dep in deps:
+            _install(py, [dep], log)
+
+
+def freeze(pkg: Package) -> list[str]:
+    """The env's lock: `name==version` of every distribution in it (names canonical, sorted), but
+    the package's own metadata and pip (a venv's installer, not the tests')."""
+    r = subprocess.run([str(pkg.python), "-I", "-c", "import importlib.metadata as m\n"
+                        "for d in m.distributions(): print(d.metadata['Name'], d.version)"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode:
+        raise FactoryError(f"{pkg.key}: cannot list its env's packages ({r.stderr.strip()[-200:]})")
+    skip = {_canon(pkg.name), "pip"}
+    lines = {f"{_canon(n)}=={v}" for n, v in (line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)}
+    return sorted(line for line in lines if line.split("==")[0] not in skip)
+
+
+def _with_our_pytest(pins: list[str]) -> list[str]:
+    """A lock's pytest is wharf's own (the judge reads pytest's internals of that version)."""
+    return sorted([p for p in pins if p.split("==")[0] != "pytest"] + [f"pytest=={PYTEST.partition('==')[2]}"]
+                  if "==" in PYTEST else pins)
+
+
+def _uv() -> str | None:
+    """uv beside this interpreter (the project venv's: make setup installs it there), else on PATH."""
+    here = Path(sys.executable).parent / "uv"
+    return str(here) if here.exists() else shutil.which("uv")
 
 
 def _ensure_pytest(py: Path, log) -> bool:
@@ -155,9 +205,10 @@ def _ensure_pytest(py: Path, log) -> bool:
 
 
 def _install(py: Path, reqs: list[str], log) -> bool:
-    uv = shutil.which("uv")
+    uv = _uv()
     cmd = [uv, "pip", "install", "-q", "--python", str(py), *reqs] if uv else \
         [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *reqs]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    log(f"install {' '.join(reqs)}: exit {r.returncode} {r.stderr.strip()[-300:]}")
+    if r.returncode:  # said: a declared dep that does not install is left out of the env
+        log(f"install {' '.join(reqs)}: exit {r.returncode} {r.stderr.strip()[-300:]}")
     return r.returncode == 0

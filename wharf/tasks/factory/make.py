@@ -66,16 +66,29 @@ def parse_entries(text: str, where: str) -> list[Entry]:
     return out
 
 
-def prepare(entry: Entry, log) -> Package:
-    """The package's sdist fetched and unpacked, its layout found, its env built (each once)."""
+def fetch(entry: Entry) -> Package:
+    """The package's sdist fetched and unpacked (once), its layout found; no env yet."""
     name, version = package.parse_spec(entry.spec)
     root = package.unpack(package.fetch_sdist(name, version))
     pyroot, tests = package.find_layout(root)
     if not tests:
         raise FactoryError(f"{entry.spec}: the sdist ships no tests (no tests/ or test_*.py)")
-    pkg = Package(name, version or package.version_of(root), root, pyroot, tests, entry.deps, entry.args)
-    envs.build_env(pkg, log)
+    return Package(name, version or package.version_of(root), root, pyroot, tests, entry.deps, entry.args)
+
+
+def prepare(entry: Entry, log, pins: list[str] | None = None) -> Package:
+    """fetch, then the env built (once; exactly `pins`, a manifest's `env`, when given)."""
+    pkg = fetch(entry)
+    envs.build_env(pkg, log, pins)
     return pkg
+
+
+def with_env(manifest: dict, pkg: Package) -> dict:
+    """The manifest with its env's lock (`env`, before the stats), for one made before locks were kept."""
+    if "env" in manifest:
+        return manifest
+    out = {k: v for k, v in manifest.items() if k not in ("stats", "bugs")}
+    return {**out, "env": envs.freeze(pkg), "stats": manifest["stats"], "bugs": manifest["bugs"]}
 
 
 def hunt_bugs(pkg: Package, opts: Options) -> dict:
@@ -95,7 +108,7 @@ def hunt_bugs(pkg: Package, opts: Options) -> dict:
     return {"manifest": MANIFEST_VERSION, "package": pkg.name, "version": pkg.version, "seed": opts.seed,
             "pyroot": pkg.pyroot, "test_paths": pkg.test_paths, "deps": pkg.extra_deps, "args": pkg.pytest_args,
             "suite_seconds": round(base.seconds, 2), "test_timeout": _test_timeout(base.seconds),
-            "stats": {"passing": len(base.passing), "covered_functions": len(base.covers),
+            "env": envs.freeze(pkg), "stats": {"passing": len(base.passing), "covered_functions": len(base.covers),
                       "candidates": len(order), "tried": tried, "kept": len(kept),
                       "seconds": round(time.monotonic() - t0, 1)},
             "bugs": kept}

@@ -45,7 +45,7 @@ def prune(manifest: dict, passing: set[str]) -> tuple[int, int]:
 def rejudge(path: Path) -> str:
     m = json.loads(path.read_text())
     spec = f"{m['package']}=={m['version']}"
-    pkg = make.prepare(make.Entry(spec, list(m.get("deps", [])), list(m.get("args", []))), lambda s: None)
+    pkg = make.prepare(make.Entry(spec, list(m.get("deps", [])), list(m.get("args", []))), lambda s: None, m.get("env"))
     named = sorted({t for b in m["bugs"] for t in b["FAIL_TO_PASS"] + b["PASS_TO_PASS"]})
     with tempfile.TemporaryDirectory(prefix="wharf-rejudge-") as tmp:
         work = suite.working_copy(pkg, Path(tmp))
