@@ -104,6 +104,10 @@ def test_an_sdist_without_tests_says_so(tmp_path, capsys, monkeypatch):
     code, err = run_cli(["bare==0.1", "--out", str(tmp_path / "out")], capsys)
     assert (code, err) == (2, ["wharf tasks make: bare==0.1: the sdist ships no tests (no tests/ or test_*.py)"])
     assert not (tmp_path / "out").exists()
+    assert cli.main(["bare==0.1", "bare==0.1", "--out", str(tmp_path / "out")]) == 2  # many: a total at the end
+    got = capsys.readouterr()
+    assert len(got.err.splitlines()) == 2 and got.out.splitlines()[-1].startswith("0 package versions: 0 tasks in ")
+    assert got.out.splitlines()[-1].endswith(" min; 2 could not give tasks (said above)")
 
 
 def test_a_suite_that_never_passes_says_so(tmp_path, capsys, monkeypatch):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=No
     except FactoryError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
-    existed = args.out.exists()
+    existed, t0 = args.out.exists(), time.monotonic()
     bad, results = 0, []
     for entry in entries:
         try:
@@ -166,10 +165,18 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=No
             print(f"{prog}: {e}", file=sys.stderr)
             bad += 1
     if results:
-        (args.out / "make_report.json").write_text(json.dumps(results, indent=1) + "\n")
+        atomic.write_json(args.out / "make_report.json", results)
     elif not existed and args.out.is_dir() and not any(args.out.iterdir()):
         args.out.rmdir()
+    if len(entries) > 1:
+        print(_total(results, bad, time.monotonic() - t0, args.out), flush=True)
     return 2 if bad else 0
+
+
+def _total(results: list[dict], bad: int, seconds: float, out: Path) -> str:
+    """The last line of a make of many packages."""
+    line = f"{len(results)} package versions: {sum(r['tasks'] for r in results)} tasks in {out} in {seconds / 60:.1f} min"
+    return line + (f"; {bad} could not give tasks (said above)" if bad else "")
 
 
 if __name__ == "__main__":
