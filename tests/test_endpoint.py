@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 
@@ -124,6 +125,35 @@ def test_capture_check_names_the_fix_for_raw_logprobs():
     with FakeVLLM(raw=False, token_ids=False) as fake:
         with pytest.raises(EndpointError, match="prompt_token_ids"):
             Endpoint(fake.url, model="m").check_capture()
+
+
+def test_a_vllm_tool_parser_that_is_not_the_models_format_is_refused_before_launch(tmp_path):
+    """A Llama 3 model dir whose template renders tools, served with hermes (configs/vllm.yaml's, for
+    Qwen2.5): every call would stay text. Refused in one line before vLLM starts; llama3_json passes
+    on to the next check (vllm is not installed here); a template of the user's, or one without tools, is theirs."""
+    from wharf.engine.launch import check_endpoint
+
+    model = tmp_path / "llama-3.2-1b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% if tools %}{{ tools | tojson }}{% endif %}"}))
+    url = f"http://127.0.0.1:{free_port()}"
+
+    def check(*args: str) -> str:
+        cfg = load_config(None, [f"endpoint.url={url}", "endpoint.kind=vllm", f"endpoint.model={model}"])
+        cfg.endpoint.vllm_args = ["--enable-auto-tool-choice", *args]
+        with pytest.raises(EndpointError) as e:
+            check_endpoint(cfg)
+        return str(e.value)
+
+    assert check("--tool-call-parser=hermes") == (
+        f"endpoint.vllm_args has --tool-call-parser=hermes, but {model} is a Llama model whose chat template asks "
+        "for llama3_json tool calls: vLLM would read none of them; set --tool-call-parser=llama3_json, or pass the "
+        "--chat-template that asks for hermes calls")
+    assert "pip install -e .[vllm]" in check("--tool-call-parser", "hermes", "--chat-template", "mine.jinja")
+    assert "pip install -e .[vllm]" in check("--tool-call-parser=llama3_json")
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    assert "pip install -e .[vllm]" in check("--tool-call-parser=hermes")
 
 
 def test_prefix_counters_are_read_as_vllm_writes_them():

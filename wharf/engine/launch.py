@@ -4,6 +4,7 @@ shared floor, because it names the engine's program: collect and the loop use it
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from wharf.core import bundled, envdefaults, procs
 from wharf.core.config import RunConfig
 from wharf.core.credentials import new_token
 from wharf.core.endpoint import Endpoint, EndpointError
+from wharf.core.families import family_of
 from wharf.core.model_store import resolve_model_dir
 
 # The child starts where this copy of wharf is importable from (a checkout's root, or site-packages).
@@ -51,7 +53,43 @@ def launch_key(cfg: RunConfig) -> str:
 
 
 
+def _flag(args: list[str], name: str) -> str | None:
+    """The value of `--name=V` or `--name V` in a command line; None when it is not there."""
+    for i, a in enumerate(args):
+        if a.startswith(name + "="):
+            return a.partition("=")[2]
+        if a == name:
+            return args[i + 1] if i + 1 < len(args) else ""
+    return None
+
+
+def _tool_parser_mismatch(model: str, args: list[str]) -> str | None:
+    """vLLM reads tool calls with --tool-call-parser only; a model whose own chat template renders
+    the tools writes them in its family's format (wharf/core/families.py). With another parser
+    every call stays text, and each agent turn that calls a tool looks like a final answer."""
+    given = _flag(args, "--tool-call-parser")
+    if not given or _flag(args, "--chat-template") is not None:  # a template of the user's: their format
+        return None
+    root = Path(model)
+    try:
+        model_type = json.loads((root / "config.json").read_text()).get("model_type")
+        template = json.loads((root / "tokenizer_config.json").read_text()).get("chat_template") or ""
+    except (OSError, ValueError, AttributeError):
+        return None  # not a local model dir (vLLM resolves a hub name itself): nothing to read here
+    if (root / "chat_template.jinja").exists():
+        template = (root / "chat_template.jinja").read_text(errors="replace")
+    fam = family_of(model_type)
+    if fam is None or fam.tool_parser == given or "tools" not in str(template):
+        return None
+    return (f"endpoint.vllm_args has --tool-call-parser={given}, but {model} is a {fam.name} model whose chat "
+            f"template asks for {fam.tool_parser} tool calls: vLLM would read none of them; set "
+            f"--tool-call-parser={fam.tool_parser}, or pass the --chat-template that asks for {given} calls")
+
+
 def _vllm_command(cfg: RunConfig, host: str, port: int) -> list[str]:
+    mismatch = _tool_parser_mismatch(cfg.endpoint.model, cfg.endpoint.vllm_args)
+    if mismatch:
+        raise EndpointError(mismatch)
     exe = shutil.which("vllm")
     if exe is None:
         raise EndpointError(f"endpoint.kind=vllm and nothing answers at {cfg.endpoint.url}, but vllm is not "
