@@ -106,7 +106,8 @@ def test_an_sdist_without_tests_says_so(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "out").exists()
     assert cli.main(["bare==0.1", "bare==0.1", "--out", str(tmp_path / "out")]) == 2  # many: a total at the end
     got = capsys.readouterr()
-    assert len(got.err.splitlines()) == 2 and got.out.splitlines()[-1].startswith("0 package versions: 0 tasks in ")
+    assert got.err.splitlines() == ["[1/2] bare==0.1", err[0], "[2/2] bare==0.1", err[0]]
+    assert got.out.splitlines()[-1].startswith("0 package versions: 0 tasks in ")
     assert got.out.splitlines()[-1].endswith(" min; 2 could not give tasks (said above)")
 
 

@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None, prog: str = "wharf tasks make", check=No
         return 2
     existed, t0 = args.out.exists(), time.monotonic()
     bad, results = 0, []
-    for entry in entries:
+    for k, entry in enumerate(entries, 1):
+        if len(entries) > 1:  # where a long make is (its lines come as each package ends)
+            opts.log(f"[{k}/{len(entries)}] {entry.spec}")
         try:
             results.append(one(entry, args, opts))
         except FactoryError as e:
