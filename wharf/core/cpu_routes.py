@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from wharf.core import atomic
 
 BUCKETS = (1, 4, 16, 64, 256)  # rows timed; a call of more rows goes by the last (CHUNK-sized calls)
 SAMPLE_BYTES = 96 << 20  # the weights timed: more than a CPU's caches hold, as the whole model is
@@ -98,7 +99,5 @@ def routes_for(lib: Path, linear: Callable, weights: list[torch.Tensor]) -> Rout
     except (OSError, ValueError, KeyError, TypeError):
         pass  # not measured yet here, or a file from another version: measure again
     routes = measure(linear, sample(weights))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(asdict(routes)))
-    os.replace(tmp, path)  # engines starting together: the last one's measurement stays
+    atomic.write_json(path, asdict(routes), indent=None)  # engines starting together: the last one's stays
     return routes

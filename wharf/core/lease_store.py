@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from wharf.core import objects, uploads
+from wharf.core import atomic, objects, uploads
 
 
 @dataclass(frozen=True)
@@ -196,10 +196,9 @@ class FileStore:
         with self._locked():
             if self._read().tag != tag:
                 return None
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_bytes(holder.encode())
-            tmp.replace(self.path)
-            return _digest(holder.encode())
+            data = holder.encode()
+            atomic.write_bytes(self.path, data)
+            return _digest(data)
 
     def delete(self, tag: str) -> None:
         with self._locked():

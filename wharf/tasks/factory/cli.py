@@ -83,12 +83,13 @@ def one(entry: make.Entry, args, opts: make.Options) -> dict:
     t0 = time.monotonic()
     manifests = args.manifests or args.out / "manifests"
     name, version = package.parse_spec(entry.spec)
+    found = None
     if args.checked_only and version:  # a missing manifest said before minutes of building the env
-        _checked_bugs(manifests / make.manifest_name(name, version, args.seed), name, version)
+        found = _checked_bugs(manifests / make.manifest_name(name, version, args.seed), name, version)
     pkg = make.fetch(entry)
     path = manifests / make.manifest_name(pkg.name, pkg.version, args.seed)
     if args.checked_only:
-        return _checked_only(pkg, path, args, opts, t0)
+        return _checked_only(pkg, found or _checked_bugs(path, pkg.name, pkg.version), args, opts, t0)
     with make.manifest_lock(path, opts.log):  # one writer a manifest: a second make of it waits here
         return _make(pkg, entry.spec, path, args, opts, t0)
 
@@ -132,9 +133,10 @@ def _checked_bugs(path: Path, name: str, version: str) -> tuple[dict, list[dict]
     return manifest, checked
 
 
-def _checked_only(pkg, path: Path, args, opts: make.Options, t0: float) -> dict:
-    """The task dirs of the bugs that passed today's judge; the manifest itself is left as it is."""
-    manifest, checked = _checked_bugs(path, pkg.name, pkg.version)
+def _checked_only(pkg, found: tuple[dict, list[dict]], args, opts: make.Options, t0: float) -> dict:
+    """The task dirs of the bugs that passed today's judge (`found`: _checked_bugs's); the
+    manifest itself is left as it is."""
+    manifest, checked = found
     make.envs.build_env(pkg, opts.log, manifest.get("env"))
     view = {**manifest, "bugs": checked}
     made, _ = make.materialise(pkg, view, args.out, dataclasses.replace(opts, check=False))

@@ -183,8 +183,9 @@ def freeze(pkg: Package) -> list[str]:
 
 def _with_our_pytest(pins: list[str]) -> list[str]:
     """A lock's pytest is wharf's own (the judge reads pytest's internals of that version)."""
-    return sorted([p for p in pins if p.split("==")[0] != "pytest"] + [f"pytest=={PYTEST.partition('==')[2]}"]
-                  if "==" in PYTEST else pins)
+    if "==" not in PYTEST:  # wharf's own pytest unknown: the lock as it is
+        return pins
+    return sorted([p for p in pins if p.split("==")[0] != "pytest"] + [PYTEST])
 
 
 def _uv() -> str | None:
