@@ -91,7 +91,7 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
     wharf tasks check (the dispatcher test above runs the real one) and counts its calls."""
     from types import SimpleNamespace
 
-    from wharf.tasks.factory.verify import judge_digest
+    from wharf.tasks.factory.verify import env_digest, judge_digest
 
     out = tinycalc_cache(tmp_path, monkeypatch)
     manifests = out / "manifests"
@@ -109,7 +109,7 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
     assert run_cli(["tinycalc==0.1", "--out", str(out), "--max", "2", "--seed", "1", "--no-check"], capsys)[0] == 0
     assert make("--out", str(out), "--max", "1", "--redteam", "0") == 0 and len(calls) == 1
     first = json.loads(path.read_text())["bugs"][0]["checked"]
-    assert (first["judge"], first["tier2"]) == (judge_digest(), False)
+    assert (first["judge"], first["tier2"], first["env"]) == (judge_digest(), False, env_digest(json.loads(path.read_text())))
     assert make("--out", str(out), "--max", "2", "--redteam", "0") == 0
     assert len(calls) == 2 and calls[1][0] != calls[0][0]  # the second bug only
     assert "1 of 2 tasks hold a check under today's judge" in capsys.readouterr().err
@@ -124,7 +124,11 @@ def test_a_make_resumes_checking_only_bugs_without_a_pass_and_checked_only_makes
     assert make("--out", str(tmp_path / "train"), "--checked-only", check=None) == 0
     made = sorted(p.name for p in (tmp_path / "train").iterdir() if p.name.startswith("tinycalc"))
     assert made == [calls[0][0]] and path.read_text() == before and len(calls) == 3
+    path.write_text(json.dumps({**json.loads(before), "env": ["tinycalc-dep==2"]}))  # a lock edited by hand
     monkeypatch.setattr(cli.make, "prepare", lambda *a: pytest.fail("an env built for a make that can only fail"))
+    assert make("--out", str(tmp_path / "relocked"), "--checked-only") == 2  # its records name the old lock
+    assert f"and env lock ({env_digest({'env': ['tinycalc-dep==2']})})" in capsys.readouterr().err
+    path.write_text(before)
     assert make("--out", str(tmp_path / "none"), "--seed", "2", "--checked-only") == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (f"wharf tasks make: tinycalc==0.1: no manifest at {manifests}/"
                                                "tinycalc-0.1.seed2.json: run wharf tasks make without --checked-only first")
@@ -238,20 +242,24 @@ def test_a_task_dir_the_checker_calls_malformed_is_a_failed_check_not_the_end_of
                                              "a Docker task", None)
 
 
-def test_stats_counts_only_the_checks_made_under_the_judge_as_it_is(tmp_path, capsys):
+def test_stats_counts_only_the_checks_made_under_the_judge_and_env_lock_as_they_are(tmp_path, capsys):
     from wharf.pipeline.tasks import main as tasks_main
-    from wharf.tasks.factory.verify import judge_digest
+    from wharf.tasks.factory.verify import env_digest, judge_digest
 
-    bugs = [{"checked": {"judge": judge_digest(), "seconds": 30.0}}, {"checked": {"judge": "0ld0ld0ld0ld", "seconds": 9.0}},
-            {"checked": {"judge": judge_digest(), "seconds": 40.0}}, {},
-            {"checked": {"judge": judge_digest(), "seconds": 300.0, "tier2": True}}]
+    env = env_digest({"env": ["dep==1"]})
+    bugs = [{"checked": {"judge": judge_digest(), "env": env, "seconds": 30.0}},
+            {"checked": {"judge": "0ld0ld0ld0ld", "env": env, "seconds": 9.0}},
+            {"checked": {"judge": judge_digest(), "env": env, "seconds": 40.0}}, {},
+            {"checked": {"judge": judge_digest(), "env": env_digest({"env": ["dep==0.9"]}), "seconds": 20.0}},
+            {"checked": {"judge": judge_digest(), "env": env, "seconds": 300.0, "tier2": True}}]
     (tmp_path / "p-1.seed0.json").write_text(json.dumps({
-        "package": "p", "version": "1", "bugs": bugs,
+        "package": "p", "version": "1", "env": ["dep==1"], "bugs": bugs,
         "stats": {"passing": 5, "covered_functions": 2, "tried": 8, "kept": 4, "seconds": 40.0}}))
     assert tasks_main(["stats", str(tmp_path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[-1] == "3"  # the checked column
-    assert out[-1] == (f"3 passed wharf tasks check under the judge as it is now ({judge_digest()}), 1 of them "
+    assert out[-1] == (f"3 passed wharf tasks check under the judge as it is now ({judge_digest()}), in their "
+                       "locked envs, 1 of them "
                        "with the red team (tier 2); a check 35.0 s (median), with the red team 300.0 s")
     (tmp_path / "half.seed0.json").write_text('{"package": "q", "vers')
     (tmp_path / "other.json").write_text('{"package": "q"}')

@@ -126,10 +126,11 @@ def _checked_bugs(path: Path, name: str, version: str) -> tuple[dict, list[dict]
     if manifest is None:
         raise FactoryError(f"{name}=={version}: no manifest at {path}: run wharf tasks make without --checked-only first")
     digest = make.verify.judge_digest()
-    checked = [b for b in manifest["bugs"] if make.verify.passed_under(b, digest)]
+    checked = make.verify.checked_bugs(manifest, digest)
     if not checked:
         raise FactoryError(f"{name}=={version}: none of its {len(manifest['bugs'])} bugs holds a check under today's "
-                           f"judge ({digest}): run wharf tasks make without --checked-only to check them")
+                           f"judge ({digest}) and env lock ({make.verify.env_digest(manifest)}): run wharf tasks "
+                           "make without --checked-only to check them")
     return manifest, checked
 
 

@@ -153,7 +153,8 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     if not opts.check:
         return tasks, []
     digest = verify.judge_digest() if opts.checker is not None else None
-    todo = [i for i, bug in enumerate(bugs) if not _stands(bug, digest, i < opts.redteam)]
+    env = verify.env_digest(manifest)
+    todo = [i for i, bug in enumerate(bugs) if not _stands(bug, digest, env, i < opts.redteam)]
     if len(todo) < len(bugs):
         opts.log(f"{pkg.key}: {len(bugs) - len(todo)} of {len(bugs)} tasks hold a check under today's judge "
                  f"({digest}); checking {len(todo)}")
@@ -168,9 +169,10 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     return [t for t in tasks if t.name not in dropped], dropped
 
 
-def _stands(bug: dict, digest: str | None, redteam: bool) -> bool:
-    """Does a bug's check record spare it a new check? Only one made by today's judge."""
-    if digest is None or not verify.passed_under(bug, digest):
+def _stands(bug: dict, digest: str | None, env: str, redteam: bool) -> bool:
+    """Does a bug's check record spare it a new check? Only one made by today's judge in the
+    env the manifest locks."""
+    if digest is None or not verify.passed_under(bug, digest, env):
         return False
     return bool(bug["checked"].get("tier2")) or not redteam
 
@@ -181,8 +183,8 @@ def _keep(task: Path, bug: dict, verdict: tuple, opts: Options, manifest: dict, 
         opts.log(f"{task.name}: dropped: {why}")
         shutil.rmtree(task, ignore_errors=True)
         return False
-    if record is not None:  # kept in the manifest: which judge's check it passed, when
-        bug["checked"] = record
+    if record is not None:  # kept in the manifest: which judge's check it passed, in which env, when
+        bug["checked"] = {**record, "env": verify.env_digest(manifest)}
         if save is not None:
             save(manifest)
     return True

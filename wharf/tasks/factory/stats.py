@@ -1,7 +1,8 @@
 """The figures of a manifest dir: per package version the tests that pass twice, the covered
 functions, the mutations tried and kept (yield), the hunt's seconds and seconds per kept bug, and
-how many bugs passed `wharf tasks check` under the judges' code as it is now (`checked`); with
---tasks DIR, the disk of the task dirs made from them beside the manifests' own.
+how many bugs passed `wharf tasks check` under the judges' code as it is now, in the env their
+manifest locks (`checked`); with --tasks DIR, the disk of the task dirs made from them beside
+the manifests' own.
 
     wharf tasks stats datasets/real/manifests [--tasks DIR]
 
@@ -16,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from .verify import judge_digest, passed_under
+from .verify import checked_bugs, judge_digest
 
 
 def row(path: Path, judge: str) -> dict:
@@ -26,7 +27,7 @@ def row(path: Path, judge: str) -> dict:
     return {"package": f"{m['package']}=={m['version']}", "passing": s["passing"],
             "functions": s["covered_functions"], "tried": s["tried"], "kept": len(m["bugs"]),
             "yield": s["kept"] / s["tried"] if s["tried"] else 0.0, "seconds": s["seconds"],
-            "bytes": path.stat().st_size, "checked": [b["checked"] for b in m["bugs"] if passed_under(b, judge)]}
+            "bytes": path.stat().st_size, "checked": [b["checked"] for b in checked_bugs(m, judge)]}
 
 
 def rows(manifests: Path, judge: str) -> tuple[list[dict], list[str]]:
@@ -42,10 +43,11 @@ def rows(manifests: Path, judge: str) -> tuple[list[dict], list[str]]:
 
 
 def checks_line(records: list[dict], judge: str) -> str:
-    """How many bugs passed today's judge, how many the red team too, what a check took (median)."""
+    """How many bugs passed today's judge in their manifests' locked envs, how many the red team
+    too, what a check took (median)."""
     tier1 = [r["seconds"] for r in records if not r.get("tier2")]
     tier2 = [r["seconds"] for r in records if r.get("tier2")]
-    line = f"{len(records)} passed wharf tasks check under the judge as it is now ({judge})"
+    line = f"{len(records)} passed wharf tasks check under the judge as it is now ({judge}), in their locked envs"
     if tier2:
         line += f", {len(tier2)} of them with the red team (tier 2)"
     if tier1:

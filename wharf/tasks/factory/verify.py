@@ -73,9 +73,23 @@ def judge_digest() -> str:
     return h.hexdigest()[:12]
 
 
-def passed_under(bug: dict, digest: str) -> bool:
-    """Does this manifest bug hold a pass of `wharf tasks check` made under the judges' code `digest`?"""
-    return (bug.get("checked") or {}).get("judge") == digest
+def env_digest(manifest: dict) -> str:
+    """12 hex of a manifest's env lock (`env`): a check made in an env of other versions is to be
+    made again, as one made under other judges' code is (a hand-edited lock voids its records)."""
+    return hashlib.sha256("\n".join(manifest.get("env") or []).encode()).hexdigest()[:12]
+
+
+def passed_under(bug: dict, digest: str, env: str) -> bool:
+    """Does this manifest bug hold a pass of `wharf tasks check` made under the judges' code
+    `digest`, in the env whose lock hashes to `env` (env_digest)?"""
+    record = bug.get("checked") or {}
+    return record.get("judge") == digest and record.get("env") == env
+
+
+def checked_bugs(manifest: dict, digest: str) -> list[dict]:
+    """The manifest's bugs that hold a pass under `digest` in the env its lock names."""
+    env = env_digest(manifest)
+    return [b for b in manifest["bugs"] if passed_under(b, digest, env)]
 
 
 def check_task(task: Path, checker=None, redteam: bool = False) -> tuple[bool, str, dict | None]:
