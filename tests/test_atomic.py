@@ -50,3 +50,25 @@ def test_durable_syncs_the_data_and_the_directory(tmp_path, monkeypatch):
     atomic.write_bytes(tmp_path / "b", b"yz", durable=True)
     assert synced == ["file of 2 bytes", "dir"]
     assert (tmp_path / "b").read_bytes() == b"yz"
+
+
+def test_write_with_takes_writers_that_want_a_path_and_mode_holds_from_the_first_byte(tmp_path):
+    """A writer that raises (a full disk under pyarrow or torch.save) leaves the old file and no
+    temp; a private file (credentials) is 0600 while its temp is still being written."""
+    path = tmp_path / "table.bin"
+    atomic.write_with(path, lambda tmp: tmp.write_bytes(b"old"))
+
+    def half(tmp):
+        tmp.write_bytes(b"ne")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        atomic.write_with(path, half)
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["table.bin"]
+
+    modes = []
+    secret = tmp_path / "token"
+    atomic.write_with(secret, lambda tmp: (modes.append(stat.S_IMODE(tmp.stat().st_mode)), tmp.write_bytes(b"s")),
+                      mode=0o600)
+    atomic.write_bytes(secret, b"t", mode=0o600)
+    assert modes == [0o600] and stat.S_IMODE(secret.stat().st_mode) == 0o600 and secret.read_bytes() == b"t"

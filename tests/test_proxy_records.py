@@ -157,9 +157,9 @@ def test_fsync_failure_answers_503_from_then_on(proxy, monkeypatch):
 
 
 def test_shard_renames_and_new_segments_fsync_their_directory(tmp_path, stub, monkeypatch):
-    import wharf.core.schema as schema_mod
+    import wharf.core.atomic as atomic_mod
     synced = []
-    for mod in (schema_mod, wal_mod):
+    for mod in (atomic_mod, wal_mod):
         real = mod.fsync_dir
         monkeypatch.setattr(mod, "fsync_dir", lambda d, real=real: (synced.append(os.path.realpath(d)), real(d)))
     with BackgroundProxy(make_cfg(tmp_path, stub.url)) as p:

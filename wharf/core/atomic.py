@@ -13,6 +13,7 @@ import json
 import os
 import uuid
 from pathlib import Path
+from typing import Callable
 
 
 def fsync_dir(directory: str | Path) -> None:
@@ -24,23 +25,33 @@ def fsync_dir(directory: str | Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: str | Path, data: bytes, *, durable: bool = False) -> Path:
-    """Replace `path` with `data` atomically (its parent dir made if missing)."""
+def write_with(path: str | Path, writer: Callable[[Path], object], *, durable: bool = False, mode: int = 0o666) -> Path:
+    """Replace `path` atomically with what `writer(temp_path)` writes there (pyarrow's
+    write_table, torch.save: writers that want a path). `mode` before the umask, as open()'s:
+    0o600 for a file only its owner may read, from its first byte on."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))
+        writer(tmp)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     if durable:
         fsync_dir(path.parent)
     return path
+
+
+def write_bytes(path: str | Path, data: bytes, *, durable: bool = False, mode: int = 0o666) -> Path:
+    """Replace `path` with `data` atomically (its parent dir made if missing)."""
+    return write_with(path, lambda tmp: tmp.write_bytes(data), durable=durable, mode=mode)
 
 
 def write_text(path: str | Path, text: str, *, durable: bool = False) -> Path:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
+
+from wharf.core import atomic
 
 TOKEN_BYTES = 32  # 256 random bits, as a URL-safe string
 
@@ -24,17 +25,7 @@ def new_token() -> str:
 
 def write_private(path: str | Path, data: bytes) -> None:
     """Replace `path` atomically with `data` in a file only its owner can read (mode 0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic.write_bytes(path, data, mode=0o600)
 
 
 def bearer(headers: Mapping[str, str], anthropic: bool = False) -> str:

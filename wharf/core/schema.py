@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import uuid
 from pathlib import Path
 from typing import Iterable
@@ -16,7 +15,7 @@ from typing import Iterable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wharf.core.atomic import fsync_dir
+from wharf.core import atomic
 from wharf.core.errors import WharfError
 
 SCHEMA_VERSION = 3
@@ -121,17 +120,7 @@ def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
     if not isinstance(table, pa.Table):
         table = to_table(name, table)
     table = table.replace_schema_metadata(_metadata(name, extra_metadata))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)  # the rename itself survives a power cut only once the directory is synced
-    finally:
-        tmp.unlink(missing_ok=True)
+    return atomic.write_with(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), durable=True)
     return path
 
 

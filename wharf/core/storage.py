@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from wharf.core import objects, uploads
+from wharf.core import atomic, objects, uploads
 from wharf.core.errors import WharfError
 from wharf.core.mirror_origin import check_origin
 from wharf.core.model_store import cache_dir
@@ -131,12 +131,8 @@ def _read_stamp(url: str) -> dict | None:
 
 
 def _write_stamp(url: str, obj: Entry, local: os.stat_result) -> None:
-    path = _stamp_path(url)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps({"url": url, "size": obj.size, "etag": obj.etag, "mtime_ns": obj.mtime_ns,
-                               "local": [local.st_size, local.st_mtime_ns]}))
-    os.replace(tmp, path)
+    atomic.write_json(_stamp_path(url), {"url": url, "size": obj.size, "etag": obj.etag, "mtime_ns": obj.mtime_ns,
+                                         "local": [local.st_size, local.st_mtime_ns]}, indent=None)
 
 
 def _drop_stamp(url: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from wharf.core import cpu_linear, model_store, tracking
+from wharf.core import atomic, cpu_linear, model_store, tracking
 from wharf.core.config import RunConfig
 from wharf.core.layout import RunLayout, TrainPaths, init_adapter_dir
 
@@ -88,9 +88,8 @@ def _resume_optimizer(cfg: RunConfig, start_adapter: Path | None, opt) -> int:
 
 def save_optimizer(setup: Setup, path: Path, steps: int) -> None:
     """AdamW's state after this round, for the next one (written atomically)."""
-    tmp = path.with_suffix(".tmp")
-    torch.save({"optimizer": setup.trainer.opt.state_dict(), "steps": setup.sched_offset + steps}, tmp)
-    tmp.replace(path)
+    state = {"optimizer": setup.trainer.opt.state_dict(), "steps": setup.sched_offset + steps}
+    atomic.write_with(path, lambda tmp: torch.save(state, tmp))
 
 
 def _earlier_steps(run: RunLayout, k: int) -> int:
@@ -146,10 +145,8 @@ def _save_prox(setup: Setup, paths) -> None:
     from safetensors.torch import save_file
 
     if setup.trainer.prox:
-        path = _prox_path(setup, paths)
-        tmp = path.with_suffix(".tmp")
-        save_file({str(k): v.cpu().contiguous() for k, v in setup.trainer.prox.items()}, str(tmp))
-        tmp.replace(path)
+        tensors = {str(k): v.cpu().contiguous() for k, v in setup.trainer.prox.items()}
+        atomic.write_with(_prox_path(setup, paths), lambda tmp: save_file(tensors, str(tmp)))
 
 
 def run_steps(setup: Setup, steps, paths, fingerprint: dict, progress: bool) -> dict:

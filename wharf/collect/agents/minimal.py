@@ -21,8 +21,6 @@ silent success).
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 from pathlib import Path
@@ -33,6 +31,8 @@ from harbor.agents.options import AgentOptions
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 from pydantic import Field
+
+from wharf.core import atomic
 
 DONE_MARKERS = ("DONE", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT")
 TRAJECTORY_FORMAT = "wharf-minimal/1"
@@ -225,8 +225,4 @@ class MinimalAgent(BaseAgent):
 
     def _write(self, traj: dict) -> None:
         # Atomic: the runner may read it while a timed-out run is being torn down.
-        path = Path(self.logs_dir) / "trajectory.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(traj, indent=1))
-        os.replace(tmp, path)
+        atomic.write_json(Path(self.logs_dir) / "trajectory.json", traj)

@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wharf.core import schema, storage
+from wharf.core import atomic, schema, storage
 from wharf.collect.proxy import jsonx
 from wharf.collect.proxy.wal import SegmentLog, read_records
 
@@ -184,7 +184,7 @@ class TurnStore:
             else:
                 path.unlink()
         if segments:
-            schema.fsync_dir(self.wal.dir)  # the renames above, before new segments are numbered after them
+            atomic.fsync_dir(self.wal.dir)  # the renames above, before new segments are numbered after them
         self.wal.open()
         info = {"segments": len(segments), "recovered_rows": len(rows), "shard": str(shard) if shard else None,
                 "bad_segments": [str(p) for p in bad_files]}

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from wharf.core.schema import fsync_dir
+from wharf.core.atomic import fsync_dir
 
 log = logging.getLogger("wharf.proxy.wal")
 

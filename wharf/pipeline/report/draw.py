@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wharf.core import atomic
+
 from .data import RoundData
 from .oneround import ONE_ROUND
 from .plots import PLOTS, plt
@@ -22,10 +24,7 @@ def draw_all(rounds: list[RoundData], out_dir: Path) -> dict[str, tuple[str, Pat
         fig = plt.figure(figsize=size, layout="constrained")
         try:
             if fn(rounds, fig):
-                path = out_dir / f"{name}.png"
-                tmp = path.with_suffix(".tmp.png")
-                fig.savefig(tmp, dpi=90)
-                tmp.replace(path)
+                path = atomic.write_with(out_dir / f"{name}.png", lambda tmp: fig.savefig(tmp, dpi=90, format="png"))
                 written[name] = (title, path)
         finally:
             plt.close(fig)
