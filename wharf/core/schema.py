@@ -121,7 +121,6 @@ def write_table(path: str | Path, name: str, table: pa.Table | Iterable[dict],
         table = to_table(name, table)
     table = table.replace_schema_metadata(_metadata(name, extra_metadata))
     return atomic.write_with(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"), durable=True)
-    return path
 
 
 def read_table(path: str | Path, name: str, columns: list[str] | None = None) -> pa.Table:

@@ -157,7 +157,7 @@ def materialise(pkg: Package, manifest: dict, out: Path, opts: Options, save=Non
     todo = [i for i, bug in enumerate(bugs) if not _stands(bug, digest, env, i < opts.redteam)]
     if len(todo) < len(bugs):
         opts.log(f"{pkg.key}: {len(bugs) - len(todo)} of {len(bugs)} tasks hold a check under today's judge "
-                 f"({digest}); checking {len(todo)}")
+                 f"({digest}) and env lock ({env}); checking {len(todo)}")
     bar = tqdm(total=len(todo), desc=f"check {pkg.key}", unit="task", file=sys.stderr, disable=len(todo) < 2)
     with bar, ThreadPoolExecutor(max(1, opts.jobs)) as pool:  # each check runs its own event loop
         verdicts = pool.map(lambda i: (i, verify.check_task(tasks[i], opts.checker, i < opts.redteam)), todo)
